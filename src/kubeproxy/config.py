@@ -1,0 +1,80 @@
+"""Effective proxy configuration (from flags today; the KubeProxyConfiguration file later).
+
+:class:`ProxyConfig` is immutable and is what the rest of the program receives; nothing
+reads flags or the environment after start-up. Defaults match upstream kube-proxy.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+from dataclasses import dataclass, field
+
+from kubeproxy.model.nodeports import NodePortAddresses
+from kubeproxy.model.topology import FeatureFlags
+from kubeproxy.model.types import IPFamily, family_of
+
+PROXY_MODES = ("nftables",)
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; the message names the flag or field."""
+
+
+@dataclass(frozen=True)
+class ProxyConfig:
+    hostname: str
+    mode: str = "nftables"
+    cluster_cidrs: tuple[str, ...] = ()
+    nodeport_addresses: NodePortAddresses = field(default_factory=NodePortAddresses)
+    masquerade_all: bool = False
+    masquerade_bit: int = 14
+    bind_address: str | None = None
+    families: tuple[IPFamily, ...] = (IPFamily.IPv4,)
+    min_sync_period: float = 1.0
+    sync_period: float = 30.0
+    features: FeatureFlags = field(default_factory=FeatureFlags)
+
+    @property
+    def masquerade_mark(self) -> int:
+        return 1 << self.masquerade_bit
+
+    def cluster_cidrs_of(self, family: IPFamily) -> tuple[str, ...]:
+        return tuple(c for c in self.cluster_cidrs if family_of(c) is family)
+
+    def bind_ip(self) -> dict[IPFamily, str]:
+        """A specific --bind-address names the node's primary IP of its family (upstream)."""
+        if self.bind_address is None:
+            return {}
+        ip = ipaddress.ip_address(self.bind_address)
+        if ip.is_unspecified:
+            return {}
+        return {family_of(str(ip)): str(ip)}
+
+
+def default_hostname() -> str:
+    """Upstream uses the OS hostname, lower-cased, when --hostname-override is not set."""
+    return socket.gethostname().strip().lower()
+
+
+def detect_families(proc: str = "/proc") -> tuple[IPFamily, ...]:
+    """IPv4 always; IPv6 when this kernel/namespace has IPv6 (as upstream's dual-stack check)."""
+    if os.path.exists(os.path.join(proc, "net", "if_inet6")):
+        return (IPFamily.IPv4, IPFamily.IPv6)
+    return (IPFamily.IPv4,)
+
+
+def parse_cidrs(value: str, flag: str) -> tuple[str, ...]:
+    cidrs = []
+    for item in value.split(","):
+        text = item.strip()
+        if not text:
+            continue
+        try:
+            cidrs.append(str(ipaddress.ip_network(text, strict=False)))
+        except ValueError:
+            raise ConfigError(f"{flag}: invalid CIDR {text!r}") from None
+    if len({family_of(c) for c in cidrs}) != len(cidrs):
+        raise ConfigError(f"{flag}: at most one CIDR per IP family")
+    return tuple(cidrs)

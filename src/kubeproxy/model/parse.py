@@ -1,0 +1,495 @@
+"""Parse Kubernetes-shaped dicts (decoded YAML/JSON) into the immutable model types.
+
+Each ``parse_*`` function either returns a model object or raises :class:`InvalidObjectError`
+naming the kind, namespace/name and the first field that is wrong, so a source can log
+one clear line and skip that object while every other object keeps working.
+
+Validation follows the API server's rules where they matter to a proxy (IP syntax, port
+ranges, unique port names and port/protocol pairs, DNS label names) because objects from
+a manifest directory have not been through an API server. Headless and ExternalName
+Services parse to a :class:`Service` with no ports: valid, but nothing to proxy.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from kubeproxy.model.types import (
+    ANNOTATION_TRIGGER_TIME,
+    DEFAULT_AFFINITY_TIMEOUT_SECONDS,
+    LABEL_SERVICE_NAME,
+    TAINT_TO_BE_DELETED,
+    EndpointConditions,
+    EndpointSlice,
+    IPFamily,
+    NamespacedName,
+    Node,
+    NodeAddress,
+    Protocol,
+    Service,
+    ServicePort,
+    ServicePortName,
+    ServiceType,
+    SliceEndpoint,
+    SlicePort,
+    TrafficPolicy,
+    family_of,
+)
+
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123_SUBDOMAIN = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
+_PORT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_ZONE_OR_NODE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+
+class InvalidObjectError(ValueError):
+    """An object that cannot be used; the message is one loggable line."""
+
+    def __init__(self, kind: str, key: str, reason: str) -> None:
+        super().__init__(f"Skipping invalid {kind} {key}: {reason}")
+        self.kind = kind
+        self.key = key
+        self.reason = reason
+
+
+class _InvalidError(Exception):
+    """Raised inside a parser; converted to InvalidObjectError with the object's identity."""
+
+
+def _fail(path: str, message: str) -> _InvalidError:
+    return _InvalidError(f"{path}: {message}")
+
+
+def _mapping(obj: Any, path: str) -> Mapping[str, Any]:
+    if obj is None:
+        return {}
+    if not isinstance(obj, Mapping):
+        raise _fail(path, f"must be an object, got {type(obj).__name__}")
+    return obj
+
+
+def _list(obj: Any, path: str) -> list[Any]:
+    if obj is None:
+        return []
+    if not isinstance(obj, list):
+        raise _fail(path, f"must be a list, got {type(obj).__name__}")
+    return obj
+
+
+def _str(obj: Any, path: str, default: str = "") -> str:
+    if obj is None:
+        return default
+    if not isinstance(obj, str):
+        raise _fail(path, f"must be a string, got {type(obj).__name__}")
+    return obj
+
+
+def _bool(obj: Any, path: str, default: bool) -> bool:
+    if obj is None:
+        return default
+    if not isinstance(obj, bool):
+        raise _fail(path, f"must be a boolean, got {obj!r}")
+    return obj
+
+
+def _int(obj: Any, path: str, lo: int, hi: int, *, default: int | None = None) -> int:
+    if obj is None:
+        if default is None:
+            raise _fail(path, "required")
+        return default
+    if isinstance(obj, bool) or not isinstance(obj, int):
+        raise _fail(path, f"must be an integer, got {obj!r}")
+    if not lo <= obj <= hi:
+        raise _fail(path, f"must be between {lo} and {hi}, got {obj}")
+    return obj
+
+
+def canonical_ip(value: Any, path: str) -> str:
+    """Validate an IP address and return its canonical spelling."""
+    text = _str(value, path)
+    try:
+        return str(ipaddress.ip_address(text.strip()))
+    except ValueError:
+        raise _fail(path, f"invalid IP address {text!r}") from None
+
+
+def canonical_cidr(value: Any, path: str) -> str:
+    """Validate a CIDR (surrounding whitespace allowed, host bits ignored as upstream)."""
+    text = _str(value, path)
+    try:
+        return str(ipaddress.ip_network(text.strip(), strict=False))
+    except ValueError:
+        raise _fail(path, f"invalid CIDR {text!r}") from None
+
+
+def _metadata(obj: Mapping[str, Any], *, namespaced: bool) -> tuple[str, str]:
+    meta = _mapping(obj.get("metadata"), "metadata")
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        raise _fail("metadata.name", "required")
+    namespace = ""
+    if namespaced:
+        namespace = _str(meta.get("namespace"), "metadata.namespace", "default") or "default"
+        if len(namespace) > 63 or not _DNS1123_LABEL.match(namespace):
+            raise _fail("metadata.namespace", f"not a DNS-1123 label: {namespace!r}")
+    return namespace, name
+
+
+def _identity(obj: Any, *, namespaced: bool) -> str:
+    """Best-effort namespace/name for log lines, even for garbage input."""
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    if not isinstance(meta, Mapping):
+        return "<unknown>"
+    name = meta.get("name")
+    name_s = name if isinstance(name, str) else "<unknown>"
+    if not namespaced:
+        return _printable(name_s)
+    ns = meta.get("namespace")
+    ns_s = ns if isinstance(ns, str) and ns else "default"
+    return _printable(f"{ns_s}/{name_s}")
+
+
+def _printable(text: str) -> str:
+    """Keep hostile names from forging log lines: escape anything non-printable."""
+    shown = text if len(text) <= 300 else text[:300] + "..."
+    return shown if shown.isprintable() else shown.encode("unicode_escape").decode("ascii")
+
+
+def _protocol(value: Any, path: str) -> Protocol:
+    text = _str(value, path, "TCP")
+    try:
+        return Protocol(text)
+    except ValueError:
+        raise _fail(path, f"unsupported protocol {text!r}") from None
+
+
+# ---------------------------------------------------------------------------- Service
+
+
+def parse_service(obj: Any) -> Service:
+    try:
+        return _parse_service(_mapping(obj, "<root>"))
+    except _InvalidError as err:
+        raise InvalidObjectError("Service", _identity(obj, namespaced=True), str(err)) from None
+
+
+def _parse_service(obj: Mapping[str, Any]) -> Service:
+    namespace, name = _metadata(obj, namespaced=True)
+    if len(name) > 63 or not _DNS1123_LABEL.match(name) or not name[0].isalpha():
+        raise _fail("metadata.name", f"not a DNS-1035 label: {name!r}")
+    spec = _mapping(obj.get("spec"), "spec")
+    type_text = _str(spec.get("type"), "spec.type", "ClusterIP")
+    try:
+        svc_type = ServiceType(type_text)
+    except ValueError:
+        raise _fail("spec.type", f"unsupported type {type_text!r}") from None
+    if svc_type is ServiceType.EXTERNAL_NAME:
+        return Service(namespace, name, ())
+
+    cluster_ips = _cluster_ips(spec)
+    if cluster_ips is None:  # headless
+        return Service(namespace, name, ())
+
+    external_ips = tuple(
+        canonical_ip(ip, f"spec.externalIPs[{i}]")
+        for i, ip in enumerate(_list(spec.get("externalIPs"), "spec.externalIPs"))
+    )
+    lb_ips = _load_balancer_ips(obj) if svc_type is ServiceType.LOAD_BALANCER else ()
+    source_ranges = tuple(
+        canonical_cidr(r, f"spec.loadBalancerSourceRanges[{i}]")
+        for i, r in enumerate(
+            _list(spec.get("loadBalancerSourceRanges"), "spec.loadBalancerSourceRanges")
+        )
+    )
+    affinity_timeout = _session_affinity(spec)
+    etp = _policy(spec.get("externalTrafficPolicy"), "spec.externalTrafficPolicy")
+    itp = _policy(spec.get("internalTrafficPolicy"), "spec.internalTrafficPolicy")
+    hc_port = 0
+    if svc_type is ServiceType.LOAD_BALANCER or svc_type is ServiceType.NODE_PORT:
+        hc_port = _int(
+            spec.get("healthCheckNodePort"), "spec.healthCheckNodePort", 0, 65535, default=0
+        )
+    distribution = spec.get("trafficDistribution")
+    if distribution is not None:
+        distribution = _str(distribution, "spec.trafficDistribution")
+
+    raw_ports = _list(spec.get("ports"), "spec.ports")
+    if not raw_ports:
+        raise _fail("spec.ports", "required")
+    ports: list[ServicePort] = []
+    seen_names: set[str] = set()
+    seen_ports: set[tuple[int, Protocol]] = set()
+    seen_node_ports: set[tuple[int, Protocol]] = set()
+    for i, raw in enumerate(raw_ports):
+        path = f"spec.ports[{i}]"
+        port_obj = _mapping(raw, path)
+        port_name = _str(port_obj.get("name"), f"{path}.name")
+        if port_name and (len(port_name) > 63 or not _PORT_NAME.match(port_name)):
+            raise _fail(f"{path}.name", f"not a DNS-1123 label: {port_name!r}")
+        if len(raw_ports) > 1 and not port_name:
+            raise _fail(f"{path}.name", "required when the Service has more than one port")
+        if port_name in seen_names:
+            raise _fail(f"{path}.name", f"duplicate port name {port_name!r}")
+        seen_names.add(port_name)
+        protocol = _protocol(port_obj.get("protocol"), f"{path}.protocol")
+        number = _int(port_obj.get("port"), f"{path}.port", 1, 65535)
+        if (number, protocol) in seen_ports:
+            raise _fail(f"{path}", f"duplicate port {number}/{protocol.value}")
+        seen_ports.add((number, protocol))
+        node_port = 0
+        if svc_type in (ServiceType.NODE_PORT, ServiceType.LOAD_BALANCER):
+            node_port = _int(port_obj.get("nodePort"), f"{path}.nodePort", 0, 65535, default=0)
+            if node_port and (node_port, protocol) in seen_node_ports:
+                raise _fail(f"{path}.nodePort", f"duplicate nodePort {node_port}")
+            seen_node_ports.add((node_port, protocol))
+        ports.append(
+            ServicePort(
+                name=ServicePortName(NamespacedName(namespace, name), port_name, protocol),
+                cluster_ips=cluster_ips,
+                port=number,
+                node_port=node_port,
+                external_ips=external_ips,
+                load_balancer_ips=lb_ips,
+                load_balancer_source_ranges=source_ranges,
+                affinity_timeout=affinity_timeout,
+                external_traffic_policy=etp,
+                internal_traffic_policy=itp,
+                health_check_node_port=hc_port,
+                traffic_distribution=distribution,
+            )
+        )
+    return Service(namespace, name, tuple(ports))
+
+
+def _cluster_ips(spec: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The Service's ClusterIPs, one per family; None for a headless Service."""
+    raw = _list(spec.get("clusterIPs"), "spec.clusterIPs")
+    path = "spec.clusterIPs"
+    if not raw:
+        single = spec.get("clusterIP")
+        raw = [] if single in (None, "") else [single]
+        path = "spec.clusterIP"
+    if not raw:
+        raise _fail("spec.clusterIP", "required (kubeproxy does not allocate ClusterIPs)")
+    if raw[0] == "None":
+        return None
+    ips = tuple(canonical_ip(ip, f"{path}[{i}]") for i, ip in enumerate(raw))
+    if len(ips) > 2 or len({family_of(ip) for ip in ips}) != len(ips):
+        raise _fail(path, "at most one address per IP family")
+    return ips
+
+
+def _load_balancer_ips(obj: Mapping[str, Any]) -> tuple[str, ...]:
+    status = _mapping(obj.get("status"), "status")
+    lb = _mapping(status.get("loadBalancer"), "status.loadBalancer")
+    ips: list[str] = []
+    for i, raw in enumerate(_list(lb.get("ingress"), "status.loadBalancer.ingress")):
+        path = f"status.loadBalancer.ingress[{i}]"
+        ingress = _mapping(raw, path)
+        # ipMode Proxy: the load balancer delivers to the node, not to the VIP, so the
+        # proxy must not capture the VIP (KEP-1860).
+        if _str(ingress.get("ipMode"), f"{path}.ipMode", "VIP") == "Proxy":
+            continue
+        if ingress.get("ip"):
+            ips.append(canonical_ip(ingress["ip"], f"{path}.ip"))
+    return tuple(dict.fromkeys(ips))
+
+
+def _session_affinity(spec: Mapping[str, Any]) -> int | None:
+    affinity = _str(spec.get("sessionAffinity"), "spec.sessionAffinity", "None")
+    if affinity == "None":
+        return None
+    if affinity != "ClientIP":
+        raise _fail("spec.sessionAffinity", f"unsupported value {affinity!r}")
+    cfg = _mapping(spec.get("sessionAffinityConfig"), "spec.sessionAffinityConfig")
+    client = _mapping(cfg.get("clientIP"), "spec.sessionAffinityConfig.clientIP")
+    return _int(
+        client.get("timeoutSeconds"),
+        "spec.sessionAffinityConfig.clientIP.timeoutSeconds",
+        1,
+        86400,
+        default=DEFAULT_AFFINITY_TIMEOUT_SECONDS,
+    )
+
+
+def _policy(value: Any, path: str) -> TrafficPolicy:
+    text = _str(value, path, "Cluster")
+    try:
+        return TrafficPolicy(text)
+    except ValueError:
+        raise _fail(path, f"unsupported value {text!r}") from None
+
+
+# ---------------------------------------------------------------------- EndpointSlice
+
+
+def parse_endpoint_slice(obj: Any) -> EndpointSlice | None:
+    """Parse an EndpointSlice; None for slices a proxy ignores (FQDN address type)."""
+    try:
+        return _parse_endpoint_slice(_mapping(obj, "<root>"))
+    except _InvalidError as err:
+        key = _identity(obj, namespaced=True)
+        raise InvalidObjectError("EndpointSlice", key, str(err)) from None
+
+
+def _parse_endpoint_slice(obj: Mapping[str, Any]) -> EndpointSlice | None:
+    namespace, name = _metadata(obj, namespaced=True)
+    if len(name) > 253 or not _DNS1123_SUBDOMAIN.match(name):
+        raise _fail("metadata.name", f"not a DNS-1123 subdomain: {name!r}")
+    meta = _mapping(obj.get("metadata"), "metadata")
+    labels = _mapping(meta.get("labels"), "metadata.labels")
+    service_name = _str(labels.get(LABEL_SERVICE_NAME), f"metadata.labels[{LABEL_SERVICE_NAME}]")
+    if not service_name:
+        raise _fail(f"metadata.labels[{LABEL_SERVICE_NAME}]", "required")
+    if len(service_name) > 63 or not _DNS1123_LABEL.match(service_name):
+        raise _fail(
+            f"metadata.labels[{LABEL_SERVICE_NAME}]", f"not a Service name: {service_name!r}"
+        )
+    address_type = _str(obj.get("addressType"), "addressType")
+    if address_type == "FQDN":
+        return None
+    try:
+        family = IPFamily(address_type)
+    except ValueError:
+        raise _fail("addressType", f"unsupported value {address_type!r}") from None
+
+    ports: list[SlicePort] = []
+    seen: set[tuple[str, Protocol]] = set()
+    for i, raw in enumerate(_list(obj.get("ports"), "ports")):
+        path = f"ports[{i}]"
+        port_obj = _mapping(raw, path)
+        port_name = _str(port_obj.get("name"), f"{path}.name")
+        protocol = _protocol(port_obj.get("protocol"), f"{path}.protocol")
+        number = _int(port_obj.get("port"), f"{path}.port", 1, 65535)
+        if (port_name, protocol) in seen:
+            raise _fail(path, f"duplicate port {port_name!r}/{protocol.value}")
+        seen.add((port_name, protocol))
+        ports.append(SlicePort(port_name, protocol, number))
+
+    endpoints = tuple(
+        _slice_endpoint(raw, f"endpoints[{i}]", family)
+        for i, raw in enumerate(_list(obj.get("endpoints"), "endpoints"))
+    )
+    annotations = _mapping(meta.get("annotations"), "metadata.annotations")
+    return EndpointSlice(
+        namespace=namespace,
+        name=name,
+        service_name=service_name,
+        address_type=family,
+        ports=tuple(ports),
+        endpoints=endpoints,
+        trigger_time=_trigger_time(annotations.get(ANNOTATION_TRIGGER_TIME)),
+    )
+
+
+def _slice_endpoint(raw: Any, path: str, family: IPFamily) -> SliceEndpoint:
+    ep = _mapping(raw, path)
+    addresses_raw = _list(ep.get("addresses"), f"{path}.addresses")
+    if not addresses_raw:
+        raise _fail(f"{path}.addresses", "at least one address is required")
+    addresses = tuple(
+        canonical_ip(a, f"{path}.addresses[{j}]") for j, a in enumerate(addresses_raw)
+    )
+    for j, address in enumerate(addresses):
+        if family_of(address) is not family:
+            raise _fail(f"{path}.addresses[{j}]", f"{address} is not an {family.value} address")
+    cond = _mapping(ep.get("conditions"), f"{path}.conditions")
+    conditions = EndpointConditions(
+        ready=_bool(cond.get("ready"), f"{path}.conditions.ready", True),
+        serving=_bool(cond.get("serving"), f"{path}.conditions.serving", True),
+        terminating=_bool(cond.get("terminating"), f"{path}.conditions.terminating", False),
+    )
+    node_name = _optional_name(ep.get("nodeName"), f"{path}.nodeName")
+    zone = _optional_name(ep.get("zone"), f"{path}.zone")
+    hints = _mapping(ep.get("hints"), f"{path}.hints")
+    zone_hints = _hint_names(hints.get("forZones"), f"{path}.hints.forZones")
+    node_hints = _hint_names(hints.get("forNodes"), f"{path}.hints.forNodes")
+    return SliceEndpoint(addresses, conditions, node_name, zone, zone_hints, node_hints)
+
+
+def _optional_name(value: Any, path: str) -> str | None:
+    text = _str(value, path)
+    if not text:
+        return None
+    if len(text) > 253 or not _ZONE_OR_NODE.match(text):
+        raise _fail(path, f"invalid name {_printable(text)!r}")
+    return text
+
+
+def _hint_names(value: Any, path: str) -> frozenset[str]:
+    names: set[str] = set()
+    for i, raw in enumerate(_list(value, path)):
+        name = _optional_name(_mapping(raw, f"{path}[{i}]").get("name"), f"{path}[{i}].name")
+        if name is None:
+            raise _fail(f"{path}[{i}].name", "required")
+        names.add(name)
+    return frozenset(names)
+
+
+def _trigger_time(value: Any) -> float | None:
+    # A malformed annotation only loses a metric sample; it must not reject the slice.
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+# ------------------------------------------------------------------------------- Node
+
+
+def parse_node(obj: Any) -> Node:
+    try:
+        return _parse_node(_mapping(obj, "<root>"))
+    except _InvalidError as err:
+        raise InvalidObjectError("Node", _identity(obj, namespaced=False), str(err)) from None
+
+
+def _parse_node(obj: Mapping[str, Any]) -> Node:
+    _, name = _metadata(obj, namespaced=False)
+    if len(name) > 253 or not _DNS1123_SUBDOMAIN.match(name):
+        raise _fail("metadata.name", f"not a DNS-1123 subdomain: {name!r}")
+    meta = _mapping(obj.get("metadata"), "metadata")
+    labels = _mapping(meta.get("labels"), "metadata.labels")
+    label_items = tuple(
+        sorted((str(k), _str(v, f"metadata.labels[{k}]")) for k, v in labels.items())
+    )
+    status = _mapping(obj.get("status"), "status")
+    addresses: list[NodeAddress] = []
+    for i, raw in enumerate(_list(status.get("addresses"), "status.addresses")):
+        path = f"status.addresses[{i}]"
+        addr = _mapping(raw, path)
+        kind = _str(addr.get("type"), f"{path}.type")
+        if kind in ("InternalIP", "ExternalIP"):
+            ip = canonical_ip(addr.get("address"), f"{path}.address")
+            addresses.append(NodeAddress(kind, ip))
+    spec = _mapping(obj.get("spec"), "spec")
+    taints = _list(spec.get("taints"), "spec.taints")
+    to_be_deleted = any(
+        isinstance(t, Mapping) and t.get("key") == TAINT_TO_BE_DELETED for t in taints
+    )
+    return Node(
+        name=name,
+        labels=label_items,
+        addresses=tuple(addresses),
+        deleting=bool(meta.get("deletionTimestamp")),
+        to_be_deleted_taint=to_be_deleted,
+    )
+
+
+def object_key(kind: str, obj: Mapping[str, Any]) -> NamespacedName | None:
+    """The identity of a raw object, used to pair adds/updates/deletes across reloads."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
+        return None
+    if kind == "Node":
+        return NamespacedName("", meta["name"])
+    ns = meta.get("namespace")
+    return NamespacedName(ns if isinstance(ns, str) and ns else "default", meta["name"])

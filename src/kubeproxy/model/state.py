@@ -1,0 +1,131 @@
+"""The proxy's view of the cluster, fed by source events and read by backends at sync time.
+
+:class:`ProxyState` receives add/update/delete events (from any source) into the change
+trackers. At sync time :meth:`ProxyState.collect` folds the pending changes in and returns a
+:class:`Snapshot` (what the backend renders) and the set of ServicePorts that changed.
+Pure: no clock, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from kubeproxy.model.topology import NodeTopology
+from kubeproxy.model.tracker import (
+    EndpointsChangeTracker,
+    EndpointsMap,
+    EndpointsUpdate,
+    ServiceChangeTracker,
+    ServicePortMap,
+    ServiceUpdate,
+)
+from kubeproxy.model.types import (
+    Endpoint,
+    EndpointSlice,
+    IPFamily,
+    Node,
+    Service,
+    ServicePort,
+    ServicePortName,
+)
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """What the proxy knows about its own node."""
+
+    name: str
+    zone: str | None = None
+    primary_ips: Mapping[IPFamily, str] = field(default_factory=dict)
+    deleting: bool = False
+
+    @property
+    def topology(self) -> NodeTopology:
+        return NodeTopology(self.name, self.zone)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """An immutable view handed to a backend for one sync."""
+
+    services: Mapping[ServicePortName, ServicePort]
+    endpoints: Mapping[ServicePortName, tuple[Endpoint, ...]]
+    node: NodeState
+
+
+@dataclass
+class Changes:
+    """What changed since the previous sync."""
+
+    service_ports: set[ServicePortName]
+    node_changed: bool
+    services: ServiceUpdate
+    endpoints: EndpointsUpdate
+
+
+class ProxyState:
+    def __init__(self, node_name: str, bind_ips: Mapping[IPFamily, str] | None = None) -> None:
+        self.node_name = node_name
+        self._bind_ips = dict(bind_ips or {})
+        self.service_changes = ServiceChangeTracker()
+        self.endpoint_changes = EndpointsChangeTracker()
+        self.services = ServicePortMap()
+        self.endpoints = EndpointsMap()
+        self._node: Node | None = None
+        self._node_dirty = True
+
+    # ------------------------------------------------------------------ events
+
+    def on_service(self, previous: Service | None, current: Service | None) -> bool:
+        return self.service_changes.update(previous, current)
+
+    def on_endpoint_slice(self, endpoint_slice: EndpointSlice, *, deleted: bool = False) -> bool:
+        return self.endpoint_changes.update(endpoint_slice, deleted=deleted)
+
+    def on_node(self, node: Node | None) -> bool:
+        """Record this node's Node object (None when deleted). Other nodes are ignored."""
+        if node is not None and node.name != self.node_name:
+            return False
+        if node != self._node:
+            self._node = node
+            self._node_dirty = True
+        return self._node_dirty
+
+    @property
+    def pending(self) -> bool:
+        return bool(
+            self.service_changes.pending() or self.endpoint_changes.pending() or self._node_dirty
+        )
+
+    # -------------------------------------------------------------------- sync
+
+    def node_state(self) -> NodeState:
+        node = self._node
+        primary = dict(node.primary_ips()) if node is not None else {}
+        primary.update(self._bind_ips)
+        return NodeState(
+            name=self.node_name,
+            zone=node.zone if node is not None else None,
+            primary_ips=MappingProxyType(primary),
+            deleting=bool(node and (node.deleting or node.to_be_deleted_taint)),
+        )
+
+    def collect(self) -> tuple[Snapshot, Changes]:
+        """Fold pending changes into the synced view (phase 1 of a sync)."""
+        svc_update = self.services.apply(self.service_changes)
+        ep_update = self.endpoints.apply(self.endpoint_changes)
+        node_changed, self._node_dirty = self._node_dirty, False
+        snapshot = Snapshot(
+            services=MappingProxyType(dict(self.services)),
+            endpoints=MappingProxyType(dict(self.endpoints)),
+            node=self.node_state(),
+        )
+        changes = Changes(
+            service_ports=svc_update.changed | ep_update.changed,
+            node_changed=node_changed,
+            services=svc_update,
+            endpoints=ep_update,
+        )
+        return snapshot, changes

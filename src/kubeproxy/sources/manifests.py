@@ -1,0 +1,211 @@
+"""The manifest source: Services, EndpointSlices and Nodes from a directory of YAML/JSON.
+
+Files ending in ``.yaml``, ``.yml`` or ``.json`` anywhere under the directory (hidden files
+and directories skipped) are read; a file may hold several YAML documents and ``kind: List``
+documents are unpacked, as ``kubectl apply -f`` accepts. Objects of other kinds are ignored.
+
+Each (re)load is diffed against the previous one by kind and namespace/name, producing the
+same ADDED / MODIFIED / DELETED events a Kubernetes watch produces, so the rest of the
+proxy cannot tell the sources apart.
+
+Bad input, decided here:
+
+* an invalid object is logged once (kind, namespace/name, why) and treated as absent;
+* a file that is not valid YAML/JSON keeps contributing the objects it held at its last
+  good read (an editor's half-written save must not delete Services), with one log line;
+* the same object in two files: the first path (sorted) wins, the other is logged.
+
+Parsing is cached per file by (mtime, size, inode), so a reload costs work only for the
+files that changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from watchfiles import awatch
+
+from kubeproxy.model.parse import (
+    InvalidObjectError,
+    object_key,
+    parse_endpoint_slice,
+    parse_node,
+    parse_service,
+)
+from kubeproxy.model.types import NamespacedName
+from kubeproxy.sources.events import Event, Model
+
+log = logging.getLogger(__name__)
+
+_SUFFIXES = (".yaml", ".yml", ".json")
+_KINDS = ("Service", "EndpointSlice", "Node")
+
+ObjectKey = tuple[str, NamespacedName]  # (kind, namespace/name)
+
+# libyaml is much faster on large manifests; PyYAML's wheels ship it.
+_Loader: type[yaml.CSafeLoader] | type[yaml.SafeLoader] = getattr(
+    yaml, "CSafeLoader", yaml.SafeLoader
+)
+
+
+@dataclass
+class _FileEntry:
+    stamp: tuple[int, int, int]
+    objects: dict[ObjectKey, Model | None]  # None: present in the file but invalid/ignored
+
+
+@dataclass
+class ManifestSource:
+    directory: Path
+    poll_interval: float = 1.0
+    _files: dict[Path, _FileEntry] = field(default_factory=dict)
+    _current: dict[ObjectKey, Model] = field(default_factory=dict)
+    _duplicates: set[str] = field(default_factory=set)
+
+    # ---------------------------------------------------------------- loading
+
+    def _paths(self) -> Iterator[Path]:
+        for root, dirs, files in os.walk(self.directory):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            for name in sorted(files):
+                if not name.startswith(".") and name.endswith(_SUFFIXES):
+                    yield Path(root) / name
+
+    def _read(self, path: Path, stamp: tuple[int, int, int]) -> _FileEntry | None:
+        """Parse one file; None if it cannot be read or decoded."""
+        try:
+            text = path.read_text(encoding="utf-8")
+            if path.suffix == ".json":
+                docs: list[Any] = [json.loads(text)]
+            else:
+                docs = list(yaml.load_all(text, Loader=_Loader))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError, json.JSONDecodeError) as err:
+            log.error(
+                "Cannot read manifest file %s: %s (keeping the objects it held before)",
+                path,
+                _one_line(err),
+            )
+            return None
+        objects: dict[ObjectKey, Model | None] = {}
+        for doc in _documents(docs):
+            kind = doc.get("kind")
+            if kind not in _KINDS:
+                continue
+            key = object_key(kind, doc)
+            parsed = _parse(kind, doc)
+            if key is None:
+                continue
+            objects[(kind, key)] = parsed
+        return _FileEntry(stamp, objects)
+
+    def load(self) -> dict[ObjectKey, Model]:
+        """Read the directory (re-parsing only changed files); the full desired state."""
+        seen: dict[Path, _FileEntry] = {}
+        for path in self._paths():
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+            entry = self._files.get(path)
+            if entry is None or entry.stamp != stamp:
+                fresh = self._read(path, stamp)
+                if fresh is not None:
+                    entry = fresh
+                elif entry is None:
+                    continue
+            seen[path] = entry
+        self._files = seen
+        merged: dict[ObjectKey, Model] = {}
+        owner: dict[ObjectKey, Path] = {}
+        duplicates: set[str] = set()
+        for path, entry in seen.items():
+            for key, obj in entry.objects.items():
+                if key in owner:
+                    duplicates.add(
+                        f"Skipping duplicate {key[0]} {key[1]} in {path} "
+                        f"(already defined in {owner[key]})"
+                    )
+                    continue
+                owner[key] = path
+                if obj is not None:
+                    merged[key] = obj
+        # Log each duplicate when it appears, not on every reload.
+        for message in sorted(duplicates - self._duplicates):
+            log.error("%s", message)
+        self._duplicates = duplicates
+        return merged
+
+    def reload(self) -> list[Event]:
+        """Load and diff against the previous load: the watch-style events to apply."""
+        new = self.load()
+        events = diff(self._current, new)
+        self._current = new
+        return events
+
+    # --------------------------------------------------------------- watching
+
+    async def watch(self, stop: asyncio.Event) -> AsyncIterator[list[Event]]:
+        """Yield the initial state, then a batch of events whenever files change."""
+        yield self.reload()
+        async for _ in awatch(
+            self.directory,
+            stop_event=stop,
+            debounce=200,
+            step=50,
+            rust_timeout=int(self.poll_interval * 1000),
+            recursive=True,
+        ):
+            events = self.reload()
+            if events:
+                yield events
+
+
+def diff(old: Mapping[ObjectKey, Model], new: Mapping[ObjectKey, Model]) -> list[Event]:
+    """Watch-style events turning ``old`` into ``new``: deletes first, then adds/updates."""
+    events: list[Event] = []
+    for key in sorted(old.keys() - new.keys()):
+        events.append(Event.deleted(old[key]))
+    for key in sorted(new.keys()):
+        before = old.get(key)
+        after = new[key]
+        if before is None:
+            events.append(Event.added(after))
+        elif before != after:
+            events.append(Event.modified(before, after))
+    return events
+
+
+def _documents(docs: list[Any]) -> Iterator[Mapping[str, Any]]:
+    for doc in docs:
+        if not isinstance(doc, Mapping):
+            continue
+        kind = doc.get("kind")
+        if isinstance(kind, str) and kind.endswith("List") and isinstance(doc.get("items"), list):
+            yield from _documents(doc["items"])
+        else:
+            yield doc
+
+
+def _parse(kind: str, doc: Mapping[str, Any]) -> Model | None:
+    try:
+        if kind == "Service":
+            return parse_service(doc)
+        if kind == "EndpointSlice":
+            return parse_endpoint_slice(doc)
+        return parse_node(doc)
+    except InvalidObjectError as err:
+        log.error("%s", err)
+        return None
+
+
+def _one_line(err: Exception) -> str:
+    return " ".join(str(err).split())
