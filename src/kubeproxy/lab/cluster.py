@@ -1,0 +1,234 @@
+"""A two-node "cluster" built from network namespaces, for the demo and real-kernel tests.
+
+::
+
+    client (192.168.60.2)            an outside client: NodePort / external traffic
+       |
+    node-a (192.168.60.1 | 192.168.50.1)   kubeproxy runs here; Pods 10.244.1.0/24
+       |
+    node-b (192.168.50.2)            a "remote" node without a proxy; Pods 10.244.2.0/24
+
+Pods are namespaces wired to their node with a point-to-point veth (the Pod has a /32,
+its default route points at the node's gateway address), so every Pod packet is routed
+by its node — the way most CNI plugins do it, and what kube-proxy's rules assume. Each
+Pod runs an :class:`~kubeproxy.lab.echo.EchoServer` answering with its own name.
+IPv6 mirrors IPv4 (``fd00:50::/64``, ``fd00:10:244:1::/64``...).
+
+Everything is named ``<prefix>-<role>`` and deleted by name in :meth:`Lab.close`, which
+also runs when the ``with`` block fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from kubeproxy.lab.echo import EchoServer
+from kubeproxy.lab.netns import (
+    NetnsExecutor,
+    add_netns,
+    addr,
+    delete_netns,
+    ns_exec,
+    route,
+    sysctl,
+    veth,
+)
+
+NODE = "node-a"
+REMOTE_NODE = "node-b"
+NODE_IP, NODE_IP6 = "192.168.50.1", "fd00:50::1"
+REMOTE_NODE_IP, REMOTE_NODE_IP6 = "192.168.50.2", "fd00:50::2"
+CLIENT_GW, CLIENT_GW6 = "192.168.60.1", "fd00:60::1"
+CLIENT_IP, CLIENT_IP6 = "192.168.60.2", "fd00:60::2"
+CLUSTER_CIDRS = ("10.244.0.0/16", "fd00:10:244::/56")
+POD_GATEWAYS = {NODE: ("10.244.1.1", "fd00:10:244:1::1"), REMOTE_NODE: ("10.244.2.1", "fd00:10:244:2::1")}
+POD_CIDRS = {NODE: ("10.244.1.0/24", "fd00:10:244:1::/64"),
+             REMOTE_NODE: ("10.244.2.0/24", "fd00:10:244:2::/64")}
+
+
+@dataclass
+class Pod:
+    name: str
+    node: str
+    ips: tuple[str, ...]
+    netns: str
+    server: EchoServer
+
+
+@dataclass
+class Lab:
+    prefix: str
+    pods: dict[str, Pod] = field(default_factory=dict)
+    _namespaces: list[str] = field(default_factory=list)
+    _executors: dict[str, NetnsExecutor] = field(default_factory=dict)
+    _procs: list[subprocess.Popen[str]] = field(default_factory=list)
+    _veth_ids: itertools.count[int] = field(default_factory=itertools.count)
+
+    # ------------------------------------------------------------ namespaces
+
+    @property
+    def node_ns(self) -> str:
+        return f"{self.prefix}-node"
+
+    @property
+    def remote_ns(self) -> str:
+        return f"{self.prefix}-remote"
+
+    @property
+    def client_ns(self) -> str:
+        return f"{self.prefix}-client"
+
+    def node_netns(self, node: str) -> str:
+        return self.node_ns if node == NODE else self.remote_ns
+
+    def _add(self, name: str) -> str:
+        self._namespaces.append(name)
+        add_netns(name)
+        return name
+
+    def build(self) -> Lab:
+        node, remote, client = (self._add(n) for n in (self.node_ns, self.remote_ns,
+                                                        self.client_ns))
+        for ns in (node, remote):
+            sysctl(ns, "net.ipv4.ip_forward", "1")
+            sysctl(ns, "net.ipv6.conf.all.forwarding", "1")
+            # The kernel rate-limits ICMP errors per destination (about 1/s after a burst
+            # of 6), so a test that opens many connections to a Service with no endpoints
+            # would see timeouts instead of "connection refused". Real nodes have the same
+            # limit with upstream kube-proxy; the lab turns it off to stay deterministic.
+            sysctl(ns, "net.ipv4.icmp_ratelimit", "0")
+            sysctl(ns, "net.ipv6.icmp.ratelimit", "0")
+        # node <-> remote node: the "underlay".
+        veth(node, "eth0", remote, "eth0")
+        addr(node, "eth0", f"{NODE_IP}/24")
+        addr(node, "eth0", f"{NODE_IP6}/64")
+        addr(remote, "eth0", f"{REMOTE_NODE_IP}/24")
+        addr(remote, "eth0", f"{REMOTE_NODE_IP6}/64")
+        for v4, v6 in (POD_CIDRS[REMOTE_NODE],):
+            route(node, v4, "via", REMOTE_NODE_IP)
+            route(node, v6, "via", REMOTE_NODE_IP6)
+        route(remote, "default", "via", NODE_IP)
+        route(remote, "default", "via", NODE_IP6)
+        # Like a real node, node-a has a default route, so traffic to a Service IP
+        # that no rule DNATs is forwarded (and meets the REJECT/DROP filter rules).
+        route(node, "default", "via", REMOTE_NODE_IP)
+        route(node, "default", "via", REMOTE_NODE_IP6)
+        # node <-> outside client.
+        veth(node, "ext0", client, "eth0")
+        addr(node, "ext0", f"{CLIENT_GW}/24")
+        addr(node, "ext0", f"{CLIENT_GW6}/64")
+        addr(client, "eth0", f"{CLIENT_IP}/24")
+        addr(client, "eth0", f"{CLIENT_IP6}/64")
+        route(client, "default", "via", CLIENT_GW)
+        route(client, "default", "via", CLIENT_GW6)
+        return self
+
+    def add_pod(self, name: str, node: str, ips: Sequence[str],
+                ports: tuple[int, ...] = (8080,)) -> Pod:
+        """A Pod on ``node`` with the given addresses (one per family) running an echo server."""
+        ns = self._add(f"{self.prefix}-pod-{len(self.pods)}")
+        host_ns = self.node_netns(node)
+        host_dev = f"vp{next(self._veth_ids)}"
+        veth(host_ns, host_dev, ns, "eth0")
+        gw4, gw6 = POD_GATEWAYS[node]
+        for ip in ips:
+            gw = gw6 if ":" in ip else gw4
+            bits = "128" if ":" in ip else "32"
+            addr(host_ns, host_dev, f"{gw}/{bits}", peer=f"{ip}/{bits}")
+            addr(ns, "eth0", f"{ip}/{bits}", peer=f"{gw}/{bits}")
+            route(ns, "default", "via", gw)
+        server = EchoServer(name, ports)
+        server.start_in(ns)
+        pod = Pod(name, node, tuple(ips), ns, server)
+        self.pods[name] = pod
+        return pod
+
+    def executor(self, ns: str) -> NetnsExecutor:
+        if ns not in self._executors:
+            self._executors[ns] = NetnsExecutor(ns)
+        return self._executors[ns]
+
+    def in_pod(self, pod: str) -> NetnsExecutor:
+        return self.executor(self.pods[pod].netns)
+
+    # -------------------------------------------------------------- kubeproxy
+
+    def kubeproxy_args(self, manifests: Path, *extra: str) -> list[str]:
+        return [
+            "ip", "netns", "exec", self.node_ns, sys.executable, "-m", "kubeproxy", "run",
+            "--manifests", str(manifests), "--hostname-override", NODE,
+            "--cluster-cidr", ",".join(CLUSTER_CIDRS), *extra,
+        ]
+
+    def sync_once(self, manifests: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+        """Run ``kubeproxy run --once`` in the node namespace."""
+        return subprocess.run(self.kubeproxy_args(manifests, "--once", *extra),
+                              capture_output=True, text=True, check=False, env=_env())
+
+    def start(self, manifests: Path, *extra: str, log: Path | None = None) -> subprocess.Popen[str]:
+        """Start ``kubeproxy run`` in the node namespace (stopped in :meth:`close`)."""
+        out: Any = open(log, "w") if log is not None else subprocess.DEVNULL  # noqa: SIM115
+        proc = subprocess.Popen(self.kubeproxy_args(manifests, *extra), stdout=out,
+                                stderr=subprocess.STDOUT, text=True, env=_env(),
+                                start_new_session=True)
+        self._procs.append(proc)
+        return proc
+
+    def wait_for_table(self, timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if "kube-proxy" in ns_exec(self.node_ns, "nft", "list", "tables", check=False):
+                return
+            time.sleep(0.05)
+        raise TimeoutError("kubeproxy did not program the kube-proxy table")
+
+    # --------------------------------------------------------------- cleanup
+
+    def close(self) -> None:
+        for proc in self._procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait(5)
+        for pod in self.pods.values():
+            pod.server.stop()
+        for ex in self._executors.values():
+            ex.shutdown()
+        for ns in reversed(self._namespaces):
+            delete_netns(ns)
+        self._namespaces.clear()
+
+    def __enter__(self) -> Lab:
+        try:
+            return self.build()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    # kubeproxy must import from the same source tree as the caller.
+    src = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
