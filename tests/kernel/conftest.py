@@ -1,0 +1,72 @@
+"""Fixtures for real-kernel tests: a namespace lab, a manifest directory, kubeproxy runs.
+
+The lab (two nodes, an outside client and a set of echo Pods) is built once per test
+module and deleted by name at the end, also when a test fails. Each test writes its own
+manifests; ``kubeproxy run --once`` replaces the whole kube-proxy table, so tests do not
+see each other's Services.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kubeproxy.lab.cluster import NODE, NODE_IP, NODE_IP6, REMOTE_NODE, Lab
+from kubeproxy.lab.netns import list_netns
+from kubeproxy.lab.objects import ManifestDir, node
+
+# name -> (node, IPv4, IPv6)
+PODS = {
+    "local-1": (NODE, "10.244.1.10", "fd00:10:244:1::10"),
+    "local-2": (NODE, "10.244.1.11", "fd00:10:244:1::11"),
+    "remote-1": (REMOTE_NODE, "10.244.2.10", "fd00:10:244:2::10"),
+    "remote-2": (REMOTE_NODE, "10.244.2.11", "fd00:10:244:2::11"),
+    "client": (NODE, "10.244.1.100", "fd00:10:244:1::100"),
+}
+
+
+def _missing_prerequisites() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, nftables)"
+    for tool in ("ip", "nft"):
+        if shutil.which(tool) is None:
+            return f"needs the {tool!r} command"
+    return None
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    reason = _missing_prerequisites()
+    for item in items:
+        if "tests/kernel/" in str(item.fspath):
+            item.add_marker(pytest.mark.kernel)
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="module")
+def lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
+    # Unique per process and module, so parallel runs never share a namespace name.
+    prefix = f"kpt{os.getpid() % 100000}{abs(hash(request.module.__name__)) % 1000}"
+    with Lab(prefix) as built:
+        for name, (where, v4, v6) in PODS.items():
+            built.add_pod(name, where, [v4, v6], ports=(8080, 9090))
+        yield built
+    leftovers = [ns for ns in list_netns() if ns.startswith(prefix)]
+    assert not leftovers, f"namespaces left behind: {leftovers}"
+
+
+@pytest.fixture
+def manifests(tmp_path: Path) -> ManifestDir:
+    mdir = ManifestDir(tmp_path / "manifests")
+    mdir.path.mkdir()
+    mdir.write("node.yaml", node(NODE, [NODE_IP, NODE_IP6], zone="zone-a"))
+    return mdir
+
+
+def ip(pod: str, family: int = 4) -> str:
+    _, v4, v6 = PODS[pod]
+    return v4 if family == 4 else v6
