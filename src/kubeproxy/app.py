@@ -50,6 +50,7 @@ class Proxy:
         self._last_full = -float("inf")
         self.syncs = 0
         self.last_outcome: SyncOutcome | None = None
+        self._conflicts: set[str] = set()
 
     async def sync(self) -> bool:
         """One sync: collect (here), render + apply (worker thread), report."""

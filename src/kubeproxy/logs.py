@@ -12,8 +12,13 @@ import os
 import sys
 import time
 
+# klog's V(2): routine per-sync detail, shown with --v=2 and above.
+V2 = 15
+logging.addLevelName(V2, "V2")
+
 _LETTERS = {
     logging.DEBUG: "I",
+    V2: "I",
     logging.INFO: "I",
     logging.WARNING: "W",
     logging.ERROR: "E",
@@ -42,6 +47,11 @@ def setup(verbosity: int = 0, stream: object = None) -> None:
     handler.setFormatter(KlogFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(logging.DEBUG if verbosity >= 4 else logging.INFO)
+    if verbosity >= 4:
+        root.setLevel(logging.DEBUG)
+    elif verbosity >= 2:
+        root.setLevel(V2)
+    else:
+        root.setLevel(logging.INFO)
     # Third-party chatter (file watcher internals) only at high verbosity.
     logging.getLogger("watchfiles").setLevel(logging.DEBUG if verbosity >= 6 else logging.WARNING)

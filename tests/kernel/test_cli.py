@@ -126,8 +126,8 @@ def test_cleanup_removes_kubeproxy_tables_and_nothing_else(
 
         result = kubeproxy("cleanup", ns=ns)
         assert result.returncode == 0, result.stderr
-        tables = ns_exec(ns, "nft", "list", "tables").splitlines()
-        assert sorted(tables) == ["table inet filter", "table inet kube-proxy", "table ip other"]
+        left = ns_exec(ns, "nft", "list", "tables").splitlines()
+        assert sorted(left) == ["table inet filter", "table inet kube-proxy", "table ip other"]
         assert "10.0.0.1" in ns_exec(ns, "nft", "list", "set", "inet", "filter", "s")
 
         # Idempotent, and upstream's spelling works too.

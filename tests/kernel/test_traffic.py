@@ -36,8 +36,17 @@ def sync(lab: Lab, manifests: ManifestDir, *extra: str) -> str:
     return result.stderr
 
 
-def eps(*pods: str, family: int = 4, **conditions: bool) -> list[Ep]:
-    return [Ep(ip(p, family), node=PODS[p][0], **conditions) for p in pods]
+def eps(
+    *pods: str,
+    family: int = 4,
+    ready: bool | None = None,
+    serving: bool | None = None,
+    terminating: bool | None = None,
+) -> list[Ep]:
+    return [
+        Ep(ip(p, family), node=PODS[p][0], ready=ready, serving=serving, terminating=terminating)
+        for p in pods
+    ]
 
 
 def from_client_pod(
@@ -247,7 +256,7 @@ def test_nodeport_only_on_primary_address_by_default(lab: Lab, manifests: Manife
     # 192.168.60.1 is node-a's address towards the client, not its primary IP.
     assert from_outside(lab, "192.168.60.1", 30203, count=1) == {"refused": 1}
     # --nodeport-addresses with a CIDR opens it there too.
-    sync(lab, manifests, "--nodeport-addresses", "192.168.60.0/24,primary")
+    sync(lab, manifests, "--nodeport-addresses", "192.168.60.0/24,192.168.50.1/32")
     assert from_outside(lab, "192.168.60.1", 30203, count=3) == {"local-1": 3}
     assert from_outside(lab, NODE_IP, 30203, count=3) == {"local-1": 3}
 

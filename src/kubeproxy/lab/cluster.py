@@ -52,9 +52,14 @@ REMOTE_NODE_IP, REMOTE_NODE_IP6 = "192.168.50.2", "fd00:50::2"
 CLIENT_GW, CLIENT_GW6 = "192.168.60.1", "fd00:60::1"
 CLIENT_IP, CLIENT_IP6 = "192.168.60.2", "fd00:60::2"
 CLUSTER_CIDRS = ("10.244.0.0/16", "fd00:10:244::/56")
-POD_GATEWAYS = {NODE: ("10.244.1.1", "fd00:10:244:1::1"), REMOTE_NODE: ("10.244.2.1", "fd00:10:244:2::1")}
-POD_CIDRS = {NODE: ("10.244.1.0/24", "fd00:10:244:1::/64"),
-             REMOTE_NODE: ("10.244.2.0/24", "fd00:10:244:2::/64")}
+POD_GATEWAYS = {
+    NODE: ("10.244.1.1", "fd00:10:244:1::1"),
+    REMOTE_NODE: ("10.244.2.1", "fd00:10:244:2::1"),
+}
+POD_CIDRS = {
+    NODE: ("10.244.1.0/24", "fd00:10:244:1::/64"),
+    REMOTE_NODE: ("10.244.2.0/24", "fd00:10:244:2::/64"),
+}
 
 
 @dataclass
@@ -98,8 +103,9 @@ class Lab:
         return name
 
     def build(self) -> Lab:
-        node, remote, client = (self._add(n) for n in (self.node_ns, self.remote_ns,
-                                                        self.client_ns))
+        node, remote, client = (
+            self._add(n) for n in (self.node_ns, self.remote_ns, self.client_ns)
+        )
         for ns in (node, remote):
             sysctl(ns, "net.ipv4.ip_forward", "1")
             sysctl(ns, "net.ipv6.conf.all.forwarding", "1")
@@ -134,8 +140,9 @@ class Lab:
         route(client, "default", "via", CLIENT_GW6)
         return self
 
-    def add_pod(self, name: str, node: str, ips: Sequence[str],
-                ports: tuple[int, ...] = (8080,)) -> Pod:
+    def add_pod(
+        self, name: str, node: str, ips: Sequence[str], ports: tuple[int, ...] = (8080,)
+    ) -> Pod:
         """A Pod on ``node`` with the given addresses (one per family) running an echo server."""
         ns = self._add(f"{self.prefix}-pod-{len(self.pods)}")
         host_ns = self.node_netns(node)
@@ -166,22 +173,44 @@ class Lab:
 
     def kubeproxy_args(self, manifests: Path, *extra: str) -> list[str]:
         return [
-            "ip", "netns", "exec", self.node_ns, sys.executable, "-m", "kubeproxy", "run",
-            "--manifests", str(manifests), "--hostname-override", NODE,
-            "--cluster-cidr", ",".join(CLUSTER_CIDRS), *extra,
+            "ip",
+            "netns",
+            "exec",
+            self.node_ns,
+            sys.executable,
+            "-m",
+            "kubeproxy",
+            "run",
+            "--manifests",
+            str(manifests),
+            "--hostname-override",
+            NODE,
+            "--cluster-cidr",
+            ",".join(CLUSTER_CIDRS),
+            *extra,
         ]
 
     def sync_once(self, manifests: Path, *extra: str) -> subprocess.CompletedProcess[str]:
         """Run ``kubeproxy run --once`` in the node namespace."""
-        return subprocess.run(self.kubeproxy_args(manifests, "--once", *extra),
-                              capture_output=True, text=True, check=False, env=_env())
+        return subprocess.run(
+            self.kubeproxy_args(manifests, "--once", *extra),
+            capture_output=True,
+            text=True,
+            check=False,
+            env=_env(),
+        )
 
     def start(self, manifests: Path, *extra: str, log: Path | None = None) -> subprocess.Popen[str]:
         """Start ``kubeproxy run`` in the node namespace (stopped in :meth:`close`)."""
         out: Any = open(log, "w") if log is not None else subprocess.DEVNULL  # noqa: SIM115
-        proc = subprocess.Popen(self.kubeproxy_args(manifests, *extra), stdout=out,
-                                stderr=subprocess.STDOUT, text=True, env=_env(),
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            self.kubeproxy_args(manifests, *extra),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=_env(),
+            start_new_session=True,
+        )
         self._procs.append(proc)
         return proc
 
@@ -221,8 +250,12 @@ class Lab:
             self.close()
             raise
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.close()
 
 

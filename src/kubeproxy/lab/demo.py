@@ -96,14 +96,21 @@ def _targets(svc: ServicePort) -> list[tuple[str, str, str, int]]:
 def run_demo(directory: Path, requests: int, out: Any = sys.stdout) -> int:
     source = ManifestSource(directory)
     services = sorted(
-        (port for key, obj in source.load().items() if key[0] == "Service"
-         for port in getattr(obj, "ports", ())),
+        (
+            port
+            for key, obj in source.load().items()
+            if key[0] == "Service"
+            for port in getattr(obj, "ports", ())
+        ),
         key=lambda p: str(p.name),
     )
     pods = plan_pods(directory)
     prefix = f"kpdemo{os.getpid() % 100000}"
-    print(f"Building the lab: node {NODE} (runs kubeproxy), node-b, an outside client, "
-          f"{len(pods) + 1} Pods", file=out)
+    print(
+        f"Building the lab: node {NODE} (runs kubeproxy), node-b, an outside client, "
+        f"{len(pods) + 1} Pods",
+        file=out,
+    )
     with Lab(prefix) as lab, tempfile.TemporaryDirectory() as tmp:
         for name, plan in sorted(pods.items()):
             lab.add_pod(name, plan.node, sorted(plan.ips), tuple(sorted(plan.ports)))
@@ -116,11 +123,16 @@ def run_demo(directory: Path, requests: int, out: Any = sys.stdout) -> int:
         except TimeoutError:
             print(log.read_text(), file=out)
             raise
-        print(f"kubeproxy programmed node-a in {time.monotonic() - started:.2f}s "
-              f"(log: {log.read_text().strip().splitlines()[-1].split('] ', 1)[-1]})\n",
-              file=out)
-        print(f"Each line: {requests} connections; who answered.  Pod client = "
-              f"{CLIENT_POD_IPS[0]} on {NODE}; outside client = {CLIENT_IP}.\n", file=out)
+        print(
+            f"kubeproxy programmed node-a in {time.monotonic() - started:.2f}s "
+            f"(log: {log.read_text().strip().splitlines()[-1].split('] ', 1)[-1]})\n",
+            file=out,
+        )
+        print(
+            f"Each line: {requests} connections; who answered.  Pod client = "
+            f"{CLIENT_POD_IPS[0]} on {NODE}; outside client = {CLIENT_IP}.\n",
+            file=out,
+        )
         for svc in services:
             ask = udp_ask if svc.protocol is Protocol.UDP else tcp_ask
             for label, who, ip, port in _targets(svc):
@@ -135,8 +147,11 @@ def run_demo(directory: Path, requests: int, out: Any = sys.stdout) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kubeproxy.lab.demo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m kubeproxy.lab.demo",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("examples", type=Path, nargs="?", default=Path("examples"))
     parser.add_argument("--requests", type=int, default=12)
     args = parser.parse_args(argv)

@@ -156,7 +156,7 @@ def outcome(fn: object, *args: object) -> str:
         reply = fn(*args)  # type: ignore[operator]
     except ConnectionRefusedError:
         return "refused"
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         return "timeout"
     except OSError as err:
         return f"error:{err.errno}"

@@ -73,8 +73,15 @@ def endpoint_slice(
     out: list[dict[str, Any]] = []
     for ep in eps:
         item: dict[str, Any] = {"addresses": [ep.ip]}
-        cond = {k: v for k, v in (("ready", ep.ready), ("serving", ep.serving),
-                                  ("terminating", ep.terminating)) if v is not None}
+        cond = {
+            k: v
+            for k, v in (
+                ("ready", ep.ready),
+                ("serving", ep.serving),
+                ("terminating", ep.terminating),
+            )
+            if v is not None
+        }
         if cond:
             item["conditions"] = cond
         if ep.node:

@@ -1,9 +1,14 @@
 """``--nodeport-addresses``: which node addresses accept NodePort traffic, per IP family.
 
-Values follow upstream: a list of CIDRs and/or the word ``primary`` (the node's primary
-IP of each family). An empty list means ``primary`` in nftables mode. A CIDR that covers
-the whole family (``0.0.0.0/0``, ``::/0``) means every local address except loopback.
-A family that the list does not mention (e.g. only IPv4 CIDRs given) gets no NodePorts.
+Values follow upstream kube-proxy exactly:
+
+* a list of CIDRs, or the single word ``primary`` (the node's primary IP of each family;
+  the default in nftables mode); mixing the two is an error;
+* per family, only the CIDRs of that family count; when none is left — a family the list
+  does not mention, or ``primary`` with no known primary IP of that family — NodePorts
+  are accepted on every local address of that family (upstream falls back to
+  ``0.0.0.0/0`` / ``::/0``);
+* a CIDR covering the whole family means every local address except loopback.
 """
 
 from __future__ import annotations
@@ -35,27 +40,34 @@ class NodePortAddresses:
                     primary = True
                     continue
                 try:
+                    # Python keeps an IPv6 zone ID ("fe80::%eth0/64", any text after "%")
+                    # in str(), which would go verbatim into the rule script: reject it.
+                    if "%" in text:
+                        raise ValueError(text)
                     cidrs.append(str(ipaddress.ip_network(text, strict=False)))
                 except ValueError:
                     raise ValueError(
                         f"--nodeport-addresses: {text!r} is neither a CIDR nor 'primary'"
                     ) from None
-        if not cidrs and not primary:
+        if primary and cidrs:
+            raise ValueError("--nodeport-addresses: can't use both 'primary' and CIDRs")
+        if not cidrs:
             primary = True
         return cls(tuple(dict.fromkeys(cidrs)), primary)
 
     def for_family(self, family: IPFamily, primary_ip: str | None) -> FamilyNodePorts:
-        cidrs = [c for c in self.cidrs if family_of(c) is family]
-        if any(c.endswith("/0") for c in cidrs):
+        if self.primary:
+            usable = primary_ip is not None and not ipaddress.ip_address(primary_ip).is_loopback
+            bits = "/32" if family is IPFamily.IPv4 else "/128"
+            ranges = [primary_ip + bits] if usable and primary_ip is not None else []
+        else:
+            ranges = [c for c in self.cidrs if family_of(c) is family]
+        if not ranges or any(c.endswith("/0") for c in ranges):
             return FamilyNodePorts(match_all=True, ranges=())
-        ranges = list(cidrs)
-        if self.primary and primary_ip is not None:
-            ranges.append(primary_ip + ("/32" if family is IPFamily.IPv4 else "/128"))
-        return FamilyNodePorts(match_all=False, ranges=tuple(dict.fromkeys(ranges)))
+        return FamilyNodePorts(match_all=False, ranges=tuple(ranges))
 
     def __str__(self) -> str:
-        parts = list(self.cidrs) + (["primary"] if self.primary else [])
-        return ",".join(parts)
+        return "primary" if self.primary else ",".join(self.cidrs)
 
 
 @dataclass(frozen=True, slots=True)

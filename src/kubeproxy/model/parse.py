@@ -40,12 +40,14 @@ from kubeproxy.model.types import (
     family_of,
 )
 
-_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# Anchored with \Z, not $: "$" also matches before a trailing newline, which would let
+# a name like "web\n" through into log lines and rule scripts.
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
 _DNS1123_SUBDOMAIN = re.compile(
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z"
 )
-_PORT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_ZONE_OR_NODE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_PORT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+_ZONE_OR_NODE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")
 
 
 class InvalidObjectError(ValueError):
@@ -114,6 +116,11 @@ def canonical_ip(value: Any, path: str) -> str:
     """Validate an IP address and return its canonical spelling."""
     text = _str(value, path)
     try:
+        # Python accepts IPv6 zone IDs ("fe80::1%eth0") with arbitrary text after the "%"
+        # and keeps them in str(); Kubernetes IPs never have one, and the text would end
+        # up verbatim in rule scripts.
+        if "%" in text:
+            raise ValueError(text)
         return str(ipaddress.ip_address(text.strip()))
     except ValueError:
         raise _fail(path, f"invalid IP address {text!r}") from None
@@ -123,6 +130,8 @@ def canonical_cidr(value: Any, path: str) -> str:
     """Validate a CIDR (surrounding whitespace allowed, host bits ignored as upstream)."""
     text = _str(value, path)
     try:
+        if "%" in text:  # no IPv6 zone IDs (see canonical_ip)
+            raise ValueError(text)
         return str(ipaddress.ip_network(text.strip(), strict=False))
     except ValueError:
         raise _fail(path, f"invalid CIDR {text!r}") from None
@@ -342,6 +351,8 @@ def _parse_endpoint_slice(obj: Mapping[str, Any]) -> EndpointSlice | None:
     namespace, name = _metadata(obj, namespaced=True)
     if len(name) > 253 or not _DNS1123_SUBDOMAIN.match(name):
         raise _fail("metadata.name", f"not a DNS-1123 subdomain: {name!r}")
+    if obj.get("addressType") == "FQDN":
+        return None  # proxies never use FQDN slices, whatever else they hold
     meta = _mapping(obj.get("metadata"), "metadata")
     labels = _mapping(meta.get("labels"), "metadata.labels")
     service_name = _str(labels.get(LABEL_SERVICE_NAME), f"metadata.labels[{LABEL_SERVICE_NAME}]")
@@ -366,6 +377,10 @@ def _parse_endpoint_slice(obj: Mapping[str, Any]) -> EndpointSlice | None:
         port_obj = _mapping(raw, path)
         port_name = _str(port_obj.get("name"), f"{path}.name")
         protocol = _protocol(port_obj.get("protocol"), f"{path}.protocol")
+        if port_obj.get("port") is None:
+            # Valid in the API ("ports are not restricted"), unusable to a proxy: upstream
+            # skips just this port.
+            continue
         number = _int(port_obj.get("port"), f"{path}.port", 1, 65535)
         if (port_name, protocol) in seen:
             raise _fail(path, f"duplicate port {port_name!r}/{protocol.value}")
@@ -459,7 +474,10 @@ def _parse_node(obj: Mapping[str, Any]) -> Node:
     meta = _mapping(obj.get("metadata"), "metadata")
     labels = _mapping(meta.get("labels"), "metadata.labels")
     label_items = tuple(
-        sorted((str(k), _str(v, f"metadata.labels[{k}]")) for k, v in labels.items())
+        # The key goes into the error's field path: escape it so the message stays one line.
+        sorted(
+            (str(k), _str(v, f"metadata.labels[{_printable(str(k))}]")) for k, v in labels.items()
+        )
     )
     status = _mapping(obj.get("status"), "status")
     addresses: list[NodeAddress] = []

@@ -210,9 +210,10 @@ class EndpointsUpdate:
     """What ``EndpointsMap.apply`` changed."""
 
     changed: set[ServicePortName] = field(default_factory=set)
-    # UDP endpoints that went away (their conntrack entries must be flushed).
+    # UDP endpoints that were usable (ready, or serving and terminating) and no longer are,
+    # whether removed or just gone unusable: their conntrack entries must be flushed.
     deleted_udp_endpoints: set[tuple[ServicePortName, Endpoint]] = field(default_factory=set)
-    # UDP ServicePorts that went from no ready endpoint to at least one.
+    # UDP ServicePorts that went from no usable endpoint to at least one.
     newly_active_udp: set[ServicePortName] = field(default_factory=set)
     # endpoints.kubernetes.io/last-change-trigger-time values of the changes.
     trigger_times: dict[NamespacedName, list[float]] = field(default_factory=dict)
@@ -246,9 +247,18 @@ def _note_udp_changes(
     old: tuple[Endpoint, ...],
     new: tuple[Endpoint, ...],
 ) -> None:
-    new_keys = {(ep.ip, ep.port) for ep in new}
+    # As upstream (detectStaleConntrackEntries), judged on whether traffic could be sent to
+    # an endpoint, not on mere presence or readiness: an endpoint that stays in the slice
+    # but stops serving still has conntrack entries steering UDP flows to it, and a Service
+    # whose only endpoints are terminating-but-serving ones is already receiving traffic.
+    new_keys = {(ep.ip, ep.port) for ep in new if _usable(ep)}
     for ep in old:
-        if (ep.ip, ep.port) not in new_keys:
+        if _usable(ep) and (ep.ip, ep.port) not in new_keys:
             result.deleted_udp_endpoints.add((name, ep))
-    if not any(ep.ready for ep in old) and any(ep.ready for ep in new):
+    if not any(_usable(ep) for ep in old) and any(_usable(ep) for ep in new):
         result.newly_active_udp.add(name)
+
+
+def _usable(ep: Endpoint) -> bool:
+    """Could receive traffic: ready, or the serving-and-terminating fallback."""
+    return ep.ready or (ep.serving and ep.terminating)

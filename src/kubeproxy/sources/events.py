@@ -62,6 +62,8 @@ def dispatch(state: ProxyState, events: list[Event]) -> bool:
                 # Relabelled to another Service: it leaves the old one.
                 state.on_endpoint_slice(old, deleted=True)
             state.on_endpoint_slice(obj)
-        elif isinstance(obj, Node):
+        # on_node(None) means "our Node is gone": only pass it for our own node, or
+        # deleting any other Node would wipe this node's zone and IPs.
+        elif isinstance(obj, Node) and obj.name == state.node_name:
             state.on_node(event.new if isinstance(event.new, Node) else None)
     return state.pending

@@ -25,7 +25,7 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncGenerator, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,7 +58,7 @@ _Loader: type[yaml.CSafeLoader] | type[yaml.SafeLoader] = getattr(
 
 @dataclass
 class _FileEntry:
-    stamp: tuple[int, int, int]
+    stamp: tuple[int, ...]
     objects: dict[ObjectKey, Model | None]  # None: present in the file but invalid/ignored
 
 
@@ -79,7 +79,7 @@ class ManifestSource:
                 if not name.startswith(".") and name.endswith(_SUFFIXES):
                     yield Path(root) / name
 
-    def _read(self, path: Path, stamp: tuple[int, int, int]) -> _FileEntry | None:
+    def _read(self, path: Path, stamp: tuple[int, ...]) -> _FileEntry | None:
         """Parse one file; None if it cannot be read or decoded."""
         try:
             text = path.read_text(encoding="utf-8")
@@ -87,7 +87,11 @@ class ManifestSource:
                 docs: list[Any] = [json.loads(text)]
             else:
                 docs = list(yaml.load_all(text, Loader=_Loader))
-        except (OSError, UnicodeDecodeError, yaml.YAMLError, json.JSONDecodeError) as err:
+        # ValueError covers JSONDecodeError and UnicodeDecodeError, and also what YAML's
+        # constructors raise for well-formed but impossible scalars ("date: 2024-13-45",
+        # "!!int x"); RecursionError comes from deeply nested JSON. Any of these must only
+        # cost this file, never abort the whole reload.
+        except (OSError, ValueError, RecursionError, yaml.YAMLError) as err:
             log.error(
                 "Cannot read manifest file %s: %s (keeping the objects it held before)",
                 path,
@@ -103,25 +107,38 @@ class ManifestSource:
             parsed = _parse(kind, doc)
             if key is None:
                 continue
+            if (kind, key) in objects:
+                # Same rule as across files: the first definition wins.
+                log.error(
+                    "Skipping duplicate %s %s in %s (defined earlier in the same file)",
+                    kind,
+                    _escape(str(key)),
+                    path,
+                )
+                continue
             objects[(kind, key)] = parsed
         return _FileEntry(stamp, objects)
 
     def load(self) -> dict[ObjectKey, Model]:
         """Read the directory (re-parsing only changed files); the full desired state."""
         seen: dict[Path, _FileEntry] = {}
-        for path in self._paths():
+        # Sorted as a whole (os.walk lists a directory's files before its subdirectories'),
+        # so "the first path wins" for duplicates means the first path in sorted order.
+        for path in sorted(self._paths()):
             try:
                 st = path.stat()
             except OSError:
                 continue
-            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+            # ctime too: a chmod that makes an unreadable file readable changes only ctime.
+            stamp = (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino)
             entry = self._files.get(path)
             if entry is None or entry.stamp != stamp:
                 fresh = self._read(path, stamp)
-                if fresh is not None:
-                    entry = fresh
-                elif entry is None:
-                    continue
+                if fresh is None:
+                    # Keep what the file held at its last good read, under the new stamp so
+                    # the broken version is read (and logged) once, not on every reload.
+                    fresh = _FileEntry(stamp, entry.objects if entry is not None else {})
+                entry = fresh
             seen[path] = entry
         self._files = seen
         merged: dict[ObjectKey, Model] = {}
@@ -130,8 +147,9 @@ class ManifestSource:
         for path, entry in seen.items():
             for key, obj in entry.objects.items():
                 if key in owner:
+                    # key[1] is the raw (unvalidated) name: escape it to keep one line.
                     duplicates.add(
-                        f"Skipping duplicate {key[0]} {key[1]} in {path} "
+                        f"Skipping duplicate {key[0]} {_escape(str(key[1]))} in {path} "
                         f"(already defined in {owner[key]})"
                     )
                     continue
@@ -153,8 +171,13 @@ class ManifestSource:
 
     # --------------------------------------------------------------- watching
 
-    async def watch(self, stop: asyncio.Event) -> AsyncIterator[list[Event]]:
-        """Yield the initial state, then a batch of events whenever files change."""
+    async def watch(self, stop: asyncio.Event) -> AsyncGenerator[list[Event], None]:
+        """Yield the initial state, then a batch of events whenever files change.
+
+        Besides inotify events, the directory is re-checked every ``poll_interval``
+        (cheap: files are only re-parsed when their stat changes), which also covers a
+        change made before the watcher started and filesystems without inotify.
+        """
         yield self.reload()
         async for _ in awatch(
             self.directory,
@@ -162,6 +185,7 @@ class ManifestSource:
             debounce=200,
             step=50,
             rust_timeout=int(self.poll_interval * 1000),
+            yield_on_timeout=True,
             recursive=True,
         ):
             events = self.reload()
@@ -209,3 +233,8 @@ def _parse(kind: str, doc: Mapping[str, Any]) -> Model | None:
 
 def _one_line(err: Exception) -> str:
     return " ".join(str(err).split())
+
+
+def _escape(text: str) -> str:
+    """Escape non-printable characters (newlines, escapes) so a name cannot forge log lines."""
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")

@@ -72,8 +72,8 @@ class NftablesBackend:
                 self._warned_no_node_ip.add(family)
                 log.warning(
                     "No %s primary IP known for node %s (no Node object with an InternalIP or "
-                    "ExternalIP, and no --bind-address): NodePorts are not served on the "
-                    "primary address",
+                    "ExternalIP, and no --bind-address): NodePorts are accepted on every local "
+                    "address of that family, as upstream kube-proxy does",
                     family.value,
                     node.name,
                 )

@@ -1,0 +1,434 @@
+"""kubeproxy.sources.manifests.ManifestSource: a directory of YAML/JSON as a watch source.
+
+The source must behave like an informer (ADDED / MODIFIED / DELETED, nothing when nothing
+changed) and be forgiving in the right way: a bad object or a half-written file must
+never take other Services down with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kubeproxy.model.types import EndpointSlice, NamespacedName, Node, Service
+from kubeproxy.sources.events import Event, EventType
+from kubeproxy.sources.manifests import ManifestSource, diff
+from tests.unit.conftest import node_obj, service_obj, slice_obj
+
+LOGGER = "kubeproxy.sources.manifests"
+_mtime = itertools.count(1)
+
+
+def write(path: Path, text: str) -> Path:
+    """Write a file and give it a fresh, unique mtime.
+
+    The source caches by (mtime, size, inode); an edit that keeps the size within one
+    filesystem timestamp tick would otherwise look unchanged to it.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    stamp = 1_700_000_000_000_000_000 + next(_mtime) * 1_000_000_000
+    os.utime(path, ns=(stamp, stamp))
+    return path
+
+
+def docs(*objs: object) -> str:
+    return yaml.safe_dump_all(objs, sort_keys=False)
+
+
+def keys(source: ManifestSource) -> set[tuple[str, str]]:
+    return {(kind, str(name)) for kind, name in source.load()}
+
+
+def summary(events: list[Event]) -> list[tuple[str, str, str]]:
+    out = []
+    for e in events:
+        obj = e.new if e.new is not None else e.old
+        assert obj is not None
+        name = obj.name if isinstance(obj, Node) else f"{obj.namespace}/{obj.name}"
+        out.append((e.type.value, type(obj).__name__, name))
+    return out
+
+
+def error_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno >= logging.ERROR
+    ]
+
+
+# ================================================================================ loading
+
+
+def test_multi_document_yaml(tmp_path: Path) -> None:
+    write(tmp_path / "all.yaml", docs(service_obj(), slice_obj(), node_obj()))
+    assert keys(ManifestSource(tmp_path)) == {
+        ("Service", "default/web"),
+        ("EndpointSlice", "default/web-abc"),
+        ("Node", "/node-a"),
+    }
+
+
+def test_yaml_with_document_markers_and_empty_documents(tmp_path: Path) -> None:
+    text = "---\n" + docs(service_obj()) + "---\n---\n# just a comment\n---\n" + docs(node_obj())
+    write(tmp_path / "x.yml", text)
+    assert keys(ManifestSource(tmp_path)) == {("Service", "default/web"), ("Node", "/node-a")}
+
+
+def test_json_file(tmp_path: Path) -> None:
+    write(tmp_path / "svc.json", json.dumps(service_obj(namespace="shop")))
+    source = ManifestSource(tmp_path)
+    objs = source.load()
+    svc = objs[("Service", NamespacedName("shop", "web"))]
+    assert isinstance(svc, Service)
+    assert svc.ports[0].port == 80
+
+
+@pytest.mark.parametrize("list_kind", ["List", "ServiceList"])
+def test_kind_list_is_unpacked(tmp_path: Path, list_kind: str) -> None:
+    # kubectl get -o yaml produces these
+    listing = {
+        "apiVersion": "v1",
+        "kind": list_kind,
+        "items": [service_obj("a"), service_obj("b"), slice_obj("a-1", "a")],
+    }
+    write(tmp_path / "list.yaml", docs(listing))
+    assert keys(ManifestSource(tmp_path)) == {
+        ("Service", "default/a"),
+        ("Service", "default/b"),
+        ("EndpointSlice", "default/a-1"),
+    }
+
+
+def test_nested_list_in_json(tmp_path: Path) -> None:
+    inner = {"kind": "List", "items": [node_obj("n1")]}
+    write(tmp_path / "l.json", json.dumps({"kind": "List", "items": [inner, node_obj("n2")]}))
+    assert keys(ManifestSource(tmp_path)) == {("Node", "/n1"), ("Node", "/n2")}
+
+
+def test_nested_directories(tmp_path: Path) -> None:
+    write(tmp_path / "a" / "b" / "c" / "svc.yaml", docs(service_obj("deep")))
+    write(tmp_path / "top.yaml", docs(service_obj("top")))
+    assert keys(ManifestSource(tmp_path)) == {
+        ("Service", "default/deep"),
+        ("Service", "default/top"),
+    }
+
+
+def test_hidden_files_and_directories_and_other_suffixes_ignored(tmp_path: Path) -> None:
+    write(tmp_path / "visible.yaml", docs(service_obj("visible")))
+    # editors' swap/backup files and VCS directories must not become Services
+    write(tmp_path / ".hidden.yaml", docs(service_obj("hidden-file")))
+    write(tmp_path / ".git" / "svc.yaml", docs(service_obj("hidden-dir")))
+    write(tmp_path / "sub" / ".cache" / "svc.json", json.dumps(service_obj("hidden-nested")))
+    write(tmp_path / "notes.txt", docs(service_obj("txt")))
+    write(tmp_path / "svc.yaml.bak", docs(service_obj("bak")))
+    write(tmp_path / "svc.yaml~", docs(service_obj("tilde")))
+    assert keys(ManifestSource(tmp_path)) == {("Service", "default/visible")}
+
+
+def test_unknown_kinds_and_non_objects_ignored(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    write(
+        tmp_path / "mixed.yaml",
+        docs(
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cfg"}},
+            {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"}},
+            {"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": "web"}},
+            {"metadata": {"name": "no-kind"}},
+            "just a string",
+            [1, 2, 3],
+            service_obj(),
+        ),
+    )
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        assert keys(ManifestSource(tmp_path)) == {("Service", "default/web")}
+    # ignoring other kinds is normal, not an error
+    assert error_lines(caplog) == []
+
+
+def test_empty_and_missing_directory(tmp_path: Path) -> None:
+    assert ManifestSource(tmp_path).reload() == []
+    assert ManifestSource(tmp_path / "nope").reload() == []
+
+
+# =============================================================================== reloading
+
+
+def test_reload_event_sequence(tmp_path: Path) -> None:
+    svc_file = write(tmp_path / "svc.yaml", docs(service_obj("web"), service_obj("db")))
+    write(tmp_path / "eps.yaml", docs(slice_obj()))
+    source = ManifestSource(tmp_path)
+
+    first = source.reload()
+    assert sorted(summary(first)) == [
+        ("ADDED", "EndpointSlice", "default/web-abc"),
+        ("ADDED", "Service", "default/db"),
+        ("ADDED", "Service", "default/web"),
+    ]
+    assert all(e.old is None for e in first)
+
+    # nothing changed: nothing to do
+    assert source.reload() == []
+
+    # web changes port, db goes away
+    write(svc_file, docs(service_obj("web", ports=[{"port": 8080}])))
+    events = source.reload()
+    assert summary(events) == [
+        ("DELETED", "Service", "default/db"),
+        ("MODIFIED", "Service", "default/web"),
+    ]
+    modified = events[1]
+    assert isinstance(modified.old, Service) and isinstance(modified.new, Service)
+    assert (modified.old.ports[0].port, modified.new.ports[0].port) == (80, 8080)
+    assert events[0].new is None and isinstance(events[0].old, Service)
+
+    # removing a file deletes what it held
+    (tmp_path / "eps.yaml").unlink()
+    assert summary(source.reload()) == [("DELETED", "EndpointSlice", "default/web-abc")]
+    assert source.reload() == []
+
+
+def test_rewrite_with_same_content_is_not_an_event(tmp_path: Path) -> None:
+    path = write(tmp_path / "svc.yaml", docs(service_obj()))
+    source = ManifestSource(tmp_path)
+    source.reload()
+    # touched/re-saved (and reformatted) but semantically identical
+    write(path, json.dumps(service_obj()))
+    write(path, "# reformatted\n" + docs(service_obj()))
+    assert source.reload() == []
+
+
+def test_object_moved_between_files_is_not_an_event(tmp_path: Path) -> None:
+    write(tmp_path / "a.yaml", docs(service_obj()))
+    source = ManifestSource(tmp_path)
+    source.reload()
+    (tmp_path / "a.yaml").unlink()
+    write(tmp_path / "b.yaml", docs(service_obj()))
+    assert source.reload() == []
+
+
+def test_diff_orders_deletes_first() -> None:
+    a = ("Service", NamespacedName("default", "a"))
+    b = ("Service", NamespacedName("default", "b"))
+    svc_a = Service("default", "a", ())
+    svc_b = Service("default", "b", ())
+    events = diff({b: svc_b}, {a: svc_a})
+    assert [e.type for e in events] == [EventType.DELETED, EventType.ADDED]
+
+
+# ============================================================================== bad input
+
+
+def test_invalid_object_is_logged_once_and_absent(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    bad = service_obj("broken", ports=[{"port": 0}])
+    write(tmp_path / "svc.yaml", docs(service_obj("good"), bad, slice_obj()))
+    source = ManifestSource(tmp_path)
+    with caplog.at_level(logging.ERROR, logger=LOGGER):
+        events = source.reload()
+        # other objects, even in the same file, are unaffected
+        assert sorted(summary(events)) == [
+            ("ADDED", "EndpointSlice", "default/web-abc"),
+            ("ADDED", "Service", "default/good"),
+        ]
+        (line,) = error_lines(caplog)
+        assert "\n" not in line
+        assert "Service default/broken" in line
+        assert "spec.ports[0].port" in line
+        # not re-logged while the file is unchanged
+        assert source.reload() == []
+        assert len(error_lines(caplog)) == 1
+
+
+def test_object_becoming_invalid_is_deleted_and_back_is_added(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = write(tmp_path / "svc.yaml", docs(service_obj("web"), service_obj("db")))
+    source = ManifestSource(tmp_path)
+    source.reload()
+    with caplog.at_level(logging.ERROR, logger=LOGGER):
+        write(path, docs(service_obj("web", clusterIP="10.96.0.999"), service_obj("db")))
+        assert summary(source.reload()) == [("DELETED", "Service", "default/web")]
+    assert "spec.clusterIP" in error_lines(caplog)[0]
+    write(path, docs(service_obj("web"), service_obj("db")))
+    assert summary(source.reload()) == [("ADDED", "Service", "default/web")]
+
+
+def test_hostile_name_is_logged_on_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    write(tmp_path / "evil.yaml", docs(service_obj("web\nERROR forged line"), service_obj("ok")))
+    with caplog.at_level(logging.ERROR, logger=LOGGER):
+        assert keys(ManifestSource(tmp_path)) == {("Service", "default/ok")}
+    (line,) = error_lines(caplog)
+    assert len(line.splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "broken"),
+    [
+        ("svc.yaml", "apiVersion: v1\nkind: Service\nmetadata:\n  name: [unclosed\n"),
+        ("svc.yaml", "kind: Service\n\tbad: tab-indented\n"),
+        ("svc.json", '{"kind": "Service", "metadata": {"name": "web"'),
+        ("svc.yaml", "kind: Service\nmetadata: {name: web}\n\xff\n"),
+        # Well-formed YAML whose scalars cannot be constructed: PyYAML raises a plain
+        # ValueError, not a YAMLError (this used to abort the whole reload).
+        ("svc.yaml", "kind: Service\nmetadata:\n  name: web\n  created: 2024-13-45\n"),
+        ("svc.yaml", "kind: Service\nmetadata: {name: web}\nspec: {ports: [{port: !!int x}]}\n"),
+        # json.loads raises RecursionError on deep nesting
+        ("svc.json", "[" * 100_000),
+    ],
+    ids=[
+        "yaml-flow",
+        "yaml-tab",
+        "json-truncated",
+        "not-utf8",
+        "yaml-impossible-date",
+        "yaml-bad-int-tag",
+        "json-too-deep",
+    ],
+)
+def test_unreadable_file_keeps_previous_objects(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, name: str, broken: str
+) -> None:
+    path = tmp_path / name
+    good = json.dumps(service_obj()) if name.endswith(".json") else docs(service_obj())
+    write(path, good)
+    write(tmp_path / "other.yaml", docs(service_obj("other")))
+    source = ManifestSource(tmp_path)
+    assert len(source.reload()) == 2
+    with caplog.at_level(logging.ERROR, logger=LOGGER):
+        # An editor's half-written save must not delete the Service.
+        if broken.endswith("\xff\n"):
+            path.write_bytes(broken.encode("latin-1"))
+            os.utime(path, ns=(1, 1))
+        else:
+            write(path, broken)
+        assert source.reload() == []
+    lines = error_lines(caplog)
+    assert lines, "a broken file must be logged"
+    assert all(len(line.splitlines()) == 1 for line in lines)
+    assert str(path) in lines[0]
+    assert ("Service", NamespacedName("default", "web")) in source.load()
+    # once fixed, changes flow again
+    fixed = service_obj(ports=[{"port": 81}])
+    write(path, json.dumps(fixed) if name.endswith(".json") else docs(fixed))
+    assert summary(source.reload()) == [("MODIFIED", "Service", "default/web")]
+
+
+def test_broken_file_from_the_start_is_absent_and_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    write(tmp_path / "bad.yaml", "kind: Service\nmetadata: {name: [\n")
+    write(tmp_path / "ok.yaml", docs(service_obj("ok")))
+    with caplog.at_level(logging.ERROR, logger=LOGGER):
+        assert summary(ManifestSource(tmp_path).reload()) == [("ADDED", "Service", "default/ok")]
+    assert any("bad.yaml" in line for line in error_lines(caplog))
+
+
+def test_duplicate_object_first_path_wins_logged_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    write(tmp_path / "a.yaml", docs(service_obj(ports=[{"port": 1111}])))
+    write(tmp_path / "b.yaml", docs(service_obj(ports=[{"port": 2222}])))
+    source = ManifestSource(tmp_path)
+    with caplog.at_level(logging.ERROR, logger=LOGGER):
+        (event,) = source.reload()
+        assert isinstance(event.new, Service) and event.new.ports[0].port == 1111
+        assert source.reload() == []
+        write(tmp_path / "c.yaml", docs(service_obj("unrelated")))
+        source.reload()
+    (line,) = error_lines(caplog)
+    assert "Service default/web" in line
+    assert "b.yaml" in line and "a.yaml" in line
+    assert line.index("b.yaml") < line.index(
+        "a.yaml"
+    )  # "... in b.yaml (already defined in a.yaml)"
+
+
+def test_duplicate_first_path_is_in_sorted_order_across_directories(tmp_path: Path) -> None:
+    # "a/x.yaml" sorts before "b.yaml" even though os.walk lists b.yaml (top level) first.
+    write(tmp_path / "a" / "x.yaml", docs(service_obj(ports=[{"port": 1111}])))
+    write(tmp_path / "b.yaml", docs(service_obj(ports=[{"port": 2222}])))
+    objs = ManifestSource(tmp_path).load()
+    svc = objs[("Service", NamespacedName("default", "web"))]
+    assert isinstance(svc, Service) and svc.ports[0].port == 1111
+
+
+def test_duplicate_resolved_when_first_copy_removed(tmp_path: Path) -> None:
+    write(tmp_path / "a.yaml", docs(service_obj(ports=[{"port": 1111}])))
+    write(tmp_path / "b.yaml", docs(service_obj(ports=[{"port": 2222}])))
+    source = ManifestSource(tmp_path)
+    source.reload()
+    (tmp_path / "a.yaml").unlink()
+    (event,) = source.reload()
+    assert event.type is EventType.MODIFIED
+    assert isinstance(event.new, Service) and event.new.ports[0].port == 2222
+
+
+def test_duplicate_with_hostile_name_logged_on_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    evil = service_obj("x\nCRITICAL forged")
+    write(tmp_path / "a.yaml", docs(evil))
+    write(tmp_path / "b.yaml", docs(evil))
+    with caplog.at_level(logging.ERROR, logger=LOGGER):
+        ManifestSource(tmp_path).reload()
+    lines = error_lines(caplog)
+    assert any("duplicate" in line for line in lines)
+    assert all(len(line.splitlines()) == 1 for line in lines), lines
+
+
+def test_same_name_different_kinds_are_not_duplicates(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    write(tmp_path / "a.yaml", docs(service_obj("web"), slice_obj("web", "web"), node_obj("web")))
+    with caplog.at_level(logging.ERROR, logger=LOGGER):
+        objs = ManifestSource(tmp_path).load()
+    assert {type(o) for o in objs.values()} == {Service, EndpointSlice, Node}
+    assert error_lines(caplog) == []
+
+
+# ================================================================================= watching
+
+
+def test_watch_yields_initial_state_then_batches_on_edit(tmp_path: Path) -> None:
+    path = write(tmp_path / "svc.yaml", docs(service_obj()))
+
+    async def scenario() -> list[list[Event]]:
+        stop = asyncio.Event()
+        source = ManifestSource(tmp_path, poll_interval=0.1)
+        # watch() is an async generator: close it when done.
+        batches = source.watch(stop)
+        seen = [await asyncio.wait_for(anext(batches), 5)]
+
+        async def edit_until_seen() -> None:
+            # The file watcher starts when the generator is resumed; keep editing until it
+            # has seen one edit (each edit is a real change, so the batch is never empty).
+            for port in itertools.count(1000):
+                write(path, docs(service_obj(ports=[{"port": port}])))
+                await asyncio.sleep(0.3)
+
+        editor = asyncio.create_task(edit_until_seen())
+        try:
+            seen.append(await asyncio.wait_for(anext(batches), 10))
+        finally:
+            editor.cancel()
+            stop.set()
+            await batches.aclose()
+        return seen
+
+    initial, edited = asyncio.run(scenario())
+    assert summary(initial) == [("ADDED", "Service", "default/web")]
+    assert summary(edited) == [("MODIFIED", "Service", "default/web")]
+    new = edited[0].new
+    assert isinstance(new, Service) and new.ports[0].port >= 1000

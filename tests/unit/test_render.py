@@ -1,0 +1,250 @@
+"""The nftables renderer as data: which elements and chains each ServicePort produces."""
+
+from __future__ import annotations
+
+import pytest
+
+from kubeproxy.backends.nftables.render import (
+    HAIRPIN,
+    IP_BACKENDS,
+    LOCAL_OFFSET,
+    NO_ENDPOINT_NODEPORTS,
+    NO_ENDPOINT_SERVICES,
+    NODEPORT_BACKENDS,
+    NODEPORT_IPS,
+    SERVICE_IPS,
+    SERVICE_NODEPORTS,
+    VERDICT_DROP,
+    VERDICT_REJECT,
+    FamilyConfig,
+    LBChain,
+    PortRules,
+    collect,
+    render_service_port,
+    render_table,
+)
+from kubeproxy.backends.nftables.script import ScriptError, Transaction, check_name
+from kubeproxy.model.nodeports import FamilyNodePorts, NodePortAddresses
+from kubeproxy.model.topology import NodeTopology
+from kubeproxy.model.types import (
+    Endpoint,
+    IPFamily,
+    NamespacedName,
+    Protocol,
+    ServicePort,
+    ServicePortName,
+    TrafficPolicy,
+)
+
+NODE = "node-a"
+V4 = FamilyConfig(
+    family=IPFamily.IPv4,
+    node=NodeTopology(NODE, "zone-a"),
+    node_ports=FamilyNodePorts(match_all=False, ranges=("192.168.50.1/32",)),
+    cluster_cidrs=("10.244.0.0/16",),
+)
+V6 = FamilyConfig(
+    family=IPFamily.IPv6,
+    node=NodeTopology(NODE, "zone-a"),
+    node_ports=FamilyNodePorts(match_all=False, ranges=("fd00:50::1/128",)),
+    cluster_cidrs=("fd00:10:244::/56",),
+)
+
+
+def spn(name: str = "web", port: str = "http", proto: Protocol = Protocol.TCP) -> ServicePortName:
+    return ServicePortName(NamespacedName("default", name), port, proto)
+
+
+def svc(
+    name: str = "web", cluster_ips: tuple[str, ...] = ("10.96.0.1",), **kw: object
+) -> ServicePort:
+    return ServicePort(name=spn(name), cluster_ips=cluster_ips, port=80, **kw)  # type: ignore[arg-type]
+
+
+def ep(ip: str, node: str | None = NODE, *, ready: bool = True) -> Endpoint:
+    return Endpoint(ip=ip, port=8080, node_name=node, ready=ready)
+
+
+def elements(rules: PortRules) -> dict[tuple[str, str], str | None]:
+    return {(m, k): v for d in rules.destinations for m, k, v in d.elements}
+
+
+def test_cluster_ip_goes_to_a_shared_chain_by_endpoint_count() -> None:
+    rules = render_service_port(
+        svc(), [ep("10.244.1.2"), ep("10.244.2.2", "node-b"), ep("10.244.2.3", "node-b")], V4
+    )
+    got = elements(rules)
+    assert got[(SERVICE_IPS, "10.96.0.1 . tcp . 80")] == "goto cluster-ip-3"
+    assert [got[(IP_BACKENDS, f"10.96.0.1 . tcp . 80 . {i}")] for i in range(3)] == [
+        "10.244.1.2 . 8080",
+        "10.244.2.2 . 8080",
+        "10.244.2.3 . 8080",
+    ]
+    assert {d.chain for d in rules.destinations} == {LBChain("cluster-ip", 3)}
+    # Only this node's endpoints can hairpin.
+    assert rules.hairpin == ("10.244.1.2 . 10.244.1.2",)
+
+
+def test_no_endpoints_rejects_and_local_policy_elsewhere_drops() -> None:
+    none = elements(render_service_port(svc(node_port=30080), [], V4))
+    assert none == {
+        (NO_ENDPOINT_SERVICES, "10.96.0.1 . tcp . 80"): VERDICT_REJECT,
+        (NO_ENDPOINT_NODEPORTS, "tcp . 30080"): VERDICT_REJECT,
+    }
+    remote_only = render_service_port(
+        svc(internal_traffic_policy=TrafficPolicy.LOCAL), [ep("10.244.2.2", "node-b")], V4
+    )
+    assert elements(remote_only) == {(NO_ENDPOINT_SERVICES, "10.96.0.1 . tcp . 80"): VERDICT_DROP}
+    assert remote_only.no_local_internal
+
+
+def test_external_policy_local_keeps_both_sets_under_one_key() -> None:
+    rules = render_service_port(
+        svc(
+            node_port=30080,
+            external_traffic_policy=TrafficPolicy.LOCAL,
+            external_ips=("203.0.113.7",),
+        ),
+        [ep("10.244.1.2"), ep("10.244.2.2", "node-b")],
+        V4,
+    )
+    got = elements(rules)
+    assert got[(SERVICE_NODEPORTS, "tcp . 30080")] == "goto local-np-2-1"
+    assert got[(NODEPORT_BACKENDS, "tcp . 30080 . 0")] == "10.244.1.2 . 8080"
+    assert got[(NODEPORT_BACKENDS, "tcp . 30080 . 1")] == "10.244.2.2 . 8080"
+    assert got[(NODEPORT_BACKENDS, f"tcp . 30080 . {LOCAL_OFFSET}")] == "10.244.1.2 . 8080"
+    assert got[(SERVICE_IPS, "203.0.113.7 . tcp . 80")] == "goto local-ip-2-1"
+    # The ClusterIP is internal traffic: Cluster policy.
+    assert got[(SERVICE_IPS, "10.96.0.1 . tcp . 80")] == "goto cluster-ip-2"
+
+
+def test_external_policy_local_without_local_endpoints_drops_the_rest() -> None:
+    got = elements(
+        render_service_port(
+            svc(node_port=30080, external_traffic_policy=TrafficPolicy.LOCAL),
+            [ep("10.244.2.2", "node-b")],
+            V4,
+        )
+    )
+    # Pods and the node are short-circuited by local-np-1-0; everything else is dropped.
+    assert got[(SERVICE_NODEPORTS, "tcp . 30080")] == "goto local-np-1-0"
+    assert got[(NO_ENDPOINT_NODEPORTS, "tcp . 30080")] == VERDICT_DROP
+
+
+def test_external_policy_cluster_uses_external_chains() -> None:
+    got = elements(
+        render_service_port(
+            svc(node_port=30080, load_balancer_ips=("198.51.100.1",)),
+            [ep("10.244.1.2"), ep("10.244.2.2", "node-b")],
+            V4,
+        )
+    )
+    assert got[(SERVICE_NODEPORTS, "tcp . 30080")] == "goto external-np-2"
+    assert got[(SERVICE_IPS, "198.51.100.1 . tcp . 80")] == "goto external-ip-2"
+
+
+def test_families_are_rendered_separately() -> None:
+    port = svc(cluster_ips=("10.96.0.1", "fd00:10:96::1"), node_port=30080)
+    endpoints = [ep("10.244.1.2"), ep("fd00:10:244:1::2")]
+    v4 = elements(render_service_port(port, endpoints, V4))
+    v6 = elements(render_service_port(port, endpoints, V6))
+    assert (IP_BACKENDS, "10.96.0.1 . tcp . 80 . 0") in v4
+    assert v6[(IP_BACKENDS, "fd00:10:96::1 . tcp . 80 . 0")] == "fd00:10:244:1::2 . 8080"
+    assert v6[(NODEPORT_BACKENDS, "tcp . 30080 . 0")] == "fd00:10:244:1::2 . 8080"
+    assert not any("10.244" in (v or "") for v in v6.values())
+    # A single-stack Service has nothing in the other family's table.
+    assert render_service_port(svc(), endpoints, V6) == PortRules()
+
+
+def test_conflicting_destinations_first_owner_wins() -> None:
+    a = render_service_port(svc("a"), [ep("10.244.1.2")], V4)
+    b = render_service_port(svc("b"), [ep("10.244.1.3")], V4)
+    merged = collect({spn("b"): b, spn("a"): a})
+    assert merged.elements[IP_BACKENDS]["10.96.0.1 . tcp . 80 . 0"] == "10.244.1.2 . 8080"
+    assert [(c.owner, c.loser) for c in merged.conflicts] == [(spn("a"), spn("b"))]
+
+
+def test_hairpin_pairs_are_shared_between_services() -> None:
+    a = render_service_port(svc("a"), [ep("10.244.1.2")], V4)
+    b = render_service_port(
+        svc("b", ("10.96.0.2",)), [ep("10.244.1.2"), ep("10.244.1.3", None)], V4
+    )
+    merged = collect({spn("a"): a, spn("b"): b})
+    assert set(merged.elements[HAIRPIN]) == {"10.244.1.2 . 10.244.1.2", "10.244.1.3 . 10.244.1.3"}
+
+
+@pytest.mark.parametrize(
+    ("cfg_changes", "expected_first_rule"),
+    [
+        ({}, "ip saddr != 10.244.0.0/16 meta mark set meta mark | 0x00004000"),
+        ({"masquerade_all": True}, "meta mark set meta mark | 0x00004000"),
+        ({"cluster_cidrs": ()}, "dnat ip to ip daddr"),
+        (
+            {"masquerade_mark": 1 << 5},
+            "ip saddr != 10.244.0.0/16 meta mark set meta mark | 0x00000020",
+        ),
+    ],
+)
+def test_cluster_ip_chain_masquerade_rule(
+    cfg_changes: dict[str, object], expected_first_rule: str
+) -> None:
+    import dataclasses
+
+    cfg = dataclasses.replace(V4, **cfg_changes)  # type: ignore[arg-type]
+    assert LBChain("cluster-ip", 2).rules(cfg)[0].startswith(expected_first_rule)
+
+
+def test_local_chain_rules() -> None:
+    rules = LBChain("local-np", 3, 1).rules(V4)
+    assert rules == [
+        "ip saddr 10.244.0.0/16 dnat ip to meta l4proto . th dport . numgen random mod 3 "
+        "map @nodeport-backends",
+        "fib saddr type local meta mark set meta mark | 0x00004000",
+        "fib saddr type local dnat ip to meta l4proto . th dport . numgen random mod 3 "
+        "map @nodeport-backends",
+        f"dnat ip to meta l4proto . th dport . numgen random mod 1 offset {LOCAL_OFFSET} "
+        "map @nodeport-backends",
+    ]
+    # Without local endpoints only the short-circuits remain; the rest falls to the drop.
+    assert not any("offset" in r for r in LBChain("local-np", 3, 0).rules(V4))
+
+
+def test_nodeport_match_all_has_no_address_set() -> None:
+    every = FamilyNodePorts(match_all=True, ranges=())
+    import dataclasses
+
+    table = render_table(dataclasses.replace(V4, node_ports=every), collect({}))
+    assert NODEPORT_IPS not in {s.name for s in table.sets}
+    services = next(c for c in table.chains if c.name == "services")
+    assert services.rules[1].startswith("fib daddr type local ip daddr != 127.0.0.0/8 meta")
+
+
+def test_nodeport_addresses_flag() -> None:
+    flag = NodePortAddresses.parse(["10.0.0.0/8, 192.168.0.0/16", "fd00::/8"])
+    assert flag.for_family(IPFamily.IPv4, "10.1.2.3").ranges == ("10.0.0.0/8", "192.168.0.0/16")
+    assert flag.for_family(IPFamily.IPv6, None).ranges == ("fd00::/8",)
+    assert NodePortAddresses.parse(["0.0.0.0/0"]).for_family(IPFamily.IPv4, None).match_all
+    # As upstream: a family the list does not mention accepts NodePorts everywhere.
+    assert NodePortAddresses.parse(["0.0.0.0/0"]).for_family(IPFamily.IPv6, "fd00::1").match_all
+    primary = NodePortAddresses.parse([])
+    assert primary.for_family(IPFamily.IPv4, "10.1.2.3").ranges == ("10.1.2.3/32",)
+    assert primary.for_family(IPFamily.IPv6, None).match_all
+    with pytest.raises(ValueError, match="both 'primary' and CIDRs"):
+        NodePortAddresses.parse(["primary,10.0.0.0/8"])
+
+
+def test_table_text_is_declarative_and_ordered() -> None:
+    rules = {spn(): render_service_port(svc(), [ep("10.244.1.2")], V4)}
+    tx = Transaction()
+    tx.define_table(render_table(V4, collect(rules)))
+    text = str(tx)
+    # Maps are declared before the chains whose rules and elements refer to them.
+    assert text.index("map service-ips") < text.index("chain services")
+    assert "10.96.0.1 . tcp . 80 : goto cluster-ip-1" in text
+    assert "chain cluster-ip-1 {" in text
+
+
+@pytest.mark.parametrize("name", ["", "a b", "x;flush ruleset", "a\nb", "a" * 80, "-x", "ä"])
+def test_hostile_object_names_are_refused(name: str) -> None:
+    with pytest.raises(ScriptError):
+        check_name(name)
