@@ -9,6 +9,7 @@ and which source address they saw.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
@@ -28,6 +29,10 @@ from tests.kernel.conftest import PODS, ip
 
 HTTP = {"name": "http", "port": 80}
 TARGET = {"name": "http", "port": 8080}
+
+
+def nodeport(name: str, cluster_ip: str, node_port: int, **spec: Any) -> dict[str, Any]:
+    return service(name, cluster_ip, [{**HTTP, "nodePort": node_port}], type="NodePort", **spec)
 
 
 def sync(lab: Lab, manifests: ManifestDir, *extra: str) -> str:
@@ -135,7 +140,7 @@ def test_service_ports_route_to_their_own_target_ports(lab: Lab, manifests: Mani
 def test_no_endpoints_refuses_connections(lab: Lab, manifests: ManifestDir) -> None:
     manifests.write(
         "svc.yaml",
-        service("empty", "10.96.1.4", [{**HTTP, "nodePort": 30100}], type="NodePort"),
+        nodeport("empty", "10.96.1.4", 30100),
         endpoint_slice("empty", []),
     )
     sync(lab, manifests)
@@ -194,13 +199,7 @@ def test_external_traffic_policy_local_nodeport_keeps_client_ip(
 ) -> None:
     manifests.write(
         "svc.yaml",
-        service(
-            "shop",
-            "10.96.3.1",
-            [{**HTTP, "nodePort": 30200}],
-            type="NodePort",
-            externalTrafficPolicy="Local",
-        ),
+        nodeport("shop", "10.96.3.1", 30200, externalTrafficPolicy="Local"),
         endpoint_slice("shop", eps("local-1", "remote-1", "remote-2")),
     )
     sync(lab, manifests)
@@ -215,13 +214,7 @@ def test_external_traffic_policy_local_without_local_endpoints(
 ) -> None:
     manifests.write(
         "svc.yaml",
-        service(
-            "shop",
-            "10.96.3.2",
-            [{**HTTP, "nodePort": 30201}],
-            type="NodePort",
-            externalTrafficPolicy="Local",
-        ),
+        nodeport("shop", "10.96.3.2", 30201, externalTrafficPolicy="Local"),
         endpoint_slice("shop", eps("remote-1")),
     )
     sync(lab, manifests)
@@ -235,7 +228,7 @@ def test_external_traffic_policy_local_without_local_endpoints(
 def test_external_traffic_policy_cluster_masquerades(lab: Lab, manifests: ManifestDir) -> None:
     manifests.write(
         "svc.yaml",
-        service("shop", "10.96.3.3", [{**HTTP, "nodePort": 30202}], type="NodePort"),
+        nodeport("shop", "10.96.3.3", 30202),
         endpoint_slice("shop", eps("local-1", "remote-1")),
     )
     sync(lab, manifests)
@@ -248,7 +241,7 @@ def test_external_traffic_policy_cluster_masquerades(lab: Lab, manifests: Manife
 def test_nodeport_only_on_primary_address_by_default(lab: Lab, manifests: ManifestDir) -> None:
     manifests.write(
         "svc.yaml",
-        service("shop", "10.96.3.4", [{**HTTP, "nodePort": 30203}], type="NodePort"),
+        nodeport("shop", "10.96.3.4", 30203),
         endpoint_slice("shop", eps("local-1")),
     )
     sync(lab, manifests)
@@ -395,7 +388,7 @@ def test_remote_node_address_is_not_a_nodeport(lab: Lab, manifests: ManifestDir)
     # Sanity check of the lab itself: node-b runs no proxy.
     manifests.write(
         "svc.yaml",
-        service("shop", "10.96.7.1", [{**HTTP, "nodePort": 30300}], type="NodePort"),
+        nodeport("shop", "10.96.7.1", 30300),
         endpoint_slice("shop", eps("local-1")),
     )
     sync(lab, manifests)

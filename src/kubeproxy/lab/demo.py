@@ -93,6 +93,15 @@ def _targets(svc: ServicePort) -> list[tuple[str, str, str, int]]:
     return out
 
 
+def _policy(svc: ServicePort, who: str) -> str:
+    """The traffic policy that decides this line, as the manifest spells it."""
+    if who == "pod" and svc.internal_policy_local:
+        return "internalTrafficPolicy: Local"
+    if who == "client" and svc.external_policy_local:
+        return "externalTrafficPolicy: Local"
+    return ""
+
+
 def run_demo(directory: Path, requests: int, out: Any = sys.stdout) -> int:
     source = ManifestSource(directory)
     services = sorted(
@@ -138,7 +147,12 @@ def run_demo(directory: Path, requests: int, out: Any = sys.stdout) -> int:
             for label, who, ip, port in _targets(svc):
                 runner = lab.in_pod(CLIENT_POD) if who == "pod" else lab.executor(lab.client_ns)
                 replies = runner.call(_ask_many, ask, ip, port, requests)
-                print(f"{svc.name!s:32} {label:28} from {who:6}: {_describe(replies)}", file=out)
+                policy = _policy(svc, who)
+                print(
+                    f"{svc.name!s:36} {label:30} from {who:6}: {_describe(replies)}"
+                    + (f"  [{policy}]" if policy else ""),
+                    file=out,
+                )
         proc.terminate()
         proc.wait(10)
         ns_exec(lab.node_ns, sys.executable, "-m", "kubeproxy", "cleanup", check=False)
