@@ -32,6 +32,7 @@ from kubeproxy.model.types import (
     Protocol,
     Service,
     ServicePort,
+    ServiceCIDR,
     ServicePortName,
     ServiceType,
     SliceEndpoint,
@@ -502,12 +503,38 @@ def _parse_node(obj: Mapping[str, Any]) -> Node:
     )
 
 
+# ------------------------------------------------------------------------ ServiceCIDR
+
+
+def parse_service_cidr(obj: Any) -> ServiceCIDR:
+    try:
+        return _parse_service_cidr(_mapping(obj, "<root>"))
+    except _InvalidError as err:
+        raise InvalidObjectError(
+            "ServiceCIDR", _identity(obj, namespaced=False), str(err)
+        ) from None
+
+
+def _parse_service_cidr(obj: Mapping[str, Any]) -> ServiceCIDR:
+    _, name = _metadata(obj, namespaced=False)
+    if len(name) > 253 or not _DNS1123_SUBDOMAIN.match(name):
+        raise _fail("metadata.name", f"not a DNS-1123 subdomain: {name!r}")
+    spec = _mapping(obj.get("spec"), "spec")
+    cidrs = tuple(
+        canonical_cidr(c, f"spec.cidrs[{i}]")
+        for i, c in enumerate(_list(spec.get("cidrs"), "spec.cidrs"))
+    )
+    if not cidrs or len(cidrs) > 2 or len({family_of(c) for c in cidrs}) != len(cidrs):
+        raise _fail("spec.cidrs", "one or two CIDRs, at most one per IP family")
+    return ServiceCIDR(name, cidrs)
+
+
 def object_key(kind: str, obj: Mapping[str, Any]) -> NamespacedName | None:
     """The identity of a raw object, used to pair adds/updates/deletes across reloads."""
     meta = obj.get("metadata")
     if not isinstance(meta, Mapping) or not isinstance(meta.get("name"), str):
         return None
-    if kind == "Node":
+    if kind in ("Node", "ServiceCIDR"):
         return NamespacedName("", meta["name"])
     ns = meta.get("namespace")
     return NamespacedName(ns if isinstance(ns, str) and ns else "default", meta["name"])

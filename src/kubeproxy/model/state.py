@@ -27,6 +27,7 @@ from kubeproxy.model.types import (
     IPFamily,
     Node,
     Service,
+    ServiceCIDR,
     ServicePort,
     ServicePortName,
 )
@@ -53,6 +54,8 @@ class Snapshot:
     services: Mapping[ServicePortName, ServicePort]
     endpoints: Mapping[ServicePortName, tuple[Endpoint, ...]]
     node: NodeState
+    # CIDRs of every networking.k8s.io/v1 ServiceCIDR object (sorted, deduplicated).
+    service_cidrs: tuple[str, ...] = ()
 
 
 @dataclass
@@ -75,6 +78,7 @@ class ProxyState:
         self.endpoints = EndpointsMap()
         self._node: Node | None = None
         self._node_dirty = True
+        self._service_cidrs: dict[str, ServiceCIDR] = {}
 
     # ------------------------------------------------------------------ events
 
@@ -92,6 +96,19 @@ class ProxyState:
             self._node = node
             self._node_dirty = True
         return self._node_dirty
+
+    def on_service_cidr(self, previous: ServiceCIDR | None, current: ServiceCIDR | None) -> bool:
+        """A ServiceCIDR was added, changed or deleted (rare: handled as a node-level change)."""
+        if current is not None:
+            changed = self._service_cidrs.get(current.name) != current
+            self._service_cidrs[current.name] = current
+        elif previous is not None:
+            changed = self._service_cidrs.pop(previous.name, None) is not None
+        else:
+            changed = False
+        if changed:
+            self._node_dirty = True
+        return self.pending
 
     @property
     def pending(self) -> bool:
@@ -121,6 +138,9 @@ class ProxyState:
             services=MappingProxyType(dict(self.services)),
             endpoints=MappingProxyType(dict(self.endpoints)),
             node=self.node_state(),
+            service_cidrs=tuple(
+                sorted({c for sc in self._service_cidrs.values() for c in sc.cidrs})
+            ),
         )
         changes = Changes(
             service_ports=svc_update.changed | ep_update.changed,

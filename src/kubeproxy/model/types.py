@@ -243,6 +243,14 @@ class Endpoint:
 
 
 @dataclass(frozen=True, slots=True)
+class ServiceCIDR:
+    """networking.k8s.io/v1 ServiceCIDR: ranges the cluster allocates ClusterIPs from."""
+
+    name: str
+    cidrs: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class NodeAddress:
     type: str
     address: str

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from kubeproxy.model.state import ProxyState
-from kubeproxy.model.types import EndpointSlice, Node, Service
+from kubeproxy.model.types import EndpointSlice, Node, Service, ServiceCIDR
 
-Model = Service | EndpointSlice | Node
+Model = Service | EndpointSlice | Node | ServiceCIDR
 
 
 class EventType(StrEnum):
@@ -66,4 +66,9 @@ def dispatch(state: ProxyState, events: list[Event]) -> bool:
         # deleting any other Node would wipe this node's zone and IPs.
         elif isinstance(obj, Node) and obj.name == state.node_name:
             state.on_node(event.new if isinstance(event.new, Node) else None)
+        elif isinstance(obj, ServiceCIDR):
+            state.on_service_cidr(
+                event.old if isinstance(event.old, ServiceCIDR) else None,
+                event.new if isinstance(event.new, ServiceCIDR) else None,
+            )
     return state.pending

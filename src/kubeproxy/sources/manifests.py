@@ -1,4 +1,4 @@
-"""The manifest source: Services, EndpointSlices and Nodes from a directory of YAML/JSON.
+"""The manifest source: Services, EndpointSlices, Nodes (and ServiceCIDRs) from a directory.
 
 Files ending in ``.yaml``, ``.yml`` or ``.json`` anywhere under the directory (hidden files
 and directories skipped) are read; a file may hold several YAML documents and ``kind: List``
@@ -38,6 +38,7 @@ from kubeproxy.model.parse import (
     object_key,
     parse_endpoint_slice,
     parse_node,
+    parse_service_cidr,
     parse_service,
 )
 from kubeproxy.model.types import NamespacedName
@@ -46,7 +47,7 @@ from kubeproxy.sources.events import Event, Model
 log = logging.getLogger(__name__)
 
 _SUFFIXES = (".yaml", ".yml", ".json")
-_KINDS = ("Service", "EndpointSlice", "Node")
+_KINDS = ("Service", "EndpointSlice", "Node", "ServiceCIDR")
 
 ObjectKey = tuple[str, NamespacedName]  # (kind, namespace/name)
 
@@ -225,6 +226,8 @@ def _parse(kind: str, doc: Mapping[str, Any]) -> Model | None:
             return parse_service(doc)
         if kind == "EndpointSlice":
             return parse_endpoint_slice(doc)
+        if kind == "ServiceCIDR":
+            return parse_service_cidr(doc)
         return parse_node(doc)
     except InvalidObjectError as err:
         log.error("%s", err)
