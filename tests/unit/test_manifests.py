@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kubeproxy.model.types import EndpointSlice, NamespacedName, Node, Service
+from kubeproxy.model.types import EndpointSlice, NamespacedName, Node, Service, ServiceCIDR
 from kubeproxy.sources.events import Event, EventType
 from kubeproxy.sources.manifests import ManifestSource, diff
 from tests.unit.conftest import node_obj, service_obj, slice_obj
@@ -52,7 +52,7 @@ def summary(events: list[Event]) -> list[tuple[str, str, str]]:
     for e in events:
         obj = e.new if e.new is not None else e.old
         assert obj is not None
-        name = obj.name if isinstance(obj, Node) else f"{obj.namespace}/{obj.name}"
+        name = obj.name if isinstance(obj, Node | ServiceCIDR) else f"{obj.namespace}/{obj.name}"
         out.append((e.type.value, type(obj).__name__, name))
     return out
 

@@ -38,8 +38,8 @@ from kubeproxy.model.parse import (
     object_key,
     parse_endpoint_slice,
     parse_node,
-    parse_service_cidr,
     parse_service,
+    parse_service_cidr,
 )
 from kubeproxy.model.types import NamespacedName
 from kubeproxy.sources.events import Event, Model
