@@ -64,6 +64,14 @@ def _add_proxy_flags(p: argparse.ArgumentParser) -> None:
         "traffic (default: primary)",
     )
     p.add_argument(
+        "--service-cluster-ip-range",
+        action="append",
+        default=[],
+        help="ClusterIP range(s), one per IP family (repeat or comma-separate for dual "
+        "stack): unallocated addresses in them are dropped, unused ports of allocated "
+        "ClusterIPs rejected",
+    )
+    p.add_argument(
         "--masquerade-all",
         nargs="?",
         const=True,
@@ -139,6 +147,9 @@ def config_from_args(args: argparse.Namespace) -> ProxyConfig:
         hostname=(args.hostname_override.strip().lower() or default_hostname()),
         mode=mode,
         cluster_cidrs=parse_cidrs(args.cluster_cidr, "--cluster-cidr"),
+        service_cidrs=parse_cidrs(
+            ",".join(args.service_cluster_ip_range), "--service-cluster-ip-range"
+        ),
         nodeport_addresses=nodeports,
         masquerade_all=args.masquerade_all,
         bind_address=args.bind_address,

@@ -27,6 +27,8 @@ class ProxyConfig:
     hostname: str
     mode: str = "nftables"
     cluster_cidrs: tuple[str, ...] = ()
+    # Ranges ClusterIPs are allocated from (besides ServiceCIDR objects from the source).
+    service_cidrs: tuple[str, ...] = ()
     nodeport_addresses: NodePortAddresses = field(default_factory=NodePortAddresses)
     masquerade_all: bool = False
     masquerade_bit: int = 14
@@ -65,7 +67,7 @@ def detect_families(proc: str = "/proc") -> tuple[IPFamily, ...]:
     return (IPFamily.IPv4,)
 
 
-def parse_cidrs(value: str, flag: str) -> tuple[str, ...]:
+def parse_cidrs(value: str, flag: str, *, per_family: int = 1) -> tuple[str, ...]:
     cidrs = []
     for item in value.split(","):
         text = item.strip()
@@ -75,6 +77,7 @@ def parse_cidrs(value: str, flag: str) -> tuple[str, ...]:
             cidrs.append(str(ipaddress.ip_network(text, strict=False)))
         except ValueError:
             raise ConfigError(f"{flag}: invalid CIDR {text!r}") from None
-    if len({family_of(c) for c in cidrs}) != len(cidrs):
-        raise ConfigError(f"{flag}: at most one CIDR per IP family")
+    for family in IPFamily:
+        if sum(family_of(c) is family for c in cidrs) > per_family:
+            raise ConfigError(f"{flag}: at most {per_family} {family.value} CIDR(s)")
     return tuple(cidrs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kubeproxy.backends.nftables.render import (
+    CLUSTER_IPS,
     HAIRPIN,
     IP_BACKENDS,
     LOCAL_OFFSET,
@@ -81,8 +82,11 @@ def test_cluster_ip_goes_to_a_shared_chain_by_endpoint_count() -> None:
         "10.244.2.3 . 8080",
     ]
     assert {d.chain for d in rules.destinations} == {LBChain("cluster-ip", 3)}
-    # Only this node's endpoints can hairpin.
-    assert rules.hairpin == ("10.244.1.2 . 10.244.1.2",)
+    # Only this node's endpoints can hairpin; the ClusterIP is in the cluster-ips set.
+    assert set(rules.shared) == {
+        (HAIRPIN, "10.244.1.2 . 10.244.1.2", None),
+        (CLUSTER_IPS, "10.96.0.1", None),
+    }
 
 
 def test_no_endpoints_rejects_and_local_policy_elsewhere_drops() -> None:
@@ -159,7 +163,7 @@ def test_families_are_rendered_separately() -> None:
 def test_conflicting_destinations_first_owner_wins() -> None:
     a = render_service_port(svc("a"), [ep("10.244.1.2")], V4)
     b = render_service_port(svc("b"), [ep("10.244.1.3")], V4)
-    merged = collect({spn("b"): b, spn("a"): a})
+    merged = collect({spn("b"): b, spn("a"): a}, V4)
     assert merged.elements[IP_BACKENDS]["10.96.0.1 . tcp . 80 . 0"] == "10.244.1.2 . 8080"
     assert [(c.owner, c.loser) for c in merged.conflicts] == [(spn("a"), spn("b"))]
 
@@ -169,7 +173,7 @@ def test_hairpin_pairs_are_shared_between_services() -> None:
     b = render_service_port(
         svc("b", ("10.96.0.2",)), [ep("10.244.1.2"), ep("10.244.1.3", None)], V4
     )
-    merged = collect({spn("a"): a, spn("b"): b})
+    merged = collect({spn("a"): a, spn("b"): b}, V4)
     assert set(merged.elements[HAIRPIN]) == {"10.244.1.2 . 10.244.1.2", "10.244.1.3 . 10.244.1.3"}
 
 
@@ -213,7 +217,7 @@ def test_nodeport_match_all_has_no_address_set() -> None:
     every = FamilyNodePorts(match_all=True, ranges=())
     import dataclasses
 
-    table = render_table(dataclasses.replace(V4, node_ports=every), collect({}))
+    table = render_table(dataclasses.replace(V4, node_ports=every), collect({}, V4))
     assert NODEPORT_IPS not in {s.name for s in table.sets}
     services = next(c for c in table.chains if c.name == "services")
     assert services.rules[1].startswith("fib daddr type local ip daddr != 127.0.0.0/8 meta")
@@ -236,7 +240,7 @@ def test_nodeport_addresses_flag() -> None:
 def test_table_text_is_declarative_and_ordered() -> None:
     rules = {spn(): render_service_port(svc(), [ep("10.244.1.2")], V4)}
     tx = Transaction()
-    tx.define_table(render_table(V4, collect(rules)))
+    tx.define_table(render_table(V4, collect(rules, V4)))
     text = str(tx)
     # Maps are declared before the chains whose rules and elements refer to them.
     assert text.index("map service-ips") < text.index("chain services")

@@ -1,15 +1,26 @@
-"""The one place that talks to nftables: run a script with ``nft -f -`` (one atomic batch).
+"""The one place that talks to nftables: run a script as one atomic kernel batch.
 
-:class:`NftRunner` is the small interface backends depend on; :class:`NftCommand` is the
-real implementation. There is no fake: nft and the kernel are available wherever
-kubeproxy can do anything useful, and tests run them in throw-away network namespaces.
+:class:`NftRunner` is the small interface backends depend on, with two real
+implementations: :class:`LibNftables` runs scripts in-process through ``libnftables``
+(the library behind the ``nft`` command, reached with ctypes), which saves spawning a
+process per transaction (~10 ms, most of a partial sync); :class:`NftCommand` runs the
+``nft`` binary and is the fallback when the library cannot be loaded. :func:`open_runner`
+picks. There is no fake: nft and the kernel are available wherever kubeproxy can do
+anything useful, and tests run them in throw-away network namespaces.
+
+(The nftables project's own Python binding is packaged by Debian for the system Python
+only; the handful of C calls needed here are not worth a vendored copy of it.)
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import json
 import shutil
 import subprocess
-from typing import Protocol
+import threading
+from typing import Any, Protocol
 
 
 class NftError(RuntimeError):
@@ -30,18 +41,49 @@ class NftRunner(Protocol):
     def list_tables(self) -> list[tuple[str, str]]:
         """(family, name) of every table in this network namespace."""
 
+    def list_objects(self, family: str, table: str) -> dict[str, set[str]]:
+        """Names of the chains, sets and maps in a table (empty if it does not exist).
+
+        Terse listing: set elements are not transferred, so this stays cheap however
+        many Services there are.
+        """
+
+
+def _objects_from_json(text: str) -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {"chain": set(), "set": set(), "map": set()}
+    for item in json.loads(text).get("nftables", []):
+        for kind, names in found.items():
+            obj = item.get(kind)
+            if isinstance(obj, dict) and isinstance(obj.get("name"), str):
+                names.add(obj["name"])
+    return found
+
+
+def _tables_from_text(text: str) -> list[tuple[str, str]]:
+    tables = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "table":
+            tables.append((parts[1], parts[2]))
+    return tables
+
+
+def _missing_table(message: str) -> bool:
+    return "No such file or directory" in message
+
 
 class NftCommand:
-    """Runs the ``nft`` binary."""
+    """Runs the ``nft`` binary (in another network namespace when ``netns`` is given)."""
 
-    def __init__(self, binary: str | None = None) -> None:
+    def __init__(self, binary: str | None = None, netns: str | None = None) -> None:
         found = binary or shutil.which("nft") or "/usr/sbin/nft"
         self.binary = found
+        self._prefix = ["ip", "netns", "exec", netns] if netns else []
 
     def _run(self, args: list[str], script: str | None = None) -> str:
         try:
             proc = subprocess.run(
-                [self.binary, *args],
+                [*self._prefix, self.binary, *args],
                 input=script,
                 capture_output=True,
                 text=True,
@@ -62,16 +104,100 @@ class NftCommand:
         self._run(["-c", "-f", "-"], script)
 
     def list_tables(self) -> list[tuple[str, str]]:
-        out = self._run(["list", "tables"])
-        tables = []
-        for line in out.splitlines():
-            parts = line.split()
-            if len(parts) == 3 and parts[0] == "table":
-                tables.append((parts[1], parts[2]))
-        return tables
+        return _tables_from_text(self._run(["list", "tables"]))
 
     def list_table(self, family: str, name: str) -> str:
         return self._run(["list", "table", family, name])
+
+    def list_objects(self, family: str, table: str) -> dict[str, set[str]]:
+        try:
+            return _objects_from_json(self._run(["-j", "-t", "list", "table", family, table]))
+        except NftError as err:
+            if _missing_table(str(err)):
+                return _objects_from_json("{}")
+            raise
+
+
+# Output flags from <nftables/libnftables.h>.
+_OUTPUT_JSON = 1 << 4
+_OUTPUT_TERSE = 1 << 11
+
+
+class LibNftables:
+    """libnftables through ctypes: one long-lived context, one call per transaction."""
+
+    def __init__(self, library: str | None = None) -> None:
+        path = library or ctypes.util.find_library("nftables") or "libnftables.so.1"
+        lib = ctypes.CDLL(path, use_errno=True)
+        lib.nft_ctx_new.restype = ctypes.c_void_p
+        lib.nft_ctx_new.argtypes = [ctypes.c_uint32]
+        lib.nft_ctx_free.argtypes = [ctypes.c_void_p]
+        for name in ("nft_ctx_buffer_output", "nft_ctx_buffer_error"):
+            getattr(lib, name).restype = ctypes.c_int
+            getattr(lib, name).argtypes = [ctypes.c_void_p]
+        for name in ("nft_ctx_get_output_buffer", "nft_ctx_get_error_buffer"):
+            getattr(lib, name).restype = ctypes.c_char_p
+            getattr(lib, name).argtypes = [ctypes.c_void_p]
+        lib.nft_run_cmd_from_buffer.restype = ctypes.c_int
+        lib.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+        lib.nft_ctx_output_get_flags.restype = ctypes.c_uint
+        lib.nft_ctx_output_get_flags.argtypes = [ctypes.c_void_p]
+        lib.nft_ctx_output_set_flags.argtypes = [ctypes.c_void_p, ctypes.c_uint]
+        lib.nft_ctx_set_dry_run.argtypes = [ctypes.c_void_p, ctypes.c_bool]
+        self._lib: Any = lib
+        self._ctx = lib.nft_ctx_new(0)
+        if not self._ctx:
+            raise OSError("nft_ctx_new failed")
+        lib.nft_ctx_buffer_output(self._ctx)
+        lib.nft_ctx_buffer_error(self._ctx)
+        # One context is not safe for concurrent use; syncs are serialised anyway.
+        self._lock = threading.Lock()
+
+    def _run(self, script: str, *, flags: int = 0, dry_run: bool = False) -> str:
+        lib = self._lib
+        with self._lock:
+            lib.nft_ctx_output_set_flags(self._ctx, flags)
+            lib.nft_ctx_set_dry_run(self._ctx, dry_run)
+            try:
+                rc = lib.nft_run_cmd_from_buffer(self._ctx, script.encode())
+                out = (lib.nft_ctx_get_output_buffer(self._ctx) or b"").decode()
+                err = (lib.nft_ctx_get_error_buffer(self._ctx) or b"").decode()
+            finally:
+                lib.nft_ctx_set_dry_run(self._ctx, False)
+        if rc != 0:
+            raise NftError(_summarise(err), script)
+        return out
+
+    def apply(self, script: str) -> None:
+        self._run(script)
+
+    def check(self, script: str) -> None:
+        self._run(script, dry_run=True)
+
+    def list_tables(self) -> list[tuple[str, str]]:
+        return _tables_from_text(self._run("list tables"))
+
+    def list_objects(self, family: str, table: str) -> dict[str, set[str]]:
+        try:
+            out = self._run(f"list table {family} {table}", flags=_OUTPUT_JSON | _OUTPUT_TERSE)
+        except NftError as err:
+            if _missing_table(str(err)):
+                return _objects_from_json("{}")
+            raise
+        return _objects_from_json(out)
+
+    def close(self) -> None:
+        if self._ctx:
+            self._lib.nft_ctx_free(self._ctx)
+            self._ctx = None
+
+
+def open_runner() -> NftRunner:
+    """libnftables when it loads, else the nft binary."""
+    try:
+        return LibNftables()
+    except (OSError, AttributeError):
+        return NftCommand()
 
 
 def _summarise(stderr: str, limit: int = 20) -> str:

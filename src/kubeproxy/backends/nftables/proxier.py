@@ -1,47 +1,130 @@
-"""The nftables backend: one sync, as named phases.
+"""The nftables backend: full and partial syncs, as named phases.
 
 ``sync`` = ``_families`` (per-family settings from config and node state) →
-``_render_changed`` (re-render only the ServicePorts that changed, per family, cached) →
-``_assemble`` (merge cached per-ServicePort rules into whole tables, resolve conflicts) →
-``_apply`` (one atomic ``nft -f`` transaction) → a :class:`SyncResult` for the caller to
-log and export.
+``_render`` (re-render only the ServicePorts that changed, per family; cached) →
+``_full_transaction`` or ``_partial_transaction`` (build the whole change as data) →
+``_apply`` (one atomic transaction for both families) → ``_report``.
 
-A full sync replaces the ``kube-proxy`` tables in one transaction
-(``add table; delete table; table { ... }``), which also repairs anything someone else
-changed. If the kernel refuses the transaction nothing changes (nft batches are atomic),
-the cache is dropped and the next sync is a full one.
+**Full sync** (at start, after a failure, periodically, and when node-level settings
+change) rewrites everything without deleting the table, so the kernel's session-affinity
+sets survive::
+
+    add table ip kube-proxy; flush table ip kube-proxy       # every rule goes
+    flush map ...                                            # every map we own is emptied
+    delete chain/set <anything we no longer want>            # from a terse listing
+    table ip kube-proxy { ...everything... }                 # declarative re-add
+
+This also repairs whatever someone else changed or deleted. If the kernel refuses it (say,
+an object of ours was redefined by hand with another type), the table is replaced
+outright (``add; delete; table {}``), losing only affinity memory.
+
+**Partial sync** sends only what the changed ServicePorts need: element deletions and
+additions worked out against what is programmed, at most a new shared chain, and the
+chains/sets of changed session-affinity ServicePorts. It lists nothing. Destination
+ownership (two ServicePorts claiming one address) and shared elements (hairpin pairs,
+ClusterIPs) are tracked incrementally so a partial sync ends in exactly the state a full
+sync of the same snapshot would produce — the tests check this against the kernel.
+
+If a transaction fails, nothing changed (nft batches are atomic); the state is dropped
+and the next sync is a full one.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kubeproxy.backends import SyncResult
 from kubeproxy.backends.nftables.render import (
+    IP_BACKENDS,
+    NODEPORT_BACKENDS,
+    SKELETON_CHAINS,
     TABLE,
+    TABLE_COMMENT,
+    AffinitySet,
+    ChainDef,
+    Conflict,
+    Destination,
     FamilyConfig,
     PortRules,
     TableContents,
     Vocabulary,
+    affinity_set,
     collect,
     render_service_port,
     render_table,
+    static_sets,
 )
-from kubeproxy.backends.nftables.script import Transaction
+from kubeproxy.backends.nftables.script import TableRef, Transaction
 from kubeproxy.config import ProxyConfig
-from kubeproxy.dataplane.nft import NftRunner
+from kubeproxy.dataplane.nft import NftError, NftRunner
 from kubeproxy.model.state import Snapshot
-from kubeproxy.model.types import IPFamily, ServicePortName
+from kubeproxy.model.types import IPFamily, ServicePortName, family_of
 
 log = logging.getLogger(__name__)
 
+Claim = tuple[str, str]
+ElementKey = tuple[str, str]  # (set or map, key)
+
 
 @dataclass
-class _FamilyCache:
+class _Programmed:
+    """What one family's table holds, as far as ServicePorts are concerned."""
+
+    # Who may own each destination, and who does (the smallest name, as `collect`).
+    candidates: dict[Claim, set[ServicePortName]] = field(default_factory=dict)
+    owner: dict[Claim, ServicePortName] = field(default_factory=dict)
+    # The elements currently programmed for each owned destination.
+    claimed: dict[Claim, dict[ElementKey, str | None]] = field(default_factory=dict)
+    shared: Counter[ElementKey] = field(default_factory=Counter)
+    shared_values: dict[ElementKey, str | None] = field(default_factory=dict)
+    chains: set[str] = field(default_factory=set)  # non-skeleton chains present
+
+    @classmethod
+    def from_rules(
+        cls, rules: dict[ServicePortName, PortRules], contents: TableContents
+    ) -> _Programmed:
+        state = cls(chains=set(contents.chains))
+        for name in sorted(rules):
+            port = rules[name]
+            for dest in port.destinations:
+                state.candidates.setdefault(dest.claim, set()).add(name)
+                if dest.claim not in state.owner:
+                    state.owner[dest.claim] = name
+                    state.claimed[dest.claim] = {(m, k): v for m, k, v in dest.elements}
+            for m, k, v in port.shared:
+                state.shared[(m, k)] += 1
+                state.shared_values[(m, k)] = v
+        return state
+
+    def element_count(self) -> int:
+        return sum(len(e) for e in self.claimed.values()) + len(self.shared)
+
+
+@dataclass
+class _Family:
     config: FamilyConfig
     rules: dict[ServicePortName, PortRules] = field(default_factory=dict)
+    programmed: _Programmed | None = None  # None: unknown, the next sync must be full
+
+    @property
+    def table(self) -> TableRef:
+        return TableRef(self.config.vocab.table_family, TABLE)
+
+
+@dataclass
+class _Plan:
+    """One sync's transaction and what the state will be once it is applied."""
+
+    tx: Transaction
+    full: bool
+    programmed: dict[IPFamily, _Programmed]
+    conflicts: list[str]
+    changed: int = 0
+    # Applied before ``tx`` when not empty (see _Delta.emit_shared_chains).
+    pre: Transaction | None = None
 
 
 class NftablesBackend:
@@ -52,8 +135,9 @@ class NftablesBackend:
     def __init__(self, config: ProxyConfig, runner: NftRunner) -> None:
         self.config = config
         self.runner = runner
-        self._cache: dict[IPFamily, _FamilyCache] = {}
+        self._families_state: dict[IPFamily, _Family] = {}
         self._warned_no_node_ip: set[IPFamily] = set()
+        self.last_transaction = ""
 
     # ------------------------------------------------------------------ phases
 
@@ -77,6 +161,15 @@ class NftablesBackend:
                     family.value,
                     node.name,
                 )
+            service_cidrs = tuple(
+                sorted(
+                    {
+                        c
+                        for c in (*self.config.service_cidrs, *snapshot.service_cidrs)
+                        if family_of(c) is family
+                    }
+                )
+            )
             configs.append(
                 FamilyConfig(
                     family=family,
@@ -86,71 +179,186 @@ class NftablesBackend:
                     masquerade_all=self.config.masquerade_all,
                     masquerade_mark=self.config.masquerade_mark,
                     flags=self.config.features,
+                    service_cidrs=service_cidrs,
+                    node_ip=primary,
                 )
             )
         return configs
 
-    def _render_changed(
+    def _render(
         self,
         snapshot: Snapshot,
         changed: Iterable[ServicePortName] | None,
         configs: list[FamilyConfig],
-    ) -> int:
-        """Re-render changed ServicePorts (all of them for a family whose settings changed)."""
+    ) -> tuple[dict[IPFamily, dict[ServicePortName, PortRules | None]], int]:
+        """New PortRules of the changed ServicePorts (all of them when ``changed`` is None).
+
+        Returns, per family, name -> new rules (None: the ServicePort is gone), without
+        touching the cache (it is only updated once the kernel accepted the change).
+        """
+        updates: dict[IPFamily, dict[ServicePortName, PortRules | None]] = {}
         rendered = 0
         for cfg in configs:
-            cache = self._cache.get(cfg.family)
-            names: Iterable[ServicePortName]
-            if cache is None or cache.config != cfg or changed is None:
-                cache = self._cache[cfg.family] = _FamilyCache(cfg)
-                names = snapshot.services.keys()
-            else:
-                names = changed
-            for name in names:
+            fam = self._families_state.get(cfg.family)
+            everything = changed is None or fam is None or fam.config != cfg
+            names = snapshot.services.keys() if everything else changed
+            out: dict[ServicePortName, PortRules | None] = {}
+            for name in names or ():
                 svc = snapshot.services.get(name)
                 if svc is None:
-                    cache.rules.pop(name, None)
+                    out[name] = None
                     continue
-                cache.rules[name] = render_service_port(svc, snapshot.endpoints.get(name, ()), cfg)
+                out[name] = render_service_port(svc, snapshot.endpoints.get(name, ()), cfg)
                 rendered += 1
-        return rendered
+            updates[cfg.family] = out
+        return updates, rendered
 
-    def _assemble(self, configs: list[FamilyConfig]) -> tuple[Transaction, list[TableContents]]:
+    def _full_transaction(
+        self,
+        configs: list[FamilyConfig],
+        rules: dict[IPFamily, dict[ServicePortName, PortRules]],
+        *,
+        replace: bool,
+    ) -> _Plan:
         tx = Transaction()
-        contents = []
+        programmed: dict[IPFamily, _Programmed] = {}
+        conflicts: list[str] = []
         for cfg in configs:
-            fam = cfg.vocab.table_family
-            merged = collect(self._cache[cfg.family].rules)
-            contents.append(merged)
-            tx.add_table(fam, TABLE)
-            tx.delete_table(fam, TABLE)
-            tx.define_table(render_table(cfg, merged))
-        return tx, contents
+            t = TableRef(cfg.vocab.table_family, TABLE)
+            contents = collect(rules[cfg.family], cfg)
+            table = render_table(cfg, contents)
+            if replace:
+                tx.add_table(t)
+                tx.delete_table(t)
+            else:
+                existing = self.runner.list_objects(t.family, t.name)
+                tx.add_table(t, TABLE_COMMENT)
+                tx.flush_table(t)
+                ours = {s.name for s in table.sets}
+                for s in static_sets(cfg):
+                    if s.name in existing[s.keyword]:
+                        tx.flush_set(t, s.keyword, s.name)
+                for keyword in ("map", "set"):
+                    for name in sorted(existing[keyword] - ours):
+                        tx.delete_set(t, keyword, name)
+                wanted = SKELETON_CHAINS | set(contents.chains)
+                for name in sorted(existing["chain"] - wanted):
+                    tx.delete_chain(t, name)
+            tx.define_table(table)
+            programmed[cfg.family] = _Programmed.from_rules(rules[cfg.family], contents)
+            conflicts.extend(_describe(c, cfg.family) for c in contents.conflicts)
+        return _Plan(tx, True, programmed, conflicts)
 
-    def _apply(self, tx: Transaction) -> None:
-        try:
-            self.runner.apply(str(tx))
-        except Exception:
-            # The kernel kept the previous rules; our cache may no longer describe them.
-            self._cache.clear()
-            raise
+    def _partial_transaction(
+        self,
+        configs: list[FamilyConfig],
+        updates: dict[IPFamily, dict[ServicePortName, PortRules | None]],
+    ) -> _Plan:
+        pre = Transaction()
+        tx = Transaction()
+        programmed: dict[IPFamily, _Programmed] = {}
+        conflicts: list[str] = []
+        changed = 0
+        for cfg in configs:
+            fam = self._families_state[cfg.family]
+            assert fam.programmed is not None
+            state = _copy(fam.programmed)
+            delta = _Delta(cfg, fam.table)
+            for name, new in updates[cfg.family].items():
+                old = fam.rules.get(name)
+                if old == new:
+                    continue
+                changed += 1
+                delta.service_port(state, fam.rules, name, old, new)
+            delta.emit_shared_chains(pre)
+            delta.emit(tx)
+            conflicts.extend(delta.conflicts)
+            programmed[cfg.family] = state
+        return _Plan(tx, False, programmed, conflicts, changed, pre)
+
+    def _apply(self, plan: _Plan) -> None:
+        pre = str(plan.pre) if plan.pre else ""
+        script = str(plan.tx)
+        self.last_transaction = pre + script
+        if pre:
+            self.runner.apply(pre)
+        if script:
+            self.runner.apply(script)
 
     # ----------------------------------------------------------------- public
 
     def sync(self, snapshot: Snapshot, changed: set[ServicePortName] | None) -> SyncResult:
         """Bring the kernel in line with ``snapshot``. ``changed=None`` forces a full sync."""
         configs = self._families(snapshot)
-        rendered = self._render_changed(snapshot, changed, configs)
-        tx, contents = self._assemble(configs)
-        self._apply(tx)
-        return self._report(snapshot, configs, contents, tx, rendered)
+        full = changed is None or any(
+            (fam := self._families_state.get(cfg.family)) is None
+            or fam.config != cfg
+            or fam.programmed is None
+            for cfg in configs
+        )
+        updates, rendered = self._render(snapshot, None if full else changed, configs)
+        try:
+            if full:
+                plan = self._full(configs, updates)
+            else:
+                plan = self._partial_transaction(configs, updates)
+                self._apply(plan)
+        except Exception:
+            # The kernel kept the previous rules; our picture of them may be stale.
+            for fam in self._families_state.values():
+                fam.programmed = None
+            raise
+        self._commit(configs, updates, plan, full)
+        return self._report(snapshot, plan, rendered)
+
+    def _full(
+        self,
+        configs: list[FamilyConfig],
+        updates: dict[IPFamily, dict[ServicePortName, PortRules | None]],
+    ) -> _Plan:
+        rules = {fam: {n: r for n, r in u.items() if r is not None} for fam, u in updates.items()}
+        plan = self._full_transaction(configs, rules, replace=False)
+        try:
+            self._apply(plan)
+        except NftError as err:
+            log.warning(
+                "Full sync refused (%s); replacing the kube-proxy tables instead "
+                "(session affinity memory is lost)",
+                str(err).splitlines()[0],
+            )
+            plan = self._full_transaction(configs, rules, replace=True)
+            self._apply(plan)
+        return plan
+
+    def _commit(
+        self,
+        configs: list[FamilyConfig],
+        updates: dict[IPFamily, dict[ServicePortName, PortRules | None]],
+        plan: _Plan,
+        full: bool,
+    ) -> None:
+        for cfg in configs:
+            if full:
+                fam = self._families_state[cfg.family] = _Family(cfg)
+            else:
+                fam = self._families_state[cfg.family]
+            for name, new in updates[cfg.family].items():
+                if new is None:
+                    fam.rules.pop(name, None)
+                else:
+                    fam.rules[name] = new
+            fam.programmed = plan.programmed[cfg.family]
 
     def render(self, snapshot: Snapshot) -> str:
-        """The exact script a full sync of ``snapshot`` applies (touches nothing)."""
+        """The exact script a full sync of ``snapshot`` applies to an empty kernel.
+
+        (On a live node a full sync also flushes and deletes what is already there; the
+        objects it then defines are the same.)
+        """
         configs = self._families(snapshot)
-        self._render_changed(snapshot, None, configs)
-        tx, _ = self._assemble(configs)
-        return str(tx)
+        updates, _ = self._render(snapshot, None, configs)
+        rules = {fam: {n: r for n, r in u.items() if r is not None} for fam, u in updates.items()}
+        return str(self._full_transaction(configs, rules, replace=True).tx)
 
     def cleanup(self) -> list[str]:
         """Delete our tables (and nothing else); returns what was removed."""
@@ -161,37 +369,237 @@ class NftablesBackend:
         if present:
             tx = Transaction()
             for fam, name in present:
-                tx.delete_table(fam, name)
+                tx.delete_table(TableRef(fam, name))
             self.runner.apply(str(tx))
-        self._cache.clear()
+        self._families_state.clear()
         return [f"table {fam} {name}" for fam, name in present]
 
-    def _report(
-        self,
-        snapshot: Snapshot,
-        configs: list[FamilyConfig],
-        contents: list[TableContents],
-        tx: Transaction,
-        rendered: int,
-    ) -> SyncResult:
+    def _report(self, snapshot: Snapshot, plan: _Plan, rendered: int) -> SyncResult:
         result = SyncResult(
-            full=True,
+            full=plan.full,
             service_ports=len(snapshot.services),
             rendered=rendered,
-            operations=tx.operations,
+            operations=plan.tx.operations + (plan.pre.operations if plan.pre else 0),
+            conflicts=plan.conflicts,
         )
-        for cfg, merged in zip(configs, contents, strict=True):
-            result.elements += merged.element_count()
-            result.chains += len(merged.chains)
-            result.conflicts.extend(
-                f"Service port {c.loser} also claims {c.claim[0]} destination {c.claim[1]}, "
-                f"which belongs to {c.owner}; ignoring it there ({cfg.family.value})"
-                for c in merged.conflicts
-            )
-            for rules in self._cache[cfg.family].rules.values():
+        for fam in self._families_state.values():
+            if fam.programmed is not None:
+                result.elements += fam.programmed.element_count()
+                result.chains += len(fam.programmed.chains)
+            for rules in fam.rules.values():
                 result.no_local_internal += rules.no_local_internal
                 result.no_local_external += rules.no_local_external
         return result
+
+
+class _Delta:
+    """Works out one family's partial-sync operations, updating the state as it goes.
+
+    For every element touched it remembers the value the kernel held before this sync
+    (or that it held none) and the value wanted after; ``emit`` turns each difference
+    into a delete and/or an add. A key touched several times (two changed ServicePorts
+    contesting one address) still yields one correct operation.
+    """
+
+    def __init__(self, cfg: FamilyConfig, table: TableRef) -> None:
+        self.cfg = cfg
+        self.t = table
+        self.before: dict[ElementKey, object] = {}
+        self.after: dict[ElementKey, object] = {}
+        self.chains: dict[str, ChainDef] = {}  # to (re)define, in dependency order
+        self.delete_chains: set[str] = set()
+        self.sets: dict[str, AffinitySet] = {}
+        self.delete_sets: set[str] = set()
+        self.conflicts: list[str] = []
+
+    def _touch(self, key: ElementKey, before: object, after: object) -> None:
+        self.before.setdefault(key, before)
+        self.after[key] = after
+
+    def service_port(
+        self,
+        state: _Programmed,
+        rules: dict[ServicePortName, PortRules],
+        name: ServicePortName,
+        old: PortRules | None,
+        new: PortRules | None,
+    ) -> None:
+        old_dests = {d.claim for d in old.destinations} if old else set()
+        new_dests = {d.claim for d in new.destinations} if new else set()
+        for claim in old_dests - new_dests:
+            state.candidates[claim].discard(name)
+        for claim in new_dests:
+            state.candidates.setdefault(claim, set()).add(name)
+        # Ownership is decided with this ServicePort's new rules in view.
+        view = _RulesView(rules, name, new)
+        for claim in sorted(old_dests | new_dests):
+            self._reclaim(state, view, claim)
+        self._shared(state, old, new)
+        self._own_objects(state, old, new)
+
+    def _reclaim(self, state: _Programmed, view: _RulesView, claim: Claim) -> None:
+        cands = state.candidates.get(claim, set())
+        current = state.claimed.get(claim, {})
+        desired: dict[ElementKey, str | None] = {}
+        if cands:
+            owner = min(cands)
+            dest = view.destination(owner, claim)
+            desired = {(m, k): v for m, k, v in dest.elements}
+            if dest.chain is not None and dest.chain.name not in state.chains:
+                self.chains[dest.chain.name] = dest.chain.definition(self.cfg)
+                state.chains.add(dest.chain.name)
+            self.conflicts.extend(
+                _describe(Conflict(claim, owner, loser), self.cfg.family)
+                for loser in sorted(cands - {owner})
+            )
+            state.owner[claim] = owner
+            state.claimed[claim] = desired
+        else:
+            state.candidates.pop(claim, None)
+            state.owner.pop(claim, None)
+            state.claimed.pop(claim, None)
+        for key in current.keys() | desired.keys():
+            self._touch(key, current.get(key, _MISSING), desired.get(key, _MISSING))
+
+    def _shared(self, state: _Programmed, old: PortRules | None, new: PortRules | None) -> None:
+        """Reference-counted elements several ServicePorts may need (hairpin, ClusterIPs)."""
+        delta: Counter[ElementKey] = Counter()
+        values: dict[ElementKey, str | None] = {}
+        for m, k, _ in old.shared if old else ():
+            delta[(m, k)] -= 1
+        for m, k, v in new.shared if new else ():
+            delta[(m, k)] += 1
+            values[(m, k)] = v
+        for key, d in delta.items():
+            if d == 0:
+                continue
+            count = state.shared[key]
+            before = state.shared_values.get(key) if count > 0 else _MISSING
+            if count + d > 0:
+                state.shared[key] = count + d
+                state.shared_values[key] = values.get(key, state.shared_values.get(key))
+                self._touch(key, before, state.shared_values[key])
+            else:
+                del state.shared[key]
+                state.shared_values.pop(key, None)
+                self._touch(key, before, _MISSING)
+
+    def _own_objects(
+        self, state: _Programmed, old: PortRules | None, new: PortRules | None
+    ) -> None:
+        """Session affinity: the chains and sets that belong to this ServicePort alone."""
+        old_chains = {c.name: c for c in old.chains} if old else {}
+        new_chains = {c.name: c for c in new.chains} if new else {}
+        for chain in new_chains.values():
+            if old_chains.get(chain.name) != chain:
+                self.chains[chain.name] = chain
+            state.chains.add(chain.name)
+        for gone in old_chains.keys() - new_chains.keys():
+            self.delete_chains.add(gone)
+            state.chains.discard(gone)
+        old_sets = {a.name: a for a in old.sets} if old else {}
+        new_sets = {a.name: a for a in new.sets} if new else {}
+        for added in new_sets.keys() - old_sets.keys():
+            self.sets[added] = new_sets[added]
+        self.delete_sets |= old_sets.keys() - new_sets.keys()
+
+    def emit_shared_chains(self, tx: Transaction) -> None:
+        """New shared load-balancing chains, in a transaction of their own.
+
+        nft 1.0.6 cannot rebuild a ``typeof ... th dport`` map type from the kernel
+        ("conflicting protocols specified: ip vs. th"): a batch that both refers to the
+        backends maps in a new rule and adds or deletes elements (which makes nft load the
+        kernel's set definitions) is refused. So new shared chains go first, with the
+        unchanged maps declared again so nft takes their type from the script. The
+        chains are unreferenced until the main transaction, so applying them early is
+        harmless, and ``replace_chain`` makes a retry idempotent.
+        """
+        shared = [c for name, c in self.chains.items() if not name.startswith("aff")]
+        if not shared:
+            return
+        for s in static_sets(self.cfg):
+            if s.name in (IP_BACKENDS, NODEPORT_BACKENDS):
+                tx.add_set(self.t, s)
+        for chain in shared:
+            tx.replace_chain(self.t, chain.name, chain.rules)
+
+    def emit(self, tx: Transaction) -> None:
+        t = self.t
+        for aff in sorted(self.sets.values()):
+            tx.add_set(t, affinity_set(self.cfg.vocab, aff))
+        for chain in self.chains.values():
+            if not chain.name.startswith("aff"):
+                continue  # shared chains: see emit_shared_chains
+            tx.replace_chain(t, chain.name, chain.rules)
+        deletes: dict[str, list[str]] = {}
+        adds: dict[str, list[str]] = {}
+        for key, after in sorted(self.after.items(), key=lambda kv: kv[0]):
+            before = self.before[key]
+            if after == before:
+                continue
+            set_name, element = key
+            if before is not _MISSING:
+                deletes.setdefault(set_name, []).append(element)
+            if after is not _MISSING:
+                value = after if isinstance(after, str) else None
+                adds.setdefault(set_name, []).append(
+                    element if value is None else f"{element} : {value}"
+                )
+        for set_name, keys in deletes.items():
+            tx.delete_elements(t, set_name, keys)
+        for set_name, items in adds.items():
+            tx.add_elements(t, set_name, items)
+        for name in sorted(self.delete_chains - set(self.chains)):
+            tx.delete_chain(t, name)
+        for name in sorted(self.delete_sets - set(self.sets)):
+            tx.delete_set(t, "set", name)
+
+
+_MISSING = object()
+
+
+class _RulesView:
+    """The cached rules with one ServicePort's new version overlaid."""
+
+    def __init__(
+        self, rules: dict[ServicePortName, PortRules], name: ServicePortName, new: PortRules | None
+    ) -> None:
+        self.rules = rules
+        self.name = name
+        self.new = new
+
+    def destination(self, owner: ServicePortName, claim: Claim) -> Destination:
+        rules = self.new if owner == self.name else self.rules[owner]
+        assert rules is not None
+        for dest in rules.destinations:
+            if dest.claim == claim:
+                return dest
+        raise KeyError(claim)
+
+
+def _by_set(keys: Iterable[ElementKey]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for set_name, key in sorted(keys):
+        out.setdefault(set_name, []).append(key)
+    return out
+
+
+def _copy(p: _Programmed) -> _Programmed:
+    return _Programmed(
+        candidates={c: set(s) for c, s in p.candidates.items()},
+        owner=dict(p.owner),
+        claimed={c: dict(e) for c, e in p.claimed.items()},
+        shared=Counter(p.shared),
+        shared_values=dict(p.shared_values),
+        chains=set(p.chains),
+    )
+
+
+def _describe(c: Conflict, family: IPFamily) -> str:
+    return (
+        f"Service port {c.loser} also claims {c.claim[0]} destination {c.claim[1]}, "
+        f"which belongs to {c.owner}; ignoring it there ({family.value})"
+    )
 
 
 def _has_node_ports(snapshot: Snapshot, family: IPFamily) -> bool:

@@ -14,16 +14,25 @@ state lives in map elements, and a handful of shared load-balancing chains do th
   drop (Local policy, endpoints only on other nodes) new connections in the filter hooks.
 * ``hairpin`` holds ``endpoint . endpoint`` pairs so a Pod reaching itself through its
   Service is masqueraded in postrouting.
+* ``firewall-ips`` / ``firewall-allow`` implement loadBalancerSourceRanges without a
+  chain per Service; ``cluster-ips`` / ``service-cidrs`` reject traffic to unused ports of
+  ClusterIPs and drop traffic to unallocated addresses of the service ranges.
+* ServicePorts with ``sessionAffinity: ClientIP`` are the exception: they get chains of
+  their own (one per endpoint, with a dynamic set remembering clients), as upstream, so
+  the cost of affinity is paid by the Services that use it.
 
 A change to one ServicePort is therefore a change to its elements (plus, at most, one new
 shared chain), which is what makes partial syncs cheap.
 
 :func:`render_service_port` turns one ServicePort (one IP family) into
-:class:`PortRules`; :func:`render_table` assembles the whole table from those.
+:class:`PortRules`; :func:`collect` and :func:`render_table` assemble the whole table.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -35,7 +44,7 @@ from kubeproxy.model.topology import (
     NodeTopology,
     categorize_endpoints,
 )
-from kubeproxy.model.types import Endpoint, IPFamily, ServicePort, ServicePortName
+from kubeproxy.model.types import Endpoint, IPFamily, ServicePort, ServicePortName, family_of
 
 TABLE = "kube-proxy"
 TABLE_COMMENT = "rules for kube-proxy"
@@ -51,6 +60,10 @@ NODEPORT_BACKENDS = "nodeport-backends"
 NO_ENDPOINT_SERVICES = "no-endpoint-services"
 NO_ENDPOINT_NODEPORTS = "no-endpoint-nodeports"
 HAIRPIN = "hairpin"
+FIREWALL_IPS = "firewall-ips"
+FIREWALL_ALLOW = "firewall-allow"
+CLUSTER_IPS = "cluster-ips"
+SERVICE_CIDRS = "service-cidrs"
 NODEPORT_IPS = "nodeport-ips"
 REJECT_CHAIN = "reject-chain"
 
@@ -85,26 +98,77 @@ class FamilyConfig:
     masquerade_all: bool = False
     masquerade_mark: int = DEFAULT_MASQUERADE_MARK
     flags: FeatureFlags = field(default_factory=FeatureFlags)
+    # --service-cluster-ip-range plus ServiceCIDR objects, of this family.
+    service_cidrs: tuple[str, ...] = ()
+    # This node's primary IP of this family (loadBalancerSourceRanges "allow from node").
+    node_ip: str | None = None
 
     @property
     def vocab(self) -> Vocabulary:
         return Vocabulary.of(self.family)
 
 
-# --------------------------------------------------------------------- shared chains
+# --------------------------------------------------------------- traffic policies
+
+
+def _cidr_match(cfg: FamilyConfig) -> str:
+    if not cfg.cluster_cidrs:
+        return ""
+    if len(cfg.cluster_cidrs) == 1:
+        return cfg.cluster_cidrs[0]
+    return "{ " + ", ".join(cfg.cluster_cidrs) + " }"
+
+
+def policy_rules(
+    kind: str, cfg: FamilyConfig, to_cluster: str | None, to_local: str | None = None
+) -> list[str]:
+    """The masquerade and short-circuit logic of one traffic kind.
+
+    ``to_cluster`` / ``to_local`` are the final statements sending the connection to the
+    cluster-wide / node-local endpoints (a DNAT from a backends map, or a ``goto`` to a
+    session-affinity chain). Kinds:
+
+    * ``cluster-ip``: traffic to a ClusterIP. Masquerade when the source is outside
+      ``--cluster-cidr`` (replies must come back through this node), or always with
+      ``--masquerade-all``.
+    * ``external``: external IP / LB IP / NodePort with externalTrafficPolicy Cluster:
+      always masquerade (the endpoint may be on another node).
+    * ``local``: the same with externalTrafficPolicy Local: Pods are short-circuited to
+      the cluster endpoints (as if they had gone out to the load balancer and back), the
+      node itself too (masqueraded: its source address is local), everyone else goes to
+      this node's endpoints with the client address kept.
+    """
+    v = cfg.vocab
+    mark = f"meta mark set meta mark | {cfg.masquerade_mark:#010x}"
+    pods = _cidr_match(cfg)
+    rules: list[str] = []
+    if kind == "cluster-ip":
+        if cfg.masquerade_all:
+            rules.append(mark)
+        elif pods:
+            rules.append(f"{v.ip} saddr != {pods} {mark}")
+        if to_cluster:
+            rules.append(to_cluster)
+        return rules
+    if kind == "external":
+        return [mark, to_cluster] if to_cluster else []
+    if to_cluster:
+        if pods:
+            rules.append(f"{v.ip} saddr {pods} {to_cluster}")
+        rules.append(f"fib saddr type local {mark}")
+        rules.append(f"fib saddr type local {to_cluster}")
+    if to_local:
+        rules.append(to_local)
+    return rules
 
 
 @dataclass(frozen=True, slots=True, order=True)
 class LBChain:
     """A shared load-balancing chain.
 
-    ``kind`` is one of:
-      * ``cluster-ip``: ClusterIP traffic, ``cluster`` endpoints under the dest key;
-      * ``external-ip`` / ``external-np``: external IP / LB IP or NodePort traffic with
-        externalTrafficPolicy Cluster (always masqueraded);
-      * ``local-ip`` / ``local-np``: the same with externalTrafficPolicy Local: Pods and the
-        node itself are short-circuited to the ``cluster`` endpoints, everything else goes
-        to the ``local`` endpoints with its source address kept.
+    ``kind`` is ``cluster-ip``, ``external-ip``/``external-np`` (externalTrafficPolicy
+    Cluster) or ``local-ip``/``local-np`` (Local); ``-ip`` chains read the backends keyed
+    by destination address, ``-np`` chains those keyed by NodePort.
     """
 
     kind: str
@@ -128,49 +192,41 @@ class LBChain:
         if not by_node_port:
             key = f"{v.ip} daddr . {key}"
         backends = NODEPORT_BACKENDS if by_node_port else IP_BACKENDS
-        mark = f"meta mark set meta mark | {cfg.masquerade_mark:#010x}"
 
-        def dnat(n: int, offset: int = 0) -> str:
+        def dnat(n: int, offset: int = 0) -> str | None:
+            if not n:
+                return None
             off = f" offset {offset}" if offset else ""
             return f"dnat {v.ip} to {key} . numgen random mod {n}{off} map @{backends}"
 
-        pods = _cidr_match(cfg)
-        if self.kind == "cluster-ip":
-            rules = []
-            if cfg.masquerade_all:
-                rules.append(mark)
-            elif pods:
-                # Off-cluster clients reaching a ClusterIP (e.g. via a static route to the
-                # service range) must be masqueraded so replies come back through this node.
-                rules.append(f"{v.ip} saddr != {pods} {mark}")
-            rules.append(dnat(self.cluster))
-            return rules
-        if self.kind in ("external-ip", "external-np"):
-            return [mark, dnat(self.cluster)]
-        rules = []
-        if self.cluster:
-            if pods:
-                rules.append(f"{v.ip} saddr {pods} {dnat(self.cluster)}")
-            # The node itself: its source address is local, replies must come back here.
-            rules.append(f"fib saddr type local {mark}")
-            rules.append(f"fib saddr type local {dnat(self.cluster)}")
-        if self.local:
-            rules.append(dnat(self.local, LOCAL_OFFSET))
-        return rules
+        policy = self.kind.split("-")[0]
+        if policy == "cluster":
+            policy = "cluster-ip"
+        return policy_rules(policy, cfg, dnat(self.cluster), dnat(self.local, LOCAL_OFFSET))
 
-
-def _cidr_match(cfg: FamilyConfig) -> str:
-    if not cfg.cluster_cidrs:
-        return ""
-    if len(cfg.cluster_cidrs) == 1:
-        return cfg.cluster_cidrs[0]
-    return "{ " + ", ".join(cfg.cluster_cidrs) + " }"
+    def definition(self, cfg: FamilyConfig) -> ChainDef:
+        return ChainDef(self.name, tuple(self.rules(cfg)))
 
 
 # ------------------------------------------------------------------ per-ServicePort
 
 
 Element = tuple[str, str, str | None]  # (set or map name, key, value or None for sets)
+
+
+@dataclass(frozen=True, slots=True)
+class ChainDef:
+    name: str
+    rules: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class AffinitySet:
+    """A dynamic set of clients stuck to one endpoint (timeout in the name: a new
+    timeout is a new set, so an existing set is never redefined)."""
+
+    name: str
+    timeout: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +247,12 @@ class PortRules:
     """What one ServicePort contributes to one family's table."""
 
     destinations: tuple[Destination, ...] = ()
-    hairpin: tuple[str, ...] = ()
+    # Elements several ServicePorts may share (hairpin pairs, ClusterIPs): reference
+    # counted, so one is removed only when no ServicePort needs it any more.
+    shared: tuple[Element, ...] = ()
+    # Session affinity only: this ServicePort's own chains (in dependency order) and sets.
+    chains: tuple[ChainDef, ...] = ()
+    sets: tuple[AffinitySet, ...] = ()
     no_local_internal: bool = False
     no_local_external: bool = False
     selection: EndpointSelection | None = field(default=None, compare=False)
@@ -206,77 +267,83 @@ def render_service_port(
         return PortRules()
     family_eps = [ep for ep in endpoints if ep.family is cfg.family]
     sel = categorize_endpoints(family_eps, svc, cfg.node, cfg.flags)
+    affinity = _Affinity(svc, sel, cfg) if svc.affinity_timeout is not None else None
     proto = svc.protocol.nft
     internal = sel.internal(svc)
     external = sel.external(svc)
+    unreachable = VERDICT_DROP if sel.has_any else VERDICT_REJECT
     dests: list[Destination] = []
 
-    def unreachable_verdict() -> str:
-        return VERDICT_DROP if sel.has_any else VERDICT_REJECT
-
-    # ClusterIP.
+    # ClusterIP: internal traffic.
     key = f"{cluster_ip} . {proto} . {svc.port}"
     if internal:
-        chain = LBChain("cluster-ip", len(internal))
-        dests.append(
-            Destination(
-                ("ip", key),
-                (
-                    (SERVICE_IPS, key, chain.goto),
-                    *_backends(IP_BACKENDS, key, internal),
-                ),
-                chain,
+        if affinity is not None:
+            dests.append(Destination(("ip", key), ((SERVICE_IPS, key, affinity.goto("ci")),)))
+        else:
+            chain = LBChain("cluster-ip", len(internal))
+            dests.append(
+                Destination(
+                    ("ip", key),
+                    (
+                        (SERVICE_IPS, key, chain.goto),
+                        *_backends(IP_BACKENDS, key, internal),
+                    ),
+                    chain,
+                )
             )
-        )
     else:
-        verdict = unreachable_verdict()
-        dests.append(Destination(("ip", key), ((NO_ENDPOINT_SERVICES, key, verdict),)))
+        dests.append(Destination(("ip", key), ((NO_ENDPOINT_SERVICES, key, unreachable),)))
 
     # External destinations: external IPs, load-balancer IPs, the NodePort.
-    external_keys = [
-        ("ip", f"{ip} . {proto} . {svc.port}")
-        for ip in (*svc.external_ips_of(cfg.family), *svc.load_balancer_ips_of(cfg.family))
-    ]
+    lb_ips = set(svc.load_balancer_ips_of(cfg.family))
+    targets = [("ip", ip) for ip in (*svc.external_ips_of(cfg.family), *sorted(lb_ips))]
     if svc.node_port and cfg.node_ports.enabled:
-        external_keys.append(("nodeport", f"{proto} . {svc.node_port}"))
-    for kind, ext_key in external_keys:
+        targets.append(("nodeport", ""))
+    for kind, ip in targets:
         by_ip = kind == "ip"
-        backends_map = IP_BACKENDS if by_ip else NODEPORT_BACKENDS
+        ext_key = f"{ip} . {proto} . {svc.port}" if by_ip else f"{proto} . {svc.node_port}"
+        dispatch = SERVICE_IPS if by_ip else SERVICE_NODEPORTS
         elements: list[Element] = []
         chain_or_none: LBChain | None = None
         if sel.has_any:
-            if svc.external_policy_local:
+            if affinity is not None:
+                elements.append(
+                    (dispatch, ext_key, affinity.goto("xl" if svc.external_policy_local else "x"))
+                )
+            elif svc.external_policy_local:
                 chain_or_none = LBChain(
                     "local-ip" if by_ip else "local-np", len(sel.cluster), len(sel.local)
                 )
+                backends_map = IP_BACKENDS if by_ip else NODEPORT_BACKENDS
+                elements.append((dispatch, ext_key, chain_or_none.goto))
                 elements.extend(_backends(backends_map, ext_key, sel.cluster))
                 elements.extend(_backends(backends_map, ext_key, sel.local, LOCAL_OFFSET))
             else:
                 chain_or_none = LBChain("external-ip" if by_ip else "external-np", len(external))
+                backends_map = IP_BACKENDS if by_ip else NODEPORT_BACKENDS
+                elements.append((dispatch, ext_key, chain_or_none.goto))
                 elements.extend(_backends(backends_map, ext_key, external))
-            elements.insert(
-                0, (SERVICE_IPS if by_ip else SERVICE_NODEPORTS, ext_key, chain_or_none.goto)
-            )
         if not external:
             # No endpoints at all (reject), or none on this node for Local policy (drop
             # whatever the chain above did not short-circuit).
             elements.append(
-                (
-                    NO_ENDPOINT_SERVICES if by_ip else NO_ENDPOINT_NODEPORTS,
-                    ext_key,
-                    unreachable_verdict(),
-                )
+                (NO_ENDPOINT_SERVICES if by_ip else NO_ENDPOINT_NODEPORTS, ext_key, unreachable)
             )
+        if ip in lb_ips and svc.load_balancer_source_ranges:
+            elements.extend(_firewall(ext_key, ip, svc, cfg))
         dests.append(Destination((kind, ext_key), tuple(elements), chain_or_none))
 
-    hairpin = tuple(
-        f"{ep.ip} . {ep.ip}"
+    shared: list[Element] = [(CLUSTER_IPS, cluster_ip, None)]
+    shared.extend(
+        (HAIRPIN, f"{ep.ip} . {ep.ip}", None)
         for ep in sel.all_reachable
         if ep.node_name is None or ep.node_name == cfg.node.name
     )
     return PortRules(
         destinations=tuple(dests),
-        hairpin=hairpin,
+        shared=tuple(shared),
+        chains=affinity.chains() if affinity is not None else (),
+        sets=affinity.sets() if affinity is not None else (),
         no_local_internal=sel.has_any and not internal,
         no_local_external=sel.has_any and svc.externally_accessible and not external,
         selection=sel,
@@ -290,6 +357,107 @@ def _backends(
         (map_name, f"{key} . {offset + i}", f"{ep.ip} . {ep.port}")
         for i, ep in enumerate(endpoints)
     ]
+
+
+def _firewall(dest_key: str, lb_ip: str, svc: ServicePort, cfg: FamilyConfig) -> list[Element]:
+    """loadBalancerSourceRanges for one LB IP: the destination is filtered, these pass."""
+    ranges = [
+        ipaddress.ip_network(r)
+        for r in svc.load_balancer_source_ranges
+        if family_of(r) is cfg.family
+    ]
+    # Overlapping ranges would be refused by an interval set: merge them first.
+    allowed = [str(n) for n in ipaddress.collapse_addresses(ranges)]  # type: ignore[type-var]
+    node_ip = ipaddress.ip_address(cfg.node_ip) if cfg.node_ip else None
+    if node_ip is not None and any(node_ip in n for n in ranges):
+        # As upstream: a VIP-style load balancer that is also a local address makes
+        # node-to-VIP traffic loop back with the VIP as its source; let it through.
+        allowed.append(lb_ip)
+    return [
+        (FIREWALL_IPS, dest_key, None),
+        *((FIREWALL_ALLOW, f"{dest_key} . {r}", None) for r in allowed),
+    ]
+
+
+def _short_hash(text: str, size: int = 12) -> str:
+    digest = hashlib.sha256(text.encode()).digest()
+    return base64.b32encode(digest).decode()[:size].lower()
+
+
+class _Affinity:
+    """Chains and sets of one ServicePort with sessionAffinity ClientIP (as upstream).
+
+    Each usable endpoint gets a chain that remembers the client in a dynamic set with the
+    affinity timeout and DNATs to the endpoint; a "pick" chain per endpoint set sends a
+    client found in one of those sets back to its endpoint, anyone else to a random one.
+    Affinity is per client and ServicePort, whichever of its addresses the client used.
+    Names are hashes of the ServicePort (and endpoint): no user string reaches the script.
+    """
+
+    def __init__(self, svc: ServicePort, sel: EndpointSelection, cfg: FamilyConfig) -> None:
+        self.svc = svc
+        self.sel = sel
+        self.cfg = cfg
+        self.timeout = svc.affinity_timeout or 0
+        self.id = _short_hash(str(svc.name))
+
+    def _ep_id(self, ep: Endpoint) -> str:
+        return _short_hash(f"{self.svc.name}|{ep}")
+
+    def goto(self, front: str) -> str:
+        return f"goto aff-{self.id}-{front}"
+
+    def sets(self) -> tuple[AffinitySet, ...]:
+        return tuple(
+            AffinitySet(f"affset-{self._ep_id(ep)}-{self.timeout}", self.timeout)
+            for ep in self.sel.all_reachable
+        )
+
+    def chains(self) -> tuple[ChainDef, ...]:
+        v = self.cfg.vocab
+        proto = self.svc.protocol.nft
+        out: list[ChainDef] = []
+        for ep in self.sel.all_reachable:
+            eid = self._ep_id(ep)
+            target = f"[{ep.ip}]:{ep.port}" if ":" in ep.ip else f"{ep.ip}:{ep.port}"
+            out.append(
+                ChainDef(
+                    f"affep-{eid}",
+                    (
+                        f"update @affset-{eid}-{self.timeout} {{ {v.ip} saddr }}",
+                        f"meta l4proto {proto} dnat {v.ip} to {target}",
+                    ),
+                )
+            )
+        picks = {"c": self.sel.cluster, "l": self.sel.local}
+        for suffix, eps in picks.items():
+            if not eps:
+                continue
+            rules = [
+                f"{v.ip} saddr @affset-{self._ep_id(ep)}-{self.timeout} "
+                f"goto affep-{self._ep_id(ep)}"
+                for ep in eps
+            ]
+            vmap = ", ".join(f"{i} : goto affep-{self._ep_id(ep)}" for i, ep in enumerate(eps))
+            rules.append(f"numgen random mod {len(eps)} vmap {{ {vmap} }}")
+            out.append(ChainDef(f"aff-{self.id}-{suffix}", tuple(rules)))
+        to_cluster = f"goto aff-{self.id}-c" if self.sel.cluster else None
+        to_local = f"goto aff-{self.id}-l" if self.sel.local else None
+        # Front chains: the traffic-policy logic of each kind of destination this
+        # ServicePort has (only those it has, so no chain is left unreferenced).
+        internal = to_local if self.svc.internal_policy_local else to_cluster
+        fronts: dict[str, list[str]] = {}
+        if internal:
+            fronts["ci"] = policy_rules("cluster-ip", self.cfg, internal)
+        if self.svc.externally_accessible and self.sel.has_any:
+            if self.svc.external_policy_local:
+                fronts["xl"] = policy_rules("local", self.cfg, to_cluster, to_local)
+            else:
+                fronts["x"] = policy_rules("external", self.cfg, to_cluster)
+        out.extend(
+            ChainDef(f"aff-{self.id}-{name}", tuple(rules)) for name, rules in fronts.items()
+        )
+        return tuple(out)
 
 
 # ------------------------------------------------------------------- whole table
@@ -309,16 +477,31 @@ class TableContents:
     """Everything the table holds besides its fixed skeleton."""
 
     elements: dict[str, dict[str, str | None]] = field(default_factory=dict)
-    chains: set[LBChain] = field(default_factory=set)
+    chains: dict[str, ChainDef] = field(default_factory=dict)
+    sets: dict[str, AffinitySet] = field(default_factory=dict)
     conflicts: list[Conflict] = field(default_factory=list)
 
     def element_count(self) -> int:
         return sum(len(v) for v in self.elements.values())
 
 
-def collect(rules: Mapping[ServicePortName, PortRules]) -> TableContents:
+ELEMENT_SETS = (
+    SERVICE_IPS,
+    SERVICE_NODEPORTS,
+    IP_BACKENDS,
+    NODEPORT_BACKENDS,
+    NO_ENDPOINT_SERVICES,
+    NO_ENDPOINT_NODEPORTS,
+    HAIRPIN,
+    FIREWALL_IPS,
+    FIREWALL_ALLOW,
+    CLUSTER_IPS,
+)
+
+
+def collect(rules: Mapping[ServicePortName, PortRules], cfg: FamilyConfig) -> TableContents:
     """Merge per-ServicePort rules, resolving destination conflicts deterministically."""
-    out = TableContents(elements={name: {} for name in ALL_MAPS})
+    out = TableContents(elements={name: {} for name in ELEMENT_SETS})
     owners: dict[tuple[str, str], ServicePortName] = {}
     for name in sorted(rules):
         port_rules = rules[name]
@@ -330,36 +513,25 @@ def collect(rules: Mapping[ServicePortName, PortRules]) -> TableContents:
             owners[dest.claim] = name
             for set_name, key, value in dest.elements:
                 out.elements[set_name][key] = value
-            if dest.chain is not None:
-                out.chains.add(dest.chain)
-        hairpin = out.elements[HAIRPIN]
-        for pair in port_rules.hairpin:
-            hairpin[pair] = None
+            if dest.chain is not None and dest.chain.name not in out.chains:
+                out.chains[dest.chain.name] = dest.chain.definition(cfg)
+        for set_name, key, value in port_rules.shared:
+            out.elements[set_name][key] = value
+        for chain in port_rules.chains:
+            out.chains[chain.name] = chain
+        for aff in port_rules.sets:
+            out.sets[aff.name] = aff
     return out
 
 
-ALL_MAPS = (
-    SERVICE_IPS,
-    SERVICE_NODEPORTS,
-    IP_BACKENDS,
-    NODEPORT_BACKENDS,
-    NO_ENDPOINT_SERVICES,
-    NO_ENDPOINT_NODEPORTS,
-    HAIRPIN,
-)
-
-
-def skeleton(cfg: FamilyConfig) -> Table:
-    """The fixed part of the table: base chains, dispatch chains, empty maps and sets."""
+def static_sets(cfg: FamilyConfig) -> list[Set]:
+    """The table's sets and maps whose elements kubeproxy owns (flushed on a full sync)."""
     v = cfg.vocab
-    mark = f"{cfg.masquerade_mark:#010x}"
-    table = Table(v.table_family, TABLE, TABLE_COMMENT)
-    dispatch = f"{v.ip} daddr . meta l4proto . th dport"
-
-    table.sets = [
+    addr = v.addr_type
+    sets = [
         Set.map(
             SERVICE_IPS,
-            f"{v.addr_type} . inet_proto . inet_service : verdict",
+            f"{addr} . inet_proto . inet_service : verdict",
             comment="ClusterIP, ExternalIP and LoadBalancer IP traffic",
         ),
         Set.map(
@@ -378,7 +550,7 @@ def skeleton(cfg: FamilyConfig) -> Table:
         ),
         Set.map(
             NO_ENDPOINT_SERVICES,
-            f"{v.addr_type} . inet_proto . inet_service : verdict",
+            f"{addr} . inet_proto . inet_service : verdict",
             comment="drop or reject traffic to services with no usable endpoints",
         ),
         Set.map(
@@ -388,24 +560,50 @@ def skeleton(cfg: FamilyConfig) -> Table:
         ),
         Set(
             HAIRPIN,
-            f"{v.addr_type} . {v.addr_type}",
+            f"{addr} . {addr}",
             comment="endpoint pairs that must be masqueraded when a pod reaches itself",
         ),
+        Set(
+            FIREWALL_IPS,
+            f"{addr} . inet_proto . inet_service",
+            comment="load balancer destinations with loadBalancerSourceRanges",
+        ),
+        Set(
+            FIREWALL_ALLOW,
+            f"{addr} . inet_proto . inet_service . {addr}",
+            ("interval",),
+            comment="sources allowed to each firewalled destination",
+        ),
+        Set(CLUSTER_IPS, addr, comment="allocated ClusterIPs"),
+        Set(
+            SERVICE_CIDRS, addr, ("interval",), list(cfg.service_cidrs), comment="service IP ranges"
+        ),
     ]
+    if cfg.node_ports.enabled and not cfg.node_ports.match_all:
+        sets.append(
+            Set(
+                NODEPORT_IPS,
+                addr,
+                ("interval",),
+                list(cfg.node_ports.ranges),
+                comment="addresses that accept NodePort traffic",
+            )
+        )
+    return sets
+
+
+def skeleton(cfg: FamilyConfig) -> Table:
+    """The fixed part of the table: base chains, dispatch chains, empty maps and sets."""
+    v = cfg.vocab
+    mark = f"{cfg.masquerade_mark:#010x}"
+    table = Table(v.table_family, TABLE, TABLE_COMMENT)
+    dispatch = f"{v.ip} daddr . meta l4proto . th dport"
+    table.sets = static_sets(cfg)
 
     nodeport_match = ""
     if cfg.node_ports.enabled:
         nodeport_match = f"fib daddr type local {v.ip} daddr != {v.loopback} "
         if not cfg.node_ports.match_all:
-            table.sets.append(
-                Set(
-                    NODEPORT_IPS,
-                    v.addr_type,
-                    ("interval",),
-                    list(cfg.node_ports.ranges),
-                    comment="addresses that accept NodePort traffic",
-                )
-            )
             nodeport_match += f"{v.ip} daddr @{NODEPORT_IPS} "
 
     services = [f"{dispatch} vmap @{SERVICE_IPS}"]
@@ -415,33 +613,50 @@ def skeleton(cfg: FamilyConfig) -> Table:
         endpoints_check.append(
             f"{nodeport_match}meta l4proto . th dport vmap @{NO_ENDPOINT_NODEPORTS}"
         )
+    cluster_ips_check = [f"{v.ip} daddr @{CLUSTER_IPS} reject"]
+    if cfg.service_cidrs:
+        cluster_ips_check.append(f"{v.ip} daddr @{SERVICE_CIDRS} drop")
 
     # Numeric priorities: nft 1.0.6 only accepts the names (dstnat, srcnat) on some hooks.
     # dstnat is -100, srcnat 100. Filter chains run at dstnat - 10: before DNAT on the
     # output path, and after it on input/forward (prerouting has DNATed by then), so
     # short-circuited traffic that was DNATed no longer matches the no-endpoint maps.
-    filter_prio = "-110"
+    # The ClusterIP check must see traffic after DNAT on every path: forward, and output
+    # at dstnat + 10.
+    pre, post = "-110", "-90"
+    new = "ct state new"
     table.chains = [
         Chain(
-            "filter-input",
-            ["ct state new jump endpoints-check"],
-            BaseChain("filter", "input", filter_prio),
+            "filter-prerouting",
+            [f"{new} jump firewall-check"],
+            BaseChain("filter", "prerouting", pre),
         ),
+        Chain("filter-input", [f"{new} jump endpoints-check"], BaseChain("filter", "input", pre)),
         Chain(
             "filter-forward",
-            ["ct state new jump endpoints-check"],
-            BaseChain("filter", "forward", filter_prio),
+            [f"{new} jump endpoints-check", f"{new} jump cluster-ips-check"],
+            BaseChain("filter", "forward", pre),
         ),
         Chain(
             "filter-output",
-            ["ct state new jump endpoints-check"],
-            BaseChain("filter", "output", filter_prio),
+            [f"{new} jump endpoints-check", f"{new} jump firewall-check"],
+            BaseChain("filter", "output", pre),
+        ),
+        Chain(
+            "filter-output-post-dnat",
+            [f"{new} jump cluster-ips-check"],
+            BaseChain("filter", "output", post),
         ),
         Chain("nat-prerouting", ["jump services"], BaseChain("nat", "prerouting", "-100")),
         Chain("nat-output", ["jump services"], BaseChain("nat", "output", "-100")),
         Chain("nat-postrouting", ["jump masquerading"], BaseChain("nat", "postrouting", "100")),
         Chain("services", services),
         Chain("endpoints-check", endpoints_check),
+        Chain(
+            "firewall-check",
+            [f"{dispatch} @{FIREWALL_IPS} {dispatch} . {v.ip} saddr != @{FIREWALL_ALLOW} drop"],
+        ),
+        Chain("cluster-ips-check", cluster_ips_check),
         Chain(REJECT_CHAIN, ["reject"]),
         Chain(
             "masquerading",
@@ -457,6 +672,26 @@ def skeleton(cfg: FamilyConfig) -> Table:
     return table
 
 
+SKELETON_CHAINS = frozenset(
+    {
+        "filter-prerouting",
+        "filter-input",
+        "filter-forward",
+        "filter-output",
+        "filter-output-post-dnat",
+        "nat-prerouting",
+        "nat-output",
+        "nat-postrouting",
+        "services",
+        "endpoints-check",
+        "firewall-check",
+        "cluster-ips-check",
+        REJECT_CHAIN,
+        "masquerading",
+    }
+)
+
+
 def render_table(cfg: FamilyConfig, contents: TableContents) -> Table:
     """The complete table for one family."""
     table = skeleton(cfg)
@@ -468,5 +703,11 @@ def render_table(cfg: FamilyConfig, contents: TableContents) -> Table:
             s.elements = [f"{k} : {val}" for k, val in elems.items()]
         else:
             s.elements = list(elems)
-    table.chains.extend(Chain(c.name, c.rules(cfg)) for c in sorted(contents.chains))
+    v = cfg.vocab
+    table.sets.extend(affinity_set(v, aff) for aff in sorted(contents.sets.values()))
+    table.chains.extend(Chain(c.name, list(c.rules)) for c in contents.chains.values())
     return table
+
+
+def affinity_set(v: Vocabulary, aff: AffinitySet) -> Set:
+    return Set(aff.name, v.addr_type, ("dynamic", "timeout"), timeout=aff.timeout)

@@ -58,6 +58,7 @@ class Set:
     elements: list[str] = field(default_factory=list)
     comment: str | None = None
     keyword: str = "set"
+    timeout: int | None = None  # seconds; dynamic sets only
 
     @classmethod
     def map(cls, name: str, type: str, comment: str | None = None) -> Set:
@@ -81,13 +82,7 @@ class Table:
         # Sets and maps first: rules and verdict-map elements refer to them.
         for s in self.sets:
             out.append(f"\t{s.keyword} {check_name(s.name)} {{")
-            out.append(
-                f"\t\ttype {s.type}" if not s.type.startswith("typeof ") else f"\t\t{s.type}"
-            )
-            if s.flags:
-                out.append(f"\t\tflags {','.join(s.flags)}")
-            if s.comment:
-                out.append(f'\t\tcomment "{_comment(s.comment)}"')
+            out.extend(f"\t\t{line}" for line in _set_body(s))
             if s.elements:
                 out.append("\t\telements = {")
                 out.append(",\n".join(f"\t\t\t{e}" for e in s.elements))
@@ -98,13 +93,25 @@ class Table:
             if c.comment:
                 out.append(f'\t\tcomment "{_comment(c.comment)}"')
             if c.base is not None:
-                out.append(
-                    f"\t\ttype {c.base.type} hook {c.base.hook} priority {c.base.priority}; "
-                    "policy accept;"
-                )
+                out.append(f"\t\t{_base(c.base)}")
             out.extend(f"\t\t{rule}" for rule in c.rules)
             out.append("\t}")
         out.append("}")
+
+
+def _base(base: BaseChain) -> str:
+    return f"type {base.type} hook {base.hook} priority {base.priority}; policy accept;"
+
+
+def _set_body(s: Set) -> list[str]:
+    lines = [f"type {s.type}" if not s.type.startswith("typeof ") else s.type]
+    if s.flags:
+        lines.append(f"flags {','.join(s.flags)}")
+    if s.timeout is not None:
+        lines.append(f"timeout {s.timeout}s")
+    if s.comment:
+        lines.append(f'comment "{_comment(s.comment)}"')
+    return lines
 
 
 def _comment(text: str) -> str:
@@ -112,6 +119,15 @@ def _comment(text: str) -> str:
     if '"' in text or "\n" in text or len(text) > 128:
         raise ScriptError(f"invalid comment {text!r}")
     return text
+
+
+@dataclass(frozen=True, slots=True)
+class TableRef:
+    family: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.family} {check_name(self.name)}"
 
 
 class Transaction:
@@ -125,42 +141,57 @@ class Transaction:
         self._out.append(line)
         self.operations += 1
 
-    def add_table(self, family: str, name: str) -> None:
-        self._emit(f"add table {family} {check_name(name)}")
+    # Tables.
+    def add_table(self, t: TableRef, comment: str | None = None) -> None:
+        body = f' {{ comment "{_comment(comment)}"; }}' if comment else ""
+        self._emit(f"add table {t}{body}")
 
-    def delete_table(self, family: str, name: str) -> None:
-        self._emit(f"delete table {family} {check_name(name)}")
+    def flush_table(self, t: TableRef) -> None:
+        self._emit(f"flush table {t}")
+
+    def delete_table(self, t: TableRef) -> None:
+        self._emit(f"delete table {t}")
 
     def define_table(self, table: Table) -> None:
-        """Create a table with everything in it (the declarative form)."""
+        """Add a table with everything in it (the declarative form: adds to what exists)."""
         table.render(self._out)
         self.operations += 1
 
-    def add_chain(self, family: str, table: str, chain: Chain) -> None:
-        rules = "".join(f" {r};" for r in chain.rules)
-        self._emit(f"add chain {family} {check_name(table)} {check_name(chain.name)} {{{rules} }}")
+    # Chains.
+    def add_chain(self, t: TableRef, name: str, rules: Iterable[str] = ()) -> None:
+        """Create the chain if missing and append ``rules``."""
+        body = "".join(f" {r};" for r in rules)
+        self._emit(f"add chain {t} {check_name(name)} {{{body} }}")
 
-    def flush_chain(self, family: str, table: str, chain: str) -> None:
-        self._emit(f"flush chain {family} {check_name(table)} {check_name(chain)}")
+    def replace_chain(self, t: TableRef, name: str, rules: Iterable[str]) -> None:
+        """Make the chain exist and hold exactly ``rules``."""
+        self._emit(f"add chain {t} {check_name(name)}")
+        self._emit(f"flush chain {t} {check_name(name)}")
+        self.add_chain(t, name, rules)
 
-    def delete_chain(self, family: str, table: str, chain: str) -> None:
-        self._emit(f"delete chain {family} {check_name(table)} {check_name(chain)}")
+    def delete_chain(self, t: TableRef, name: str) -> None:
+        self._emit(f"delete chain {t} {check_name(name)}")
 
-    def add_elements(self, family: str, table: str, set_name: str, elements: Iterable[str]) -> None:
+    # Sets and maps.
+    def add_set(self, t: TableRef, s: Set) -> None:
+        body = "".join(f" {line};" for line in _set_body(s))
+        self._emit(f"add {s.keyword} {t} {check_name(s.name)} {{{body} }}")
+
+    def flush_set(self, t: TableRef, keyword: str, name: str) -> None:
+        self._emit(f"flush {keyword} {t} {check_name(name)}")
+
+    def delete_set(self, t: TableRef, keyword: str, name: str) -> None:
+        self._emit(f"delete {keyword} {t} {check_name(name)}")
+
+    def add_elements(self, t: TableRef, set_name: str, elements: Iterable[str]) -> None:
         items = list(elements)
         if items:
-            self._emit(
-                f"add element {family} {check_name(table)} {check_name(set_name)} "
-                f"{{ {', '.join(items)} }}"
-            )
+            self._emit(f"add element {t} {check_name(set_name)} {{ {', '.join(items)} }}")
 
-    def delete_elements(self, family: str, table: str, set_name: str, keys: Iterable[str]) -> None:
+    def delete_elements(self, t: TableRef, set_name: str, keys: Iterable[str]) -> None:
         items = list(keys)
         if items:
-            self._emit(
-                f"delete element {family} {check_name(table)} {check_name(set_name)} "
-                f"{{ {', '.join(items)} }}"
-            )
+            self._emit(f"delete element {t} {check_name(set_name)} {{ {', '.join(items)} }}")
 
     def __bool__(self) -> bool:
         return bool(self._out)
