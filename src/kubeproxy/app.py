@@ -1,9 +1,15 @@
-"""Composition root: source → ProxyState (trackers) → runner → backend.
+"""Composition root: source → ProxyState (trackers) → runner → backend, plus the servers.
 
-:class:`Proxy` owns the wiring and the sync decision (full or partial); the phases of a
-sync are: ``collect`` (fold tracker changes into a snapshot, in the event loop thread),
-then the backend's render/apply (in a worker thread so the event loop keeps serving),
-then ``report`` (log the result).
+:class:`Proxy` owns the wiring and the sync decision (full or partial). A sync is:
+
+1. **collect** — fold tracker changes into a snapshot (event-loop thread: the trackers are
+   only touched there), note stale UDP conntrack entries;
+2. **program** — the backend renders and applies (worker thread, so health and metrics
+   keep answering during a long sync), then stale conntrack entries are cleared;
+3. **report** — health, metrics, per-Service health-check servers, logs.
+
+Side effects (kernel, conntrack, clock, HTTP servers) come in through the constructor;
+``kubeproxy.cli`` builds the real ones.
 """
 
 from __future__ import annotations
@@ -14,14 +20,20 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from kubeproxy.backends import Backend
+from kubeproxy.backends import Backend, SyncResult
 from kubeproxy.config import ProxyConfig
-from kubeproxy.model.state import ProxyState
+from kubeproxy.dataplane.conntrack import Conntrack, Filter, apply, stale_conntrack_filters
+from kubeproxy.health import HealthServer, ProxyHealth, ServiceHealthServers
+from kubeproxy.health.services import health_check_node_ports, local_ready_endpoints
+from kubeproxy.logs import V2
+from kubeproxy.metrics import Metrics, MetricsServer
+from kubeproxy.model.state import Changes, ProxyState, Snapshot
+from kubeproxy.model.types import EndpointSlice, Service, ServicePortName
 from kubeproxy.runner import BoundedFrequencyRunner, Clock, SystemClock
-from kubeproxy.sources.events import dispatch
-from kubeproxy.sources.manifests import ManifestSource
+from kubeproxy.sources import Source, initial_state
+from kubeproxy.sources.events import Event, dispatch
 
 log = logging.getLogger("kubeproxy")
 
@@ -33,69 +45,189 @@ class SyncOutcome:
     seconds: float
 
 
+@dataclass
+class Servers:
+    """The HTTP servers of a running proxy (none for ``run --once``)."""
+
+    health: HealthServer | None = None
+    metrics: MetricsServer | None = None
+    services: ServiceHealthServers | None = None
+    listeners: list[HealthServer | MetricsServer] = field(default_factory=list)
+
+
 class Proxy:
     def __init__(
         self,
         config: ProxyConfig,
         backend: Backend,
+        *,
         clock: Clock | None = None,
         wall: Callable[[], float] = time.time,
+        conntrack: Conntrack | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.config = config
         self.backend = backend
         self.clock = clock or SystemClock()
         self.wall = wall
+        self.conntrack = conntrack
+        self.metrics = metrics or Metrics()
+        self.health = ProxyHealth(2 * config.sync_period, wall, families=config.families)
         self.state = ProxyState(config.hostname, config.bind_ip())
+        self.servers = Servers()
         self._needs_full = True
         self._last_full = -float("inf")
+        self._stale: list[Filter] = []
+        self._conflicts: set[str] = set()
+        self._started = wall()
         self.syncs = 0
         self.last_outcome: SyncOutcome | None = None
-        self._conflicts: set[str] = set()
+        self.last_result: SyncResult | None = None
 
-    async def sync(self) -> bool:
-        """One sync: collect (here), render + apply (worker thread), report."""
+    # ------------------------------------------------------------------ events
+
+    def on_events(self, events: list[Event]) -> bool:
+        """Feed a source batch into the trackers; True if a sync is now wanted."""
+        pending = dispatch(self.state, events)
+        self.metrics.changes_seen(
+            services=sum(isinstance(e.new or e.old, Service) for e in events),
+            endpoints=sum(isinstance(e.new or e.old, EndpointSlice) for e in events),
+        )
+        self.metrics.pending(
+            self.state.service_changes.pending(), self.state.endpoint_changes.pending()
+        )
+        node = self.state.node_state()
+        self.health.sync_node(deleting=node.deleting, to_be_deleted_taint=False)
+        if pending:
+            self.health.queued_update()
+            self.metrics.queued(self.wall())
+        return pending
+
+    # -------------------------------------------------------------------- sync
+
+    def _collect(self) -> tuple[Snapshot, Changes, bool]:
         snapshot, changes = self.state.collect()
+        self.metrics.pending(0, 0)
         full = (
             self._needs_full
             or changes.node_changed
             or self.clock.now() - self._last_full >= self.config.sync_period
         )
+        for family in self.config.families:
+            self._stale.extend(
+                stale_conntrack_filters(
+                    snapshot.services, changes.services, changes.endpoints, family
+                )
+            )
+        return snapshot, changes, full
+
+    def _program(self, snapshot: Snapshot, changed: set[ServicePortName] | None) -> SyncResult:
+        result = self.backend.sync(snapshot, changed)
+        if self._stale and self.conntrack is not None:
+            # After the new rules are in: a flow that re-creates its entry now gets them.
+            cleaned = apply(self.conntrack, self._stale)
+            if cleaned.failed:
+                self.metrics.cleanup_failed()
+        self._stale = []
+        return result
+
+    async def sync(self) -> bool:
+        """One sync: collect (here), program (worker thread), report (here)."""
+        snapshot, changes, full = self._collect()
         started = time.perf_counter()
         try:
             result = await asyncio.to_thread(
-                self.backend.sync, snapshot, None if full else changes.service_ports
+                self._program, snapshot, None if full else changes.service_ports
             )
         except Exception as err:
             self._needs_full = True
             seconds = time.perf_counter() - started
             self.last_outcome = SyncOutcome(False, full, seconds)
+            self.metrics.sync_failed(seconds, full=full)
             log.error("Sync failed after %.3fs, keeping the previous rules: %s", seconds, err)
             return False
         seconds = time.perf_counter() - started
+        await self._report(snapshot, changes, result, seconds)
+        return True
+
+    async def _report(
+        self, snapshot: Snapshot, changes: Changes, result: SyncResult, seconds: float
+    ) -> None:
         self.syncs += 1
-        if full:
+        if result.full:
             self._last_full = self.clock.now()
         self._needs_full = False
-        self.last_outcome = SyncOutcome(True, full, seconds)
-        for message in result.conflicts:
+        self.last_outcome = SyncOutcome(True, result.full, seconds)
+        self.last_result = result
+        self.health.updated()
+        # Trigger times from before this process started measure the API server's
+        # history, not our programming latency (upstream drops them too).
+        triggers = [
+            t
+            for times in changes.endpoints.trigger_times.values()
+            for t in times
+            if t >= self._started
+        ]
+        self.metrics.observe_sync(
+            result, seconds, full=result.full, trigger_times=triggers, now=self.wall()
+        )
+        if self.servers.services is not None:
+            failures = await self.servers.services.sync(
+                health_check_node_ports(snapshot.services),
+                local_ready_endpoints(snapshot.endpoints, snapshot.node.name),
+            )
+            for failure in failures:
+                log.error("%s", failure.message)
+        # A conflict is reported when it appears, not again on every sync.
+        for message in sorted(set(result.conflicts) - self._conflicts):
             log.error("%s", message)
-        log.info(
-            "Synced %s rules in %.3fs: %d service ports (%d re-rendered), %d elements, "
-            "%d shared chains",
-            "full" if full else "partial",
+        self._conflicts = set(result.conflicts)
+        log.log(
+            logging.INFO if self.syncs == 1 else V2,
+            "Synced %s rules in %.3fs: %d service ports (%d renders), %d elements, "
+            "%d shared chains, %d operations",
+            "full" if result.full else "partial",
             seconds,
             result.service_ports,
             result.rendered,
             result.elements,
             result.chains,
+            result.operations,
         )
-        return True
 
-    async def run(self, source: ManifestSource, stop: asyncio.Event, *, once: bool = False) -> int:
+    # --------------------------------------------------------------------- run
+
+    async def start_servers(self) -> None:
+        """Health (/healthz, /livez), metrics and per-Service health checks."""
+        cfg = self.config
+        if cfg.healthz_bind_address:
+            self.servers.health = HealthServer(self.health, cfg.healthz_bind_address, self.metrics)
+        if cfg.metrics_bind_address:
+            self.servers.metrics = MetricsServer(self.metrics, cfg.metrics_bind_address, cfg.mode)
+        for server in (self.servers.health, self.servers.metrics):
+            if server is None:
+                continue
+            try:
+                await server.start()
+                self.servers.listeners.append(server)
+            except OSError as err:
+                # As upstream without bindAddressHardFail: report, keep proxying.
+                log.error("Cannot serve %s: %s", type(server).__name__, err)
+        self.servers.services = ServiceHealthServers(self.health.is_healthy, hostname=cfg.hostname)
+
+    async def stop_servers(self) -> None:
+        if self.servers.services is not None:
+            await self.servers.services.close()
+        for server in self.servers.listeners:
+            await server.stop()
+        self.servers = Servers()
+
+    async def run(self, source: Source, stop: asyncio.Event, *, once: bool = False) -> int:
         if once:
-            dispatch(self.state, source.reload())
+            self.on_events(await initial_state(source))
             return 0 if await self.sync() else 1
 
+        await self.start_servers()
         runner = BoundedFrequencyRunner(
             self.sync, self.config.min_sync_period, self.config.sync_period, self.clock
         )
@@ -103,22 +235,31 @@ class Proxy:
 
         async def consume() -> None:
             async for batch in source.watch(stop):
-                if dispatch(self.state, batch) or not initial.is_set():
+                if self.on_events(batch) or not initial.is_set():
                     initial.set()
                     runner.run()
 
         consumer = asyncio.create_task(consume())
-        # Never program a partial view: wait until the source delivered its initial state.
-        waiter = asyncio.create_task(initial.wait())
-        stopper = asyncio.create_task(stop.wait())
-        await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
-        stopper.cancel()
-        if not stop.is_set():
-            await runner.loop(stop)
-        consumer.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await consumer
+        try:
+            # Never program a partial view: wait for the source's complete initial state.
+            waiter = asyncio.create_task(initial.wait())
+            stopper = asyncio.create_task(stop.wait())
+            await asyncio.wait({waiter, stopper, consumer}, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            stopper.cancel()
+            if consumer.done() and consumer.exception() is not None:
+                raise consumer.exception()  # type: ignore[misc]
+            if not stop.is_set():
+                # As upstream's sync loop: count progress from here, so a proxy whose
+                # syncs never succeed does become unhealthy.
+                self.health.updated()
+                self.metrics.queued(self.wall())
+                await runner.loop(stop)
+        finally:
+            consumer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await consumer
+            await self.stop_servers()
         log.info("Stopped; rules stay in place (run 'kubeproxy cleanup' to remove them)")
         return 0
 

@@ -1,19 +1,25 @@
 """Command line: ``kubeproxy run | render | cleanup``, flags named as upstream kube-proxy's.
 
-Argument parsing and turning flags into a :class:`~kubeproxy.config.ProxyConfig` only;
-the work happens in :mod:`kubeproxy.app` and the backends.
+Argument parsing and configuration only: upstream's flags come from
+:data:`kubeproxy.configfile.FLAGS` (so ``--config`` files and flags share one table and
+one precedence rule: with ``--config`` the file wins, except ``--hostname-override`` and
+``--v``, exactly as upstream); the result is validated (every error at once, with its field
+path) before anything touches the kernel, then turned into a
+:class:`~kubeproxy.config.ProxyConfig`. The work happens in :mod:`kubeproxy.app`.
+
+Objects come from ``--manifests DIR`` (a directory of YAML) or, without it, from the
+Kubernetes API (``--kubeconfig`` / ``--master`` / in-cluster service account).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import logging
 import sys
 from pathlib import Path
 
-from kubeproxy import logs
+from kubeproxy import configfile, logs
 from kubeproxy.app import Proxy, install_signal_handlers
 from kubeproxy.backends import BACKENDS, create_backend
 from kubeproxy.config import (
@@ -23,93 +29,49 @@ from kubeproxy.config import (
     detect_families,
     parse_cidrs,
 )
+from kubeproxy.dataplane.conntrack import ConntrackCommand
+from kubeproxy.dataplane.sysctl import apply_conntrack_sysctls
 from kubeproxy.model.nodeports import NodePortAddresses
-from kubeproxy.sources.events import dispatch
+from kubeproxy.sources import Source, initial_state
 from kubeproxy.sources.manifests import ManifestSource
 
 log = logging.getLogger("kubeproxy")
 
-
-def _bool(text: str) -> bool:
-    value = text.strip().lower()
-    if value in ("true", "1", "yes", "t"):
-        return True
-    if value in ("false", "0", "no", "f"):
-        return False
-    raise argparse.ArgumentTypeError(f"invalid boolean {text!r}")
+# Flags of ours (not upstream's), handled here rather than through the config file.
+_OURS = ("manifests", "once", "service-cluster-ip-range", "config", "write-config-to", "cleanup")
 
 
 def _add_proxy_flags(p: argparse.ArgumentParser) -> None:
+    configfile.add_arguments(p)
     p.add_argument(
-        "--proxy-mode",
-        default="nftables",
-        help=f"which proxy mode to use: {', '.join(BACKENDS)} (default nftables)",
+        "--config",
+        type=Path,
+        help="a KubeProxyConfiguration file "
+        "(kubeproxy.config.k8s.io/v1alpha1); it wins over flags, as upstream",
     )
     p.add_argument(
-        "--hostname-override",
-        default="",
-        help="the name of this node (default: the OS hostname, lower-cased)",
-    )
-    p.add_argument(
-        "--cluster-cidr",
-        default="",
-        help="the Pod CIDR range(s), comma-separated (one per IP family); traffic "
-        "to a ClusterIP from outside it is masqueraded",
-    )
-    p.add_argument(
-        "--nodeport-addresses",
-        action="append",
-        default=[],
-        help="CIDRs and/or 'primary' whose local addresses accept NodePort "
-        "traffic (default: primary)",
+        "--manifests",
+        type=Path,
+        help="read Services, EndpointSlices, Nodes and ServiceCIDRs from this "
+        "directory of YAML/JSON instead of the Kubernetes API",
     )
     p.add_argument(
         "--service-cluster-ip-range",
         action="append",
         default=[],
-        help="ClusterIP range(s), one per IP family (repeat or comma-separate for dual "
-        "stack): unallocated addresses in them are dropped, unused ports of allocated "
-        "ClusterIPs rejected",
-    )
-    p.add_argument(
-        "--masquerade-all",
-        nargs="?",
-        const=True,
-        default=False,
-        type=_bool,
-        help="SNAT all traffic sent via Service cluster IPs",
-    )
-    p.add_argument(
-        "--bind-address",
-        default="0.0.0.0",
-        help="a specific IP here is taken as the node's primary IP of its family",
-    )
-    p.add_argument(
-        "--manifests",
-        type=Path,
-        required=True,
-        help="directory of Service, EndpointSlice and Node manifests (YAML/JSON)",
+        help="ClusterIP range(s), one per IP family (repeat or comma-separate): "
+        "unallocated addresses in them are dropped, unused ports of "
+        "allocated ClusterIPs rejected (ServiceCIDR objects add to these)",
     )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--v",
-        "-v",
-        type=int,
-        default=0,
-        metavar="N",
-        help="log verbosity (as kube-proxy: 2 = per-sync detail, 4 = debug)",
-    )
     parser = argparse.ArgumentParser(
-        prog="kubeproxy",
-        parents=[common],
-        description="A Python reimplementation of Kubernetes kube-proxy.",
+        prog="kubeproxy", description="A Python reimplementation of Kubernetes kube-proxy."
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", parents=[common], help="run the proxy until SIGTERM")
+    run = sub.add_parser("run", help="run the proxy until SIGTERM")
     _add_proxy_flags(run)
     run.add_argument("--once", action="store_true", help="sync once and exit")
     run.add_argument(
@@ -117,51 +79,100 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="remove everything kubeproxy created and exit (as kube-proxy)",
     )
+    run.add_argument(
+        "--write-config-to",
+        type=Path,
+        help="write the effective configuration (defaults filled in) and exit",
+    )
 
     render = sub.add_parser(
-        "render", parents=[common], help="print the nft script 'run' would apply; touches nothing"
+        "render", help="print the nft script 'run' would apply; touches nothing"
     )
     _add_proxy_flags(render)
 
-    sub.add_parser(
-        "cleanup", parents=[common], help="remove everything kubeproxy created, and nothing else"
+    cleanup = sub.add_parser(
+        "cleanup", help="remove everything kubeproxy created, and nothing else"
     )
+    cleanup.add_argument("--v", type=int, default=0, metavar="N", help="log verbosity")
     return parser
 
 
-def config_from_args(args: argparse.Namespace) -> ProxyConfig:
+def load_configuration(args: argparse.Namespace) -> configfile.KubeProxyConfiguration:
+    """File (if any) + flags + upstream defaults, validated; ConfigError lists every problem."""
     try:
-        nodeports = NodePortAddresses.parse(args.nodeport_addresses)
+        cfg = configfile.load_config(args.config) if args.config else configfile.default_config()
+        cfg = configfile.apply_flags(
+            cfg, configfile.given_flags(args), config_file=args.config is not None, warn=log.warning
+        )
+        cfg = configfile.complete(cfg)
+    except (configfile.ConfigFileError, configfile.FlagError) as err:
+        raise ConfigError(str(err)) from None
+    errors = configfile.validate(cfg)
+    mode = cfg.mode or "nftables"
+    if mode not in BACKENDS:
+        errors.append(
+            f"mode: Unsupported value: {mode!r}: supported values: "
+            f"{', '.join(repr(b) for b in BACKENDS)}"
+        )
+    if errors:
+        raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
+    for warning in configfile.feature_gate_warnings(cfg):
+        log.warning("%s", warning)
+    return cfg
+
+
+def proxy_config(cfg: configfile.KubeProxyConfiguration, args: argparse.Namespace) -> ProxyConfig:
+    ms = configfile.mode_settings(cfg)
+    try:
+        nodeports = NodePortAddresses.parse(list(cfg.node_port_addresses or ()))
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    try:
-        ipaddress.ip_address(args.bind_address)
-    except ValueError:
-        raise ConfigError(f"--bind-address: invalid IP {args.bind_address!r}") from None
-    mode = args.proxy_mode or "nftables"
-    if mode not in BACKENDS:
-        raise ConfigError(
-            f"--proxy-mode: unsupported mode {mode!r} (supported: {', '.join(BACKENDS)})"
-        )
     return ProxyConfig(
-        hostname=(args.hostname_override.strip().lower() or default_hostname()),
-        mode=mode,
-        cluster_cidrs=parse_cidrs(args.cluster_cidr, "--cluster-cidr"),
+        hostname=cfg.hostname_override.strip().lower() or default_hostname(),
+        mode=ms.mode,
+        cluster_cidrs=parse_cidrs(cfg.cluster_cidr, "clusterCIDR"),
         service_cidrs=parse_cidrs(
             ",".join(args.service_cluster_ip_range), "--service-cluster-ip-range"
         ),
         nodeport_addresses=nodeports,
-        masquerade_all=args.masquerade_all,
-        bind_address=args.bind_address,
+        masquerade_all=ms.masquerade_all,
+        masquerade_bit=ms.masquerade_bit,
+        bind_address=cfg.bind_address or None,
         families=detect_families(),
+        min_sync_period=ms.min_sync_period.seconds,
+        sync_period=ms.sync_period.seconds,
+        features=configfile.feature_flags(cfg),
+        healthz_bind_address=cfg.healthz_bind_address,
+        metrics_bind_address=cfg.metrics_bind_address,
+    )
+
+
+def make_source(
+    cfg: configfile.KubeProxyConfiguration, config: ProxyConfig, args: argparse.Namespace
+) -> Source:
+    if args.manifests is not None:
+        if not args.manifests.is_dir():
+            raise ConfigError(f"--manifests: {args.manifests} is not a directory")
+        return ManifestSource(args.manifests)
+    from kubeproxy.sources.kube import KubeSource
+
+    cc = cfg.client_connection
+    return KubeSource.from_flags(
+        kubeconfig=cc.kubeconfig or None,
+        master=getattr(args, "kp_master", None),
+        node_name=config.hostname,
+        proxy_name=None,
+        qps=cc.qps,
+        burst=cc.burst,
+        content_type=cc.content_type,
     )
 
 
 def _cleanup() -> int:
     from kubeproxy.backends.nftables.proxier import NftablesBackend
-    from kubeproxy.dataplane.nft import NftCommand, NftError
+    from kubeproxy.dataplane.nft import NftError, open_runner
 
-    backend = NftablesBackend(ProxyConfig(hostname=default_hostname()), NftCommand())
+    backend = NftablesBackend(ProxyConfig(hostname=default_hostname()), open_runner())
     try:
         removed = backend.cleanup()
     except NftError as err:
@@ -171,45 +182,56 @@ def _cleanup() -> int:
     return 0
 
 
-def _render(config: ProxyConfig, directory: Path) -> int:
+async def _render(config: ProxyConfig, source: Source) -> int:
     backend = create_backend(config)
     proxy = Proxy(config, backend)
-    dispatch(proxy.state, ManifestSource(directory).reload())
+    proxy.on_events(await initial_state(source))
     snapshot, _ = proxy.state.collect()
     sys.stdout.write(backend.render(snapshot))
     return 0
 
 
-async def _run(config: ProxyConfig, directory: Path, once: bool) -> int:
+async def _run(
+    cfg: configfile.KubeProxyConfiguration, config: ProxyConfig, source: Source, once: bool
+) -> int:
     stop = asyncio.Event()
     if not once:
         install_signal_handlers(stop)
-    proxy = Proxy(config, create_backend(config))
+    # Each setting that cannot be applied (e.g. read-only in a network namespace) is
+    # logged by apply_conntrack_sysctls; none of them stops the proxy, as upstream.
+    apply_conntrack_sysctls(cfg.conntrack)
+    proxy = Proxy(config, create_backend(config), conntrack=ConntrackCommand())
     log.info(
-        "Starting kubeproxy: mode=%s node=%s families=%s manifests=%s",
+        "Starting kubeproxy: mode=%s node=%s families=%s source=%s",
         config.mode,
         config.hostname,
         ",".join(f.value for f in config.families),
-        directory,
+        type(source).__name__,
     )
-    return await proxy.run(ManifestSource(directory), stop, once=once)
+    return await proxy.run(source, stop, once=once)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logs.setup(args.v)
+    verbosity = getattr(args, "kp_v", None)
+    logs.setup(int(verbosity) if verbosity is not None else getattr(args, "v", 0) or 0)
     if args.command == "cleanup" or getattr(args, "cleanup", False):
         return _cleanup()
     try:
-        config = config_from_args(args)
+        cfg = load_configuration(args)
+        logs.setup(cfg.logging.verbosity)
+        if getattr(args, "write_config_to", None) is not None:
+            args.write_config_to.write_text(configfile.to_yaml(cfg))
+            log.info("Wrote the effective configuration to %s", args.write_config_to)
+            return 0
+        config = proxy_config(cfg, args)
+        source = make_source(cfg, config, args)
     except ConfigError as err:
         parser.error(str(err))
-    if not args.manifests.is_dir():
-        parser.error(f"--manifests: {args.manifests} is not a directory")
     if args.command == "render":
-        return _render(config, args.manifests)
-    return asyncio.run(_run(config, args.manifests, args.once))
+        return asyncio.run(_render(config, source))
+    return asyncio.run(_run(cfg, config, source, args.once))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
-"""Effective proxy configuration (from flags today; the KubeProxyConfiguration file later).
+"""Effective proxy configuration, as the rest of the program receives it.
 
-:class:`ProxyConfig` is immutable and is what the rest of the program receives; nothing
-reads flags or the environment after start-up. Defaults match upstream kube-proxy.
+:class:`ProxyConfig` is immutable; ``kubeproxy.cli`` builds it from the
+KubeProxyConfiguration file and flags (:mod:`kubeproxy.configfile`), and nothing reads
+flags or the environment after start-up. Defaults match upstream kube-proxy.
 """
 
 from __future__ import annotations
@@ -14,8 +15,6 @@ from dataclasses import dataclass, field
 from kubeproxy.model.nodeports import NodePortAddresses
 from kubeproxy.model.topology import FeatureFlags
 from kubeproxy.model.types import IPFamily, family_of
-
-PROXY_MODES = ("nftables",)
 
 
 class ConfigError(ValueError):
@@ -37,6 +36,9 @@ class ProxyConfig:
     min_sync_period: float = 1.0
     sync_period: float = 30.0
     features: FeatureFlags = field(default_factory=FeatureFlags)
+    # Empty disables the server (upstream: an empty bind address turns it off).
+    healthz_bind_address: str = "0.0.0.0:10256"
+    metrics_bind_address: str = "127.0.0.1:10249"
 
     @property
     def masquerade_mark(self) -> int:

@@ -41,8 +41,7 @@ CONFIG = ProxyConfig(
     cluster_cidrs=("10.244.0.0/16", "fd00:10:244::/56"),
     service_cidrs=("10.96.0.0/16",),
 )
-NODE = NodeState("node-a", "zone-a", {IPFamily.IPv4: "192.168.50.1",
-                                      IPFamily.IPv6: "fd00:50::1"})
+NODE = NodeState("node-a", "zone-a", {IPFamily.IPv4: "192.168.50.1", IPFamily.IPv6: "fd00:50::1"})
 
 
 def normalized(ns: str) -> dict[str, Any]:
@@ -50,10 +49,10 @@ def normalized(ns: str) -> dict[str, Any]:
     data = json.loads(ns_exec(ns, "nft", "-j", "list", "ruleset"))["nftables"]
     out: dict[str, Any] = {}
     for item in data:
-        for kind, obj in item.items():
+        for kind, raw in item.items():
             if kind == "metainfo":
                 continue
-            obj = {k: v for k, v in obj.items() if k != "handle"}
+            obj = {k: v for k, v in raw.items() if k != "handle"}
             if kind == "rule":
                 key = f"rules {obj['family']} {obj['chain']}"
                 out.setdefault(key, []).append(json.dumps(obj["expr"], sort_keys=True))
@@ -69,23 +68,41 @@ def port_name(i: int, proto: Protocol = Protocol.TCP) -> ServicePortName:
 
 
 services = st.builds(
-    lambda vip, port, np, etp, itp, aff, ext, lb, ranges, v6: dict(
-        cluster_ips=(f"10.96.0.{vip}", f"fd00:10:96::{vip}") if v6 else (f"10.96.0.{vip}",),
-        port=port, node_port=np, external_traffic_policy=etp, internal_traffic_policy=itp,
-        affinity_timeout=aff, external_ips=ext, load_balancer_ips=lb,
-        load_balancer_source_ranges=ranges),
-    st.integers(1, 4), st.sampled_from([80, 443]), st.sampled_from([0, 30001, 30002]),
-    st.sampled_from(list(TrafficPolicy)), st.sampled_from(list(TrafficPolicy)),
+    lambda vip, port, np, etp, itp, aff, ext, lb, ranges, v6: {
+        "cluster_ips": (f"10.96.0.{vip}", f"fd00:10:96::{vip}") if v6 else (f"10.96.0.{vip}",),
+        "port": port,
+        "node_port": np,
+        "external_traffic_policy": etp,
+        "internal_traffic_policy": itp,
+        "affinity_timeout": aff,
+        "external_ips": ext,
+        "load_balancer_ips": lb,
+        "load_balancer_source_ranges": ranges,
+    },
+    st.integers(1, 4),
+    st.sampled_from([80, 443]),
+    st.sampled_from([0, 30001, 30002]),
+    st.sampled_from(list(TrafficPolicy)),
+    st.sampled_from(list(TrafficPolicy)),
     st.sampled_from([None, None, 60, 120]),
-    st.sampled_from([(), ("203.0.113.1",)]), st.sampled_from([(), ("198.51.100.1",)]),
+    st.sampled_from([(), ("203.0.113.1",)]),
+    st.sampled_from([(), ("198.51.100.1",)]),
     st.sampled_from([(), ("10.0.0.0/8", "10.1.0.0/16"), ("192.168.50.0/24",)]),
     st.booleans(),
 )
 endpoint = st.builds(
     lambda i, node, ready, term, port: Endpoint(
-        ip=f"10.244.{1 if node == 'node-a' else 2}.{i}", port=port, node_name=node,
-        ready=ready, serving=True, terminating=term),
-    st.integers(1, 6), st.sampled_from(["node-a", "node-b"]), st.booleans(), st.booleans(),
+        ip=f"10.244.{1 if node == 'node-a' else 2}.{i}",
+        port=port,
+        node_name=node,
+        ready=ready,
+        serving=True,
+        terminating=term,
+    ),
+    st.integers(1, 6),
+    st.sampled_from(["node-a", "node-b"]),
+    st.booleans(),
+    st.booleans(),
     st.sampled_from([8080, 9090]),
 )
 
@@ -120,8 +137,7 @@ class PartialVersusFull(RuleBasedStateMachine):
         fresh.sync(snap, None)
         assert normalized(self.partial_ns) == normalized(self.full_ns)
 
-    @rule(i=st.integers(0, 5), proto=st.sampled_from([Protocol.TCP, Protocol.UDP]),
-          spec=services)
+    @rule(i=st.integers(0, 5), proto=st.sampled_from([Protocol.TCP, Protocol.UDP]), spec=services)
     def put_service(self, i: int, proto: Protocol, spec: dict[str, Any]) -> None:
         name = port_name(i, proto)
         self.services[name] = ServicePort(name=name, **spec)
@@ -134,8 +150,11 @@ class PartialVersusFull(RuleBasedStateMachine):
         self.endpoints.pop(name, None)
         self._sync({name})
 
-    @rule(i=st.integers(0, 5), proto=st.sampled_from([Protocol.TCP, Protocol.UDP]),
-          eps=st.lists(endpoint, max_size=4, unique_by=lambda e: (e.ip, e.port)))
+    @rule(
+        i=st.integers(0, 5),
+        proto=st.sampled_from([Protocol.TCP, Protocol.UDP]),
+        eps=st.lists(endpoint, max_size=4, unique_by=lambda e: (e.ip, e.port)),
+    )
     def set_endpoints(self, i: int, proto: Protocol, eps: list[Endpoint]) -> None:
         name = port_name(i, proto)
         self.endpoints[name] = tuple(eps)
@@ -162,8 +181,12 @@ class PartialVersusFull(RuleBasedStateMachine):
 
 def test_partial_syncs_match_a_full_sync(lab: Lab) -> None:
     PartialVersusFull.lab = lab
-    machine = settings(max_examples=25, stateful_step_count=12, deadline=None,
-                       suppress_health_check=list(HealthCheck))(PartialVersusFull)
+    machine = settings(
+        max_examples=25,
+        stateful_step_count=12,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )(PartialVersusFull)
     machine.TestCase().runTest()
     assert not [ns for ns in list_netns() if ns.endswith(("-partial", "-full"))]
 
@@ -176,8 +199,9 @@ def snapshot(n: int, extra_endpoint: bool = False) -> Snapshot:
     eps = {}
     for i in range(n):
         name = port_name(i)
-        svcs[name] = ServicePort(name=name, cluster_ips=(f"10.96.{i // 250}.{i % 250 + 1}",),
-                                 port=80)
+        svcs[name] = ServicePort(
+            name=name, cluster_ips=(f"10.96.{i // 250}.{i % 250 + 1}",), port=80
+        )
         eps[name] = tuple(Endpoint(f"10.244.2.{j + 10}", 8080, "node-b") for j in range(3))
     if extra_endpoint:
         first = port_name(0)
@@ -230,8 +254,10 @@ def test_full_sync_keeps_session_affinity_memory(lab: Lab, scratch: str) -> None
     # the periodic one) does not make it forget.
     name = port_name(0)
     svc = ServicePort(name=name, cluster_ips=("10.96.5.1",), port=80, affinity_timeout=60)
-    eps = tuple(Endpoint(ip(p), 8080, node) for p, node in
-                (("local-1", "node-a"), ("local-2", "node-a"), ("remote-1", "node-b")))
+    eps = tuple(
+        Endpoint(ip(p), 8080, node)
+        for p, node in (("local-1", "node-a"), ("local-2", "node-a"), ("remote-1", "node-b"))
+    )
     snap = Snapshot({name: svc}, {name: eps}, NODE)
     node_backend = NftablesBackend(CONFIG, NftCommand(netns=lab.node_ns))
     node_backend.sync(snap, None)

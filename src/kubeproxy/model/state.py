@@ -77,6 +77,7 @@ class ProxyState:
         self.services = ServicePortMap()
         self.endpoints = EndpointsMap()
         self._node: Node | None = None
+        self._node_gone = False
         self._node_dirty = True
         self._service_cidrs: dict[str, ServiceCIDR] = {}
 
@@ -93,6 +94,9 @@ class ProxyState:
         if node is not None and node.name != self.node_name:
             return False
         if node != self._node:
+            # A Node that existed and went away is a node being removed: as upstream,
+            # stop being an eligible load-balancer target.
+            self._node_gone = node is None and self._node is not None
             self._node = node
             self._node_dirty = True
         return self._node_dirty
@@ -126,7 +130,7 @@ class ProxyState:
             name=self.node_name,
             zone=node.zone if node is not None else None,
             primary_ips=MappingProxyType(primary),
-            deleting=bool(node and (node.deleting or node.to_be_deleted_taint)),
+            deleting=self._node_gone or bool(node and (node.deleting or node.to_be_deleted_taint)),
         )
 
     def collect(self) -> tuple[Snapshot, Changes]:

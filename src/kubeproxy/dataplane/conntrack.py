@@ -1,0 +1,301 @@
+"""Stale conntrack entries: deciding what to clear after a sync, and clearing it.
+
+Why: NAT is decided on a flow's first packet only; later packets follow the conntrack
+entry. For TCP a removed endpoint resets its connections, but a UDP client that keeps
+sending from the same port keeps reaching a removed endpoint (or a black hole) for as long
+as it sends, unless the entry is deleted. The module has three parts:
+
+* :class:`Filter` — one deletion: protocol and family plus any of original destination
+  IP, original destination port and reply source (the endpoint a flow was DNATed to).
+  Constructors name upstream's four cases (``ClearEntriesForIP``/``ForPort``/``ForNAT``/
+  ``ForPortNAT``).
+* :func:`stale_conntrack_filters` — pure: from one sync's results (the ServicePort map and
+  the trackers' :class:`~kubeproxy.model.tracker.ServiceUpdate` /
+  :class:`~kubeproxy.model.tracker.EndpointsUpdate`), which filters to run for one IP
+  family. It follows upstream's change-driven ``CleanStaleEntries`` (before the netlink
+  reconciler): (a) ClusterIPs of deleted UDP ServicePorts; (b) UDP endpoints that stopped
+  being usable, for every IP of their ServicePort and its NodePort; (c) UDP ServicePorts
+  that got their first usable endpoint, so a flow cached while they had none (not NATed)
+  is NATed now. Like the current upstream reconciler, (b) and (c) match the ServicePort's
+  port too, so flows to the Service's other ports are left alone.
+* :class:`Conntrack` — the side effect, a one-method Protocol: :class:`ConntrackCommand`
+  runs the ``conntrack`` tool (conntrack-tools); :class:`FakeConntrack` is a table in
+  memory with the same matching. :func:`apply` runs filters, logging a failure and going
+  on with the rest.
+
+The ``conntrack`` tool rather than netlink from Python: it is already a dependency (the
+bootstrap installs it, as for upstream's exec-based versions), needs no new Python
+package, and cleanups are rare (UDP changes only) and small, so one process per filter
+(a few ms) is not worth a netlink implementation to maintain. ``--reply-src`` is used
+rather than ``--dst-nat IP``: it is what upstream's netlink filters match, and it also
+matches flows whose NAT status bits are not set.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import re
+import subprocess
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol as TypingProtocol
+
+from kubeproxy.model.tracker import EndpointsUpdate, ServiceUpdate
+from kubeproxy.model.types import IPFamily, Protocol, ServicePort, ServicePortName, family_of
+
+log = logging.getLogger(__name__)
+
+
+class ConntrackError(RuntimeError):
+    """A deletion the kernel or the tool refused."""
+
+
+@dataclass(frozen=True, order=True)
+class Filter:
+    """Delete the ``protocol`` entries of ``family`` matching every field that is set."""
+
+    family: IPFamily
+    protocol: Protocol
+    orig_dst: str | None = None
+    orig_dst_port: int | None = None
+    reply_src: str | None = None
+    reason: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if self.orig_dst is None and self.orig_dst_port is None and self.reply_src is None:
+            # Would delete every entry of the protocol: never what a proxy means.
+            raise ValueError("a conntrack filter needs an address or a port")
+        for ip in (self.orig_dst, self.reply_src):
+            if ip is not None and family_of(str(ipaddress.ip_address(ip))) is not self.family:
+                raise ValueError(f"{ip} is not an {self.family.value} address")
+        if self.orig_dst_port is not None and not 0 < self.orig_dst_port < 65536:
+            raise ValueError(f"invalid port {self.orig_dst_port}")
+
+    @classmethod
+    def for_ip(
+        cls, ip: str, protocol: Protocol, port: int | None = None, reason: str = ""
+    ) -> Filter:
+        """Flows sent to a Service IP (optionally one port of it)."""
+        return cls(family_of(ip), protocol, orig_dst=ip, orig_dst_port=port, reason=reason)
+
+    @classmethod
+    def for_port(cls, port: int, family: IPFamily, protocol: Protocol, reason: str = "") -> Filter:
+        """Flows sent to a NodePort on any address of ``family``."""
+        return cls(family, protocol, orig_dst_port=port, reason=reason)
+
+    @classmethod
+    def for_nat(
+        cls,
+        ip: str,
+        endpoint_ip: str,
+        protocol: Protocol,
+        port: int | None = None,
+        reason: str = "",
+    ) -> Filter:
+        """Flows sent to a Service IP (and port) and NATed to ``endpoint_ip``."""
+        return cls(
+            family_of(ip),
+            protocol,
+            orig_dst=ip,
+            orig_dst_port=port,
+            reply_src=endpoint_ip,
+            reason=reason,
+        )
+
+    @classmethod
+    def for_port_nat(
+        cls, port: int, endpoint_ip: str, protocol: Protocol, reason: str = ""
+    ) -> Filter:
+        """Flows sent to a NodePort and NATed to ``endpoint_ip``."""
+        return cls(
+            family_of(endpoint_ip),
+            protocol,
+            orig_dst_port=port,
+            reply_src=endpoint_ip,
+            reason=reason,
+        )
+
+    def args(self) -> list[str]:
+        """The ``conntrack`` arguments deleting these entries."""
+        out = ["-D", "-f", "ipv6" if self.family is IPFamily.IPv6 else "ipv4"]
+        out += ["-p", self.protocol.nft]
+        if self.orig_dst is not None:
+            out += ["--orig-dst", self.orig_dst]
+        if self.orig_dst_port is not None:
+            out += ["--orig-port-dst", str(self.orig_dst_port)]
+        if self.reply_src is not None:
+            out += ["--reply-src", self.reply_src]
+        return out
+
+    def __str__(self) -> str:
+        parts = [self.protocol.nft, self.family.value]
+        if self.orig_dst is not None:
+            parts.append(f"orig-dst={self.orig_dst}")
+        if self.orig_dst_port is not None:
+            parts.append(f"orig-port-dst={self.orig_dst_port}")
+        if self.reply_src is not None:
+            parts.append(f"reply-src={self.reply_src}")
+        return " ".join(parts)
+
+
+# -------------------------------------------------------------------- what to clear
+
+
+def _service_ips(port: ServicePort, family: IPFamily) -> list[str]:
+    """Every address the ServicePort is reached on in ``family``: ClusterIP, external IPs,
+    load-balancer IPs."""
+    cluster_ip = port.cluster_ip(family)
+    ips = [cluster_ip] if cluster_ip is not None else []
+    return ips + list(port.external_ips_of(family)) + list(port.load_balancer_ips_of(family))
+
+
+def stale_conntrack_filters(
+    services: Mapping[ServicePortName, ServicePort],
+    svc_update: ServiceUpdate,
+    ep_update: EndpointsUpdate,
+    family: IPFamily,
+) -> list[Filter]:
+    """The filters one sync calls for in ``family``, deduplicated, in a stable order.
+
+    ``services`` is the ServicePort map after the sync's changes were applied; a
+    ServicePort missing from it is covered by (a) or has nothing to clear.
+    """
+    filters: dict[Filter, None] = {}
+
+    def add(flt: Filter) -> None:
+        filters.setdefault(flt, None)
+
+    # (a) A deleted UDP ServicePort: every flow to its ClusterIP (the update carries IPs).
+    for ip in sorted(svc_update.deleted_udp_cluster_ips):
+        if family_of(ip) is family:
+            add(Filter.for_ip(ip, Protocol.UDP, reason="deleted UDP service"))
+
+    # (c) First usable endpoint: flows cached while there was none were not NATed.
+    for name in sorted(ep_update.newly_active_udp):
+        port = services.get(name)
+        if port is None:
+            continue
+        reason = f"{name} has endpoints again"
+        for ip in _service_ips(port, family):
+            add(Filter.for_ip(ip, name.protocol, port.port, reason=reason))
+        if port.node_port:
+            add(Filter.for_port(port.node_port, family, name.protocol, reason=reason))
+
+    # (b) An endpoint gone (or no longer usable): flows NATed to it, on every address.
+    for name, endpoint in sorted(
+        ep_update.deleted_udp_endpoints, key=lambda item: (item[0], item[1].ip, item[1].port)
+    ):
+        port = services.get(name)
+        if port is None or endpoint.family is not family:
+            continue
+        reason = f"{name} lost endpoint {endpoint}"
+        if port.node_port:
+            add(Filter.for_port_nat(port.node_port, endpoint.ip, name.protocol, reason=reason))
+        for ip in _service_ips(port, family):
+            add(Filter.for_nat(ip, endpoint.ip, name.protocol, port.port, reason=reason))
+
+    return list(filters)
+
+
+# ------------------------------------------------------------------------ clearing
+
+
+class Conntrack(TypingProtocol):
+    def clear(self, flt: Filter) -> int:
+        """Delete the matching entries; how many. Raises ConntrackError."""
+        ...
+
+
+_DELETED = re.compile(r"(\d+) flow entries have been deleted")
+
+
+class ConntrackCommand:
+    """Runs ``conntrack -D`` (conntrack-tools) in the caller's network namespace."""
+
+    def __init__(self, binary: str = "conntrack", timeout: float = 30.0) -> None:
+        self.binary = binary
+        self.timeout = timeout
+
+    def clear(self, flt: Filter) -> int:
+        try:
+            proc = subprocess.run(
+                [self.binary, *flt.args()],
+                capture_output=True,
+                text=True,
+                timeout=self.timeout,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise ConntrackError(f"{self.binary}: {err}") from None
+        output = f"{proc.stderr}\n{proc.stdout}"
+        match = _DELETED.search(output)
+        # "0 flow entries have been deleted" comes with exit status 1: not an error.
+        if match is not None and (proc.returncode == 0 or match.group(1) == "0"):
+            return int(match.group(1))
+        raise ConntrackError(
+            f"{self.binary} {' '.join(flt.args())}: "
+            f"{' '.join(output.split()) or f'exit status {proc.returncode}'}"
+        )
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One conntrack entry, as much of it as filters look at."""
+
+    family: IPFamily
+    protocol: Protocol
+    orig_src: str
+    orig_dst: str
+    orig_src_port: int
+    orig_dst_port: int
+    reply_src: str
+
+    def matches(self, flt: Filter) -> bool:
+        return (
+            self.family is flt.family
+            and self.protocol is flt.protocol
+            and flt.orig_dst in (None, self.orig_dst)
+            and flt.orig_dst_port in (None, self.orig_dst_port)
+            and flt.reply_src in (None, self.reply_src)
+        )
+
+
+@dataclass
+class FakeConntrack:
+    """An in-memory conntrack table with the real tool's matching; ``refuse`` fails those
+    filters, as the real one fails when the kernel refuses."""
+
+    entries: list[Entry] = field(default_factory=list)
+    refuse: set[Filter] = field(default_factory=set)
+    cleared: list[Filter] = field(default_factory=list)
+
+    def clear(self, flt: Filter) -> int:
+        if flt in self.refuse:
+            raise ConntrackError(f"refused: {flt}")
+        self.cleared.append(flt)
+        kept = [e for e in self.entries if not e.matches(flt)]
+        deleted = len(self.entries) - len(kept)
+        self.entries = kept
+        return deleted
+
+
+@dataclass
+class CleanupResult:
+    deleted: int = 0
+    failed: list[tuple[Filter, str]] = field(default_factory=list)
+
+
+def apply(conntrack: Conntrack, filters: Iterable[Filter]) -> CleanupResult:
+    """Run every filter; a failure is logged and counted, and the rest still run."""
+    result = CleanupResult()
+    for flt in filters:
+        try:
+            deleted = conntrack.clear(flt)
+        except ConntrackError as err:
+            log.error("Failed to clear stale conntrack entries (%s): %s", flt.reason, err)
+            result.failed.append((flt, str(err)))
+            continue
+        result.deleted += deleted
+        log.debug("Cleared %d conntrack entries: %s (%s)", deleted, flt, flt.reason)
+    return result

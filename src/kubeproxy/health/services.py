@@ -1,0 +1,193 @@
+"""Per-Service health checks: one HTTP listener per ``spec.healthCheckNodePort``.
+
+A LoadBalancer Service with ``externalTrafficPolicy: Local`` gets a health-check node
+port; the cloud load balancer probes it on every node and sends traffic only to nodes
+that answer 200 (upstream ``pkg/proxy/healthcheck/service_health.go``):
+
+* 200 when the node has at least one *ready* local endpoint (terminating ones do not
+  count, so the node drains) and the proxy itself is healthy; 503 otherwise;
+* any path and method; header ``X-Load-Balancing-Endpoint-Weight`` carries the count;
+* the body is upstream's tab-indented JSON
+  ``{"service": {"namespace", "name"}, "localEndpoints": N, "serviceProxyHealthy": b}``.
+
+:meth:`ServiceHealthServers.sync` opens listeners for new Services, closes those of
+Services that went away, and reopens on a port change. A port that cannot be bound is
+logged once and returned as a :class:`BindFailure` (for an event or metric); binding is
+retried on every later sync, like upstream, and the other listeners keep working.
+
+Upstream listens on the node IPs that match ``--nodeport-addresses`` (all addresses when
+it matches everything); the caller passes those as ``addresses`` (empty: all addresses
+of both families).
+
+:func:`health_check_node_ports` and :func:`local_ready_endpoints` compute ``sync``'s two
+arguments from a snapshot's maps (upstream ``HealthCheckNodePorts`` and
+``LocalReadyEndpoints``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from kubeproxy.health.listener import HttpListener, json_response
+from kubeproxy.logs import V2
+from kubeproxy.model.types import (
+    Endpoint,
+    IPFamily,
+    NamespacedName,
+    ServicePort,
+    ServicePortName,
+    TrafficPolicy,
+)
+
+log = logging.getLogger(__name__)
+
+# Event reason upstream records on the Service when its health check cannot listen.
+EVENT_REASON_FAILED = "FailedToStartServiceHealthcheck"
+
+
+def health_check_node_ports(
+    services: Mapping[ServicePortName, ServicePort],
+) -> dict[NamespacedName, int]:
+    """The health-check port of every Service that needs one."""
+    return {
+        name.service: sp.health_check_node_port
+        for name, sp in services.items()
+        if sp.health_check_node_port and sp.external_traffic_policy is TrafficPolicy.LOCAL
+    }
+
+
+def local_ready_endpoints(
+    endpoints: Mapping[ServicePortName, Sequence[Endpoint]], node_name: str
+) -> dict[NamespacedName, int]:
+    """Per Service, how many ready endpoints run on this node.
+
+    Counted by IP, not IP:port: a pod serving two ports of a Service is one endpoint. A
+    dual-stack pod has one IP per family; upstream's per-family proxiers each count one
+    family, so the larger family count is the number of pods.
+    """
+    ips: dict[NamespacedName, dict[IPFamily, set[str]]] = {}
+    for name, eps in endpoints.items():
+        for ep in eps:
+            if ep.ready and ep.is_local(node_name):
+                ips.setdefault(name.service, {}).setdefault(ep.family, set()).add(ep.ip)
+    return {svc: max(map(len, by_family.values())) for svc, by_family in ips.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class BindFailure:
+    service: NamespacedName
+    port: int
+    message: str
+
+
+@dataclass
+class _Instance:
+    port: int
+    listener: HttpListener
+    endpoints: int = 0
+
+
+class ServiceHealthServers:
+    def __init__(
+        self,
+        proxy_healthy: Callable[[], bool],
+        addresses: Sequence[str] = (),
+        hostname: str = "",
+    ) -> None:
+        """``proxy_healthy``: e.g. :meth:`ProxyHealth.is_healthy`; ``hostname`` for messages."""
+        self._proxy_healthy = proxy_healthy
+        self._hosts = tuple(addresses)
+        self._hostname = hostname
+        self._instances: dict[NamespacedName, _Instance] = {}
+        self._failures: dict[NamespacedName, BindFailure] = {}
+
+    @property
+    def ports(self) -> dict[NamespacedName, int]:
+        """The port each open health check is bound to."""
+        return {nsn: inst.listener.port for nsn, inst in self._instances.items()}
+
+    @property
+    def failures(self) -> dict[NamespacedName, BindFailure]:
+        """Health checks that currently cannot listen."""
+        return dict(self._failures)
+
+    async def sync(
+        self, desired: Mapping[NamespacedName, int], local_endpoints: Mapping[NamespacedName, int]
+    ) -> list[BindFailure]:
+        """Make ``desired`` (Service -> port) the open set; returns the *new* bind failures.
+
+        ``local_endpoints`` counts are kept for open Services only; a Service missing
+        from it has none. Port 0 binds an ephemeral port (tests).
+        """
+        for nsn, inst in list(self._instances.items()):
+            if desired.get(nsn) != inst.port:
+                log.log(V2, "Closing healthcheck for %s on port %d", nsn, inst.port)
+                del self._instances[nsn]
+                await inst.listener.stop()
+        self._failures = {
+            nsn: failure
+            for nsn, failure in self._failures.items()
+            if desired.get(nsn) == failure.port
+        }
+        new_failures: list[BindFailure] = []
+        # Sorted, so when two Services claim one port the same one wins every time.
+        for nsn, port in sorted(desired.items()):
+            if nsn in self._instances:
+                continue
+            listener = HttpListener(
+                web.Server(self._handler(nsn), access_log=None), self._hosts, port
+            )
+            try:
+                await listener.start()
+            except OSError as err:
+                if nsn not in self._failures:
+                    failure = BindFailure(
+                        nsn,
+                        port,
+                        f'node {self._hostname} failed to start healthcheck "{nsn}" '
+                        f"on port {port}: {err}",
+                    )
+                    self._failures[nsn] = failure
+                    new_failures.append(failure)
+                    log.error("%s", failure.message)
+                continue
+            if self._failures.pop(nsn, None) is not None:
+                log.info("Healthcheck for %s is listening on port %d now", nsn, port)
+            log.log(V2, "Opening healthcheck for %s on port %d", nsn, port)
+            self._instances[nsn] = _Instance(port, listener, local_endpoints.get(nsn, 0))
+        for nsn, inst in self._instances.items():
+            inst.endpoints = local_endpoints.get(nsn, 0)
+        return new_failures
+
+    async def close(self) -> None:
+        instances, self._instances = self._instances, {}
+        self._failures = {}
+        for inst in instances.values():
+            await inst.listener.stop()
+
+    def _handler(
+        self, nsn: NamespacedName
+    ) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
+        async def handle(_: web.BaseRequest) -> web.StreamResponse:
+            inst = self._instances.get(nsn)
+            # A request racing the listener's close: upstream answers an empty 200, but
+            # "not here" is the safer answer for a load balancer.
+            count = inst.endpoints if inst is not None else 0
+            healthy = self._proxy_healthy()
+            body = {
+                "service": {"namespace": nsn.namespace, "name": nsn.name},
+                "localEndpoints": count,
+                "serviceProxyHealthy": healthy,
+            }
+            return json_response(
+                200 if count and healthy else 503,
+                body,
+                indent="\t",
+                headers={"X-Load-Balancing-Endpoint-Weight": str(count)},
+            )
+
+        return handle

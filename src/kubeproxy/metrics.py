@@ -1,0 +1,264 @@
+"""Every metric kubeproxy exposes, in one place, with upstream kube-proxy's names.
+
+:class:`Metrics` owns a private ``CollectorRegistry`` (one per instance: no global
+registry, so tests and several proxies in one process do not collide) and the metrics of
+``pkg/proxy/metrics/metrics.go``, all ``kubeproxy_`` prefixed:
+
+=========================================================  =========  ======================
+name                                                       type       set by
+=========================================================  =========  ======================
+sync_proxy_rules_duration_seconds                          histogram  observe_sync, sync_failed
+sync_full_proxy_rules_duration_seconds                     histogram  (full syncs)
+sync_partial_proxy_rules_duration_seconds                  histogram  (partial syncs)
+sync_proxy_rules_last_timestamp_seconds                    gauge      observe_sync
+sync_proxy_rules_last_queued_timestamp_seconds             gauge      queued
+network_programming_duration_seconds                       histogram  observe_sync
+sync_proxy_rules_endpoint_changes_pending / _total         gauge/ctr  pending / changes_seen
+sync_proxy_rules_service_changes_pending / _total          gauge/ctr  pending / changes_seen
+sync_proxy_rules_no_local_endpoints_total{traffic_policy}  gauge      observe_sync
+sync_proxy_rules_nftables_sync_failures_total              counter    sync_failed
+sync_proxy_rules_nftables_cleanup_failures_total           counter    cleanup_failed
+proxy_healthz_total{code} / proxy_livez_total{code}        counter    count_healthz/_livez
+=========================================================  =========  ======================
+
+Ours (upstream's nftables mode has no count of what it programmed):
+``kubeproxy_sync_proxy_rules_nftables_elements`` and ``..._nftables_chains`` (gauges,
+after the last successful sync).
+
+Durations are observed for failed syncs too, as upstream does. Histogram buckets are
+upstream's, including the leading 0 bucket its MergeBuckets helper adds to
+network_programming_duration_seconds.
+
+:class:`MetricsServer` serves ``/metrics`` (Prometheus text format), plus the small
+``/healthz`` ("ok") and ``/proxyMode`` pages upstream serves on metricsBindAddress.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+from aiohttp import web
+from prometheus_client import (
+    CONTENT_TYPE_PLAIN_0_0_4,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+
+from kubeproxy.backends import SyncResult
+from kubeproxy.health.listener import BindAddress, HttpListener
+
+DEFAULT_METRICS_BIND_ADDRESS = "127.0.0.1:10249"
+
+# ExponentialBuckets(0.001, 2, 15): 1ms .. 16.384s.
+SYNC_DURATION_BUCKETS = tuple(0.001 * 2**i for i in range(15))
+# 0, 0.25s, 0.5s, 1..59s, 60..115s by 5s, 2..5min by 30s.
+NETWORK_PROGRAMMING_BUCKETS = (
+    0.0,
+    0.25,
+    0.5,
+    *(float(s) for s in range(1, 60)),
+    *(float(s) for s in range(60, 120, 5)),
+    *(float(s) for s in range(120, 301, 30)),
+)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(f"kubeproxy_{name}", doc, buckets=buckets, registry=self.registry)
+
+        def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
+            return Gauge(f"kubeproxy_{name}", doc, labels, registry=self.registry)
+
+        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
+            return Counter(f"kubeproxy_{name}", doc, labels, registry=self.registry)
+
+        self.sync_duration = histogram(
+            "sync_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds",
+            SYNC_DURATION_BUCKETS,
+        )
+        self.sync_full_duration = histogram(
+            "sync_full_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for full resyncs",
+            SYNC_DURATION_BUCKETS,
+        )
+        self.sync_partial_duration = histogram(
+            "sync_partial_proxy_rules_duration_seconds",
+            "SyncProxyRules latency in seconds for partial resyncs",
+            SYNC_DURATION_BUCKETS,
+        )
+        self.last_sync = gauge(
+            "sync_proxy_rules_last_timestamp_seconds",
+            "The last time proxy rules were successfully synced",
+        )
+        self.last_queued = gauge(
+            "sync_proxy_rules_last_queued_timestamp_seconds",
+            "The last time a sync of proxy rules was queued",
+        )
+        self.network_programming = histogram(
+            "network_programming_duration_seconds",
+            "In Cluster Network Programming Latency in seconds",
+            NETWORK_PROGRAMMING_BUCKETS,
+        )
+        self.endpoint_changes_pending = gauge(
+            "sync_proxy_rules_endpoint_changes_pending", "Pending proxy rules Endpoint changes"
+        )
+        self.endpoint_changes = counter(
+            "sync_proxy_rules_endpoint_changes_total", "Cumulative proxy rules Endpoint changes"
+        )
+        self.service_changes_pending = gauge(
+            "sync_proxy_rules_service_changes_pending", "Pending proxy rules Service changes"
+        )
+        self.service_changes = counter(
+            "sync_proxy_rules_service_changes_total", "Cumulative proxy rules Service changes"
+        )
+        self.no_local_endpoints = gauge(
+            "sync_proxy_rules_no_local_endpoints_total",
+            "Number of services with a Local traffic policy and no endpoints",
+            ("traffic_policy",),
+        )
+        self.sync_failures = counter(
+            "sync_proxy_rules_nftables_sync_failures_total",
+            "Cumulative proxy nftables sync failures",
+        )
+        self.cleanup_failures = counter(
+            "sync_proxy_rules_nftables_cleanup_failures_total",
+            "Cumulative proxy nftables cleanup failures",
+        )
+        self.healthz = counter(
+            "proxy_healthz_total", "Cumulative proxy healthz HTTP status", ("code",)
+        )
+        self.livez = counter("proxy_livez_total", "Cumulative proxy livez HTTP status", ("code",))
+        self.nftables_elements = gauge(
+            "sync_proxy_rules_nftables_elements",
+            "Number of nftables set and map elements programmed by kube-proxy",
+        )
+        self.nftables_chains = gauge(
+            "sync_proxy_rules_nftables_chains",
+            "Number of nftables chains programmed by kube-proxy",
+        )
+
+    # ------------------------------------------------------------ sync phases
+
+    def queued(self, now: float) -> None:
+        """A sync was requested (wall-clock ``now``)."""
+        self.last_queued.set(now)
+
+    def changes_seen(self, services: int = 0, endpoints: int = 0) -> None:
+        """Count Service / EndpointSlice events handed to the change trackers."""
+        self.service_changes.inc(services)
+        self.endpoint_changes.inc(endpoints)
+
+    def pending(self, services: int, endpoints: int) -> None:
+        """Objects with changes waiting for a sync (0, 0 once a sync has collected them)."""
+        self.service_changes_pending.set(services)
+        self.endpoint_changes_pending.set(endpoints)
+
+    def observe_sync(
+        self,
+        result: SyncResult,
+        seconds: float,
+        *,
+        full: bool,
+        trigger_times: Iterable[float],
+        now: float,
+    ) -> None:
+        """A sync succeeded after ``seconds``, at wall-clock ``now``.
+
+        ``trigger_times``: the EndpointSlices' last-change-trigger-time values (epoch
+        seconds) that this sync programmed; each one is one network-programming sample.
+        """
+        self._observe_duration(seconds, full=full)
+        self.last_sync.set(now)
+        for trigger_time in trigger_times:
+            self.network_programming.observe(now - trigger_time)
+        self.no_local_endpoints.labels("internal").set(result.no_local_internal)
+        self.no_local_endpoints.labels("external").set(result.no_local_external)
+        self.nftables_elements.set(result.elements)
+        self.nftables_chains.set(result.chains)
+
+    def sync_failed(self, seconds: float, *, full: bool) -> None:
+        """The kernel refused the transaction (or rendering failed) after ``seconds``."""
+        self._observe_duration(seconds, full=full)
+        self.sync_failures.inc()
+
+    def cleanup_failed(self) -> None:
+        self.cleanup_failures.inc()
+
+    def _observe_duration(self, seconds: float, *, full: bool) -> None:
+        self.sync_duration.observe(seconds)
+        (self.sync_full_duration if full else self.sync_partial_duration).observe(seconds)
+
+    # ----------------------------------------------------------------- probes
+
+    def count_healthz(self, code: int) -> None:
+        self.healthz.labels(str(code)).inc()
+
+    def count_livez(self, code: int) -> None:
+        self.livez.labels(str(code)).inc()
+
+    # ------------------------------------------------------------- exposition
+
+    def exposition(self) -> bytes:
+        """The Prometheus text format, as ``/metrics`` serves it."""
+        return generate_latest(_WithoutCreated(self.registry))
+
+
+class _WithoutCreated(Collector):
+    """The registry minus the OpenMetrics ``*_created`` series.
+
+    Upstream's Go client does not expose them in the text format, and switching them
+    off in prometheus_client is a process-wide setting.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self._registry.collect():
+            kept = Metric(metric.name, metric.documentation, metric.type, metric.unit)
+            created = metric.name + "_created"
+            kept.samples = [s for s in metric.samples if s.name != created]
+            yield kept
+
+
+class MetricsServer(HttpListener):
+    def __init__(
+        self,
+        metrics: Metrics,
+        address: str = DEFAULT_METRICS_BIND_ADDRESS,
+        proxy_mode: str = "nftables",
+    ) -> None:
+        """Raises ValueError for a malformed ``address``; :meth:`start` raises OSError."""
+        self.address = BindAddress.parse(address)
+
+        async def serve_metrics(_: web.Request) -> web.Response:
+            return web.Response(
+                body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4}
+            )
+
+        def text(body: str) -> web.Response:
+            response = web.Response(text=body)
+            response.headers["X-Content-Type-Options"] = "nosniff"
+            return response
+
+        async def serve_ok(_: web.Request) -> web.Response:
+            return text("ok")
+
+        async def serve_mode(_: web.Request) -> web.Response:
+            return text(proxy_mode)
+
+        app = web.Application()
+        app.router.add_get("/metrics", serve_metrics)
+        app.router.add_get("/healthz", serve_ok)
+        app.router.add_get("/healthz/ping", serve_ok)
+        app.router.add_get("/proxyMode", serve_mode)
+        super().__init__(app, [self.address.host], self.address.port)

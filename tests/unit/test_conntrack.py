@@ -1,0 +1,294 @@
+"""kubeproxy.dataplane.conntrack: which stale entries a sync must clear, and clearing them.
+
+The sync results come from the real change trackers (through ProxyState), so the tests
+check the whole path from Service/EndpointSlice events to conntrack filters.
+"""
+
+from __future__ import annotations
+
+import logging
+import stat
+from pathlib import Path
+
+import pytest
+
+from kubeproxy.dataplane.conntrack import (
+    ConntrackCommand,
+    ConntrackError,
+    Entry,
+    FakeConntrack,
+    Filter,
+    apply,
+    stale_conntrack_filters,
+)
+from kubeproxy.model.state import Changes, ProxyState, Snapshot
+from kubeproxy.model.types import (
+    EndpointSlice,
+    IPFamily,
+    Protocol,
+    Service,
+    ServicePort,
+    SliceEndpoint,
+)
+from tests.unit.conftest import endpoint_slice, service, service_port, slice_endpoint
+
+UDP, TCP = Protocol.UDP, Protocol.TCP
+V4, V6 = IPFamily.IPv4, IPFamily.IPv6
+
+
+def dns_port(**kwargs: object) -> ServicePort:
+    spec: dict[str, object] = {"number": 53, "cluster_ips": ("10.96.0.10",)}
+    spec.update(kwargs)
+    return service_port("dns", "dns", UDP, **spec)  # type: ignore[arg-type]
+
+
+def dns_slice(
+    *endpoints: SliceEndpoint, family: IPFamily = V4, protocol: Protocol = UDP
+) -> EndpointSlice:
+    return endpoint_slice(
+        f"dns-{family.value.lower()}",
+        "dns",
+        ports=(("dns", protocol, 5353),),
+        endpoints=endpoints,
+        family=family,
+    )
+
+
+class Cluster:
+    """A ProxyState fed with events; ``sync()`` returns what a sync would see."""
+
+    def __init__(self) -> None:
+        self.state = ProxyState("node-a")
+        self.services: dict[str, Service] = {}
+
+    def put_service(self, svc: Service) -> None:
+        self.state.on_service(self.services.get(svc.name), svc)
+        self.services[svc.name] = svc
+
+    def delete_service(self, name: str) -> None:
+        self.state.on_service(self.services.pop(name), None)
+
+    def put_slice(self, eps: EndpointSlice) -> None:
+        self.state.on_endpoint_slice(eps)
+
+    def sync(self) -> tuple[Snapshot, Changes]:
+        return self.state.collect()
+
+    def filters(self, family: IPFamily = V4) -> list[Filter]:
+        snapshot, changes = self.sync()
+        return stale_conntrack_filters(
+            snapshot.services, changes.services, changes.endpoints, family
+        )
+
+
+def synced(svc: Service, *slices: EndpointSlice) -> Cluster:
+    cluster = Cluster()
+    cluster.put_service(svc)
+    for eps in slices:
+        cluster.put_slice(eps)
+    cluster.sync()
+    return cluster
+
+
+# ------------------------------------------------------------------------- filters
+
+
+def test_filter_arguments_for_the_conntrack_tool() -> None:
+    assert Filter.for_ip("10.96.0.10", UDP).args() == [
+        "-D",
+        "-f",
+        "ipv4",
+        "-p",
+        "udp",
+        "--orig-dst",
+        "10.96.0.10",
+    ]
+    assert Filter.for_port(30053, V6, Protocol.SCTP).args() == [
+        "-D",
+        "-f",
+        "ipv6",
+        "-p",
+        "sctp",
+        "--orig-port-dst",
+        "30053",
+    ]
+    assert Filter.for_nat("fd00::10", "fd00:1::5", UDP, 53).args()[-6:] == [
+        "--orig-dst",
+        "fd00::10",
+        "--orig-port-dst",
+        "53",
+        "--reply-src",
+        "fd00:1::5",
+    ]
+    assert Filter.for_port_nat(30053, "10.1.0.5", UDP).family is V4
+
+
+def test_filters_refuse_what_would_delete_too_much_or_the_wrong_family() -> None:
+    with pytest.raises(ValueError, match="needs an address or a port"):
+        Filter(V4, UDP)
+    with pytest.raises(ValueError, match="not an IPv4 address"):
+        Filter(V4, UDP, orig_dst="fd00::1")
+    with pytest.raises(ValueError, match="not an IPv6 address"):
+        Filter.for_nat("fd00::1", "10.0.0.1", UDP)
+    with pytest.raises(ValueError, match="invalid port"):
+        Filter.for_port(0, V4, UDP)
+
+
+# ------------------------------------------------------------------- what to clear
+
+
+def test_a_deleted_udp_service_clears_its_cluster_ip_per_family() -> None:
+    cluster = synced(
+        service("dns", dns_port(cluster_ips=("10.96.0.10", "fd00:96::10"))),
+        dns_slice(slice_endpoint("10.1.0.5")),
+    )
+    cluster.delete_service("dns")
+    snapshot, changes = cluster.sync()
+    args = (snapshot.services, changes.services, changes.endpoints)
+    assert stale_conntrack_filters(*args, V4) == [Filter.for_ip("10.96.0.10", UDP)]
+    assert stale_conntrack_filters(*args, V6) == [Filter.for_ip("fd00:96::10", UDP)]
+
+
+def test_a_removed_endpoint_clears_flows_natted_to_it_on_every_service_address() -> None:
+    port = dns_port(
+        node_port=30053,
+        external_ips=("192.0.2.10", "2001:db8::10"),
+        load_balancer_ips=("198.51.100.7",),
+    )
+    cluster = synced(
+        service("dns", port), dns_slice(slice_endpoint("10.1.0.5"), slice_endpoint("10.1.0.6"))
+    )
+    cluster.put_slice(dns_slice(slice_endpoint("10.1.0.6")))
+    assert cluster.filters() == [
+        Filter.for_port_nat(30053, "10.1.0.5", UDP),
+        Filter.for_nat("10.96.0.10", "10.1.0.5", UDP, 53),
+        Filter.for_nat("192.0.2.10", "10.1.0.5", UDP, 53),
+        Filter.for_nat("198.51.100.7", "10.1.0.5", UDP, 53),
+    ]
+
+
+def test_an_endpoint_that_stops_being_usable_is_cleared_but_a_draining_one_is_not() -> None:
+    cluster = synced(
+        service("dns", dns_port()),
+        dns_slice(slice_endpoint("10.1.0.5"), slice_endpoint("10.1.0.6")),
+    )
+    cluster.put_slice(
+        dns_slice(
+            slice_endpoint("10.1.0.5", ready=False, serving=False),
+            slice_endpoint("10.1.0.6", ready=False, serving=True, terminating=True),
+        )
+    )
+    # 10.1.0.6 still serves (the terminating fallback): its flows are left alone.
+    assert cluster.filters() == [Filter.for_nat("10.96.0.10", "10.1.0.5", UDP, 53)]
+
+
+def test_first_usable_endpoint_clears_flows_cached_while_there_was_none() -> None:
+    port = dns_port(node_port=30053, external_ips=("192.0.2.10",))
+    cluster = synced(service("dns", port), dns_slice())
+    cluster.put_slice(dns_slice(slice_endpoint("10.1.0.5")))
+    assert cluster.filters() == [
+        Filter.for_ip("10.96.0.10", UDP, 53),
+        Filter.for_ip("192.0.2.10", UDP, 53),
+        Filter.for_port(30053, V4, UDP),
+    ]
+    # Another endpoint joining later is not "newly active": nothing to clear.
+    cluster.put_slice(dns_slice(slice_endpoint("10.1.0.5"), slice_endpoint("10.1.0.6")))
+    assert cluster.filters() == []
+
+
+def test_a_new_service_with_endpoints_clears_its_addresses() -> None:
+    cluster = Cluster()
+    cluster.put_service(service("dns", dns_port()))
+    cluster.put_slice(dns_slice(slice_endpoint("10.1.0.5")))
+    assert cluster.filters() == [Filter.for_ip("10.96.0.10", UDP, 53)]
+
+
+def test_tcp_services_and_other_families_need_no_cleanup() -> None:
+    tcp = service("web", service_port("web", "http", TCP, cluster_ips=("10.96.0.20",)))
+    cluster = synced(
+        tcp,
+        endpoint_slice("web-1", "web", endpoints=(slice_endpoint("10.1.0.7"),)),
+    )
+    cluster.put_slice(endpoint_slice("web-1", "web", endpoints=()))
+    cluster.delete_service("web")
+    assert cluster.filters() == []
+
+    dual = synced(
+        service("dns", dns_port(cluster_ips=("10.96.0.10", "fd00:96::10"))),
+        dns_slice(slice_endpoint("10.1.0.5")),
+        dns_slice(slice_endpoint("fd00:1::5"), family=V6),
+    )
+    dual.put_slice(dns_slice(family=V6))
+    snapshot, changes = dual.sync()
+    args = (snapshot.services, changes.services, changes.endpoints)
+    assert stale_conntrack_filters(*args, V4) == []
+    assert stale_conntrack_filters(*args, V6) == [
+        Filter.for_nat("fd00:96::10", "fd00:1::5", UDP, 53)
+    ]
+
+
+def test_endpoints_of_a_deleted_service_are_covered_by_its_cluster_ip() -> None:
+    cluster = synced(service("dns", dns_port()), dns_slice(slice_endpoint("10.1.0.5")))
+    cluster.delete_service("dns")
+    cluster.put_slice(dns_slice())
+    assert cluster.filters() == [Filter.for_ip("10.96.0.10", UDP)]
+
+
+# ------------------------------------------------------------------------ clearing
+
+
+def entry(dst: str, dport: int, reply_src: str, sport: int = 40000) -> Entry:
+    return Entry(V4, UDP, "10.1.0.100", dst, sport, dport, reply_src)
+
+
+def test_apply_clears_matching_entries_and_goes_on_after_a_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    to_removed = entry("10.96.0.10", 53, "10.1.0.5")
+    to_live = entry("10.96.0.10", 53, "10.1.0.6", sport=40001)
+    nodeport = entry("192.168.50.1", 30053, "10.1.0.5", sport=40002)
+    other_port = entry("10.96.0.10", 54, "10.1.0.5", sport=40003)
+    refused = Filter.for_ip("10.96.0.99", UDP, reason="test")
+    fake = FakeConntrack([to_removed, to_live, nodeport, other_port], refuse={refused})
+    result = apply(
+        fake,
+        [
+            refused,
+            Filter.for_nat("10.96.0.10", "10.1.0.5", UDP, 53),
+            Filter.for_port_nat(30053, "10.1.0.5", UDP),
+        ],
+    )
+    assert result.deleted == 2
+    assert [f for f, _ in result.failed] == [refused]
+    assert fake.entries == [to_live, other_port]
+    assert "Failed to clear stale conntrack entries (test)" in caplog.text
+    assert caplog.records[0].levelno == logging.ERROR
+
+
+def fake_tool(tmp_path: Path, output: str, status: int) -> str:
+    """A stand-in ``conntrack`` executable printing ``output`` and exiting ``status``."""
+    tool = tmp_path / "conntrack"
+    tool.write_text(
+        f"#!/bin/sh\necho \"$*\" > {tmp_path}/args\necho '{output}' >&2\nexit {status}\n"
+    )
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    return str(tool)
+
+
+def test_the_command_reads_the_tools_counts_and_errors(tmp_path: Path) -> None:
+    flt = Filter.for_nat("10.96.0.10", "10.1.0.5", UDP, 53)
+    deleted = fake_tool(
+        tmp_path, "conntrack v1.4.7 (conntrack-tools): 3 flow entries have been deleted.", 0
+    )
+    assert ConntrackCommand(deleted).clear(flt) == 3
+    assert (tmp_path / "args").read_text().split() == flt.args()
+    # Nothing matched: the tool exits 1, which is not an error.
+    none = fake_tool(
+        tmp_path, "conntrack v1.4.7 (conntrack-tools): 0 flow entries have been deleted.", 1
+    )
+    assert ConntrackCommand(none).clear(flt) == 0
+    broken = fake_tool(tmp_path, "conntrack v1.4.7 (conntrack-tools): Operation not permitted", 1)
+    with pytest.raises(ConntrackError, match="Operation not permitted"):
+        ConntrackCommand(broken).clear(flt)
+    with pytest.raises(ConntrackError, match="No such file"):
+        ConntrackCommand(str(tmp_path / "missing")).clear(flt)

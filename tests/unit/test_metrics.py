@@ -1,0 +1,156 @@
+"""kubeproxy.metrics: upstream's metric names, types and buckets, and the /metrics server."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from kubeproxy.backends import SyncResult
+from kubeproxy.health import HealthServer, ProxyHealth
+from kubeproxy.metrics import (
+    NETWORK_PROGRAMMING_BUCKETS,
+    SYNC_DURATION_BUCKETS,
+    Metrics,
+    MetricsServer,
+)
+from tests.unit.test_health import T0, FakeClock, fetch, started
+
+# Every metric /metrics must expose, with its Prometheus type.
+EXPECTED = {
+    "kubeproxy_sync_proxy_rules_duration_seconds": "histogram",
+    "kubeproxy_sync_full_proxy_rules_duration_seconds": "histogram",
+    "kubeproxy_sync_partial_proxy_rules_duration_seconds": "histogram",
+    "kubeproxy_sync_proxy_rules_last_timestamp_seconds": "gauge",
+    "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds": "gauge",
+    "kubeproxy_network_programming_duration_seconds": "histogram",
+    "kubeproxy_sync_proxy_rules_endpoint_changes_pending": "gauge",
+    "kubeproxy_sync_proxy_rules_endpoint_changes_total": "counter",
+    "kubeproxy_sync_proxy_rules_service_changes_pending": "gauge",
+    "kubeproxy_sync_proxy_rules_service_changes_total": "counter",
+    "kubeproxy_sync_proxy_rules_no_local_endpoints_total": "gauge",
+    "kubeproxy_sync_proxy_rules_nftables_sync_failures_total": "counter",
+    "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total": "counter",
+    "kubeproxy_proxy_healthz_total": "counter",
+    "kubeproxy_proxy_livez_total": "counter",
+    "kubeproxy_sync_proxy_rules_nftables_elements": "gauge",
+    "kubeproxy_sync_proxy_rules_nftables_chains": "gauge",
+}
+
+RESULT = SyncResult(full=True, elements=7, chains=3, no_local_internal=1, no_local_external=2)
+
+
+def test_each_instance_has_its_own_registry() -> None:
+    first, second = Metrics(), Metrics()
+    first.cleanup_failed()
+    value = "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total"
+    assert first.registry.get_sample_value(value) == 1
+    assert second.registry.get_sample_value(value) == 0
+
+
+def test_buckets_are_upstreams() -> None:
+    assert SYNC_DURATION_BUCKETS[0] == 0.001
+    assert SYNC_DURATION_BUCKETS[-1] == pytest.approx(16.384)
+    assert len(SYNC_DURATION_BUCKETS) == 15
+    # MergeBuckets starts from a 0 bucket, then 0.25, 0.5, 1..59, 60..115, 120..300.
+    assert NETWORK_PROGRAMMING_BUCKETS[:4] == (0.0, 0.25, 0.5, 1.0)
+    assert NETWORK_PROGRAMMING_BUCKETS[-8:] == (
+        115.0,
+        120.0,
+        150.0,
+        180.0,
+        210.0,
+        240.0,
+        270.0,
+        300.0,
+    )
+    assert len(NETWORK_PROGRAMMING_BUCKETS) == 1 + 2 + 59 + 12 + 7
+    assert list(NETWORK_PROGRAMMING_BUCKETS) == sorted(set(NETWORK_PROGRAMMING_BUCKETS))
+
+
+def test_a_successful_sync_records_durations_latency_and_what_was_programmed() -> None:
+    metrics = Metrics()
+    value = metrics.registry.get_sample_value
+    metrics.observe_sync(RESULT, 0.003, full=True, trigger_times=[T0 - 1.5, T0 - 0.2], now=T0)
+    assert value("kubeproxy_sync_proxy_rules_duration_seconds_count") == 1
+    assert value("kubeproxy_sync_full_proxy_rules_duration_seconds_count") == 1
+    assert value("kubeproxy_sync_partial_proxy_rules_duration_seconds_count") == 0
+    assert value("kubeproxy_sync_proxy_rules_duration_seconds_bucket", {"le": "0.002"}) == 0
+    assert value("kubeproxy_sync_proxy_rules_duration_seconds_bucket", {"le": "0.004"}) == 1
+    assert value("kubeproxy_sync_proxy_rules_last_timestamp_seconds") == T0
+    latency = "kubeproxy_network_programming_duration_seconds"
+    assert value(f"{latency}_count") == 2
+    assert value(f"{latency}_sum") == pytest.approx(1.7)
+    assert value(f"{latency}_bucket", {"le": "0.25"}) == 1
+    assert value(f"{latency}_bucket", {"le": "1.0"}) == 1
+    assert value(f"{latency}_bucket", {"le": "2.0"}) == 2
+    no_local = "kubeproxy_sync_proxy_rules_no_local_endpoints_total"
+    assert value(no_local, {"traffic_policy": "internal"}) == 1
+    assert value(no_local, {"traffic_policy": "external"}) == 2
+    assert value("kubeproxy_sync_proxy_rules_nftables_elements") == 7
+    assert value("kubeproxy_sync_proxy_rules_nftables_chains") == 3
+
+    metrics.observe_sync(RESULT, 0.5, full=False, trigger_times=[], now=T0 + 1)
+    assert value("kubeproxy_sync_proxy_rules_duration_seconds_count") == 2
+    assert value("kubeproxy_sync_partial_proxy_rules_duration_seconds_count") == 1
+    assert value(f"{latency}_count") == 2
+
+
+def test_a_failed_sync_is_counted_and_timed_but_not_a_success() -> None:
+    metrics = Metrics()
+    value = metrics.registry.get_sample_value
+    metrics.sync_failed(0.01, full=False)
+    assert value("kubeproxy_sync_proxy_rules_nftables_sync_failures_total") == 1
+    assert value("kubeproxy_sync_partial_proxy_rules_duration_seconds_count") == 1
+    assert value("kubeproxy_sync_proxy_rules_last_timestamp_seconds") == 0
+
+
+def test_queued_changes_and_pending() -> None:
+    metrics = Metrics()
+    value = metrics.registry.get_sample_value
+    metrics.queued(T0)
+    metrics.changes_seen(services=2, endpoints=5)
+    metrics.changes_seen(endpoints=1)
+    metrics.pending(services=1, endpoints=3)
+    assert value("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds") == T0
+    assert value("kubeproxy_sync_proxy_rules_service_changes_total") == 2
+    assert value("kubeproxy_sync_proxy_rules_endpoint_changes_total") == 6
+    assert value("kubeproxy_sync_proxy_rules_service_changes_pending") == 1
+    assert value("kubeproxy_sync_proxy_rules_endpoint_changes_pending") == 3
+    metrics.pending(0, 0)
+    assert value("kubeproxy_sync_proxy_rules_endpoint_changes_pending") == 0
+
+
+def test_metrics_server_exposes_every_metric_with_its_type() -> None:
+    metrics = Metrics()
+    metrics.observe_sync(RESULT, 0.01, full=True, trigger_times=[T0 - 1], now=T0)
+    health = ProxyHealth(60.0, FakeClock())
+
+    async def scenario() -> str:
+        async with (
+            started(MetricsServer(metrics, "127.0.0.1:0")) as server,
+            started(HealthServer(health, "127.0.0.1:0", metrics)) as probes,
+        ):
+            await fetch(probes.port, "/healthz")
+            await fetch(probes.port, "/livez")
+            healthz = await fetch(server.port, "/healthz")
+            assert (healthz.status, healthz.text) == (200, "ok")
+            mode = await fetch(server.port, "/proxyMode")
+            assert (mode.status, mode.text) == (200, "nftables")
+            reply = await fetch(server.port, "/metrics")
+            assert reply.status == 200
+            assert reply.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
+            return reply.text
+
+    text = asyncio.run(scenario())
+    types = {
+        name: kind
+        for line in text.splitlines()
+        if line.startswith("# TYPE ")
+        for name, kind in [line.removeprefix("# TYPE ").split(" ")]
+    }
+    assert types == EXPECTED
+    assert "_created" not in text
+    assert 'kubeproxy_proxy_healthz_total{code="200"} 1.0' in text
+    assert 'kubeproxy_proxy_livez_total{code="200"} 1.0' in text
+    assert 'kubeproxy_network_programming_duration_seconds_bucket{le="0.0"} 0.0' in text
