@@ -79,6 +79,7 @@ class Proxy:
         self._last_full = -float("inf")
         self._stale: list[Filter] = []
         self._conflicts: set[str] = set()
+        self._health_checked: set[ServicePortName] = set()
         self._started = wall()
         self.syncs = 0
         self.last_outcome: SyncOutcome | None = None
@@ -171,10 +172,21 @@ class Proxy:
         self.metrics.observe_sync(
             result, seconds, full=result.full, trigger_times=triggers, now=self.wall()
         )
+        # ServicePorts that need a health-check server, kept up to date from the changes
+        # so a sync does not scan every Service and endpoint of the cluster.
+        for name in changes.service_ports:
+            svc = snapshot.services.get(name)
+            if svc is not None and svc.health_check_node_port and svc.external_policy_local:
+                self._health_checked.add(name)
+            else:
+                self._health_checked.discard(name)
         if self.servers.services is not None:
+            checked = self._health_checked
             failures = await self.servers.services.sync(
-                health_check_node_ports(snapshot.services),
-                local_ready_endpoints(snapshot.endpoints, snapshot.node.name),
+                health_check_node_ports({n: snapshot.services[n] for n in checked}),
+                local_ready_endpoints(
+                    {n: snapshot.endpoints.get(n, ()) for n in checked}, snapshot.node.name
+                ),
             )
             for failure in failures:
                 log.error("%s", failure.message)

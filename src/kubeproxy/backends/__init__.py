@@ -29,6 +29,9 @@ class SyncResult:
     operations: int = 0
     no_local_internal: int = 0
     no_local_external: int = 0
+    # Where the time went: building the change (render) and the kernel calls (apply).
+    render_seconds: float = 0.0
+    apply_seconds: float = 0.0
     # One log line per destination two ServicePorts both claim.
     conflicts: list[str] = field(default_factory=list)
 

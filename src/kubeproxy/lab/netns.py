@@ -14,7 +14,7 @@ import ctypes
 import os
 import subprocess
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -65,6 +65,10 @@ class NetnsExecutor:
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run ``fn(*args, **kwargs)`` inside the namespace and return its result."""
         return self._pool.submit(fn, *args, **kwargs).result(timeout=120)
+
+    def submit(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> Future[T]:
+        """Start ``fn`` inside the namespace; the future gives its result."""
+        return self._pool.submit(fn, *args, **kwargs)
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

@@ -32,6 +32,7 @@ and the next sync is a full one.
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -108,6 +109,20 @@ class _Family:
     config: FamilyConfig
     rules: dict[ServicePortName, PortRules] = field(default_factory=dict)
     programmed: _Programmed | None = None  # None: unknown, the next sync must be full
+    # ServicePorts with endpoints elsewhere but none usable here (kept up to date
+    # incrementally: the metric must not cost a scan of every Service per sync).
+    no_local_internal: int = 0
+    no_local_external: int = 0
+
+    def set_rules(self, name: ServicePortName, new: PortRules | None) -> None:
+        old = self.rules.pop(name, None)
+        if old is not None:
+            self.no_local_internal -= old.no_local_internal
+            self.no_local_external -= old.no_local_external
+        if new is not None:
+            self.rules[name] = new
+            self.no_local_internal += new.no_local_internal
+            self.no_local_external += new.no_local_external
 
     @property
     def table(self) -> TableRef:
@@ -138,6 +153,7 @@ class NftablesBackend:
         self._families_state: dict[IPFamily, _Family] = {}
         self._warned_no_node_ip: set[IPFamily] = set()
         self.last_transaction = ""
+        self._kernel_seconds = 0.0
 
     # ------------------------------------------------------------------ phases
 
@@ -151,6 +167,7 @@ class NftablesBackend:
                 self.config.nodeport_addresses.primary
                 and primary is None
                 and family not in self._warned_no_node_ip
+                and family not in self._families_state  # once per start: not on the hot path
                 and _has_node_ports(snapshot, family)
             ):
                 self._warned_no_node_ip.add(family)
@@ -231,7 +248,7 @@ class NftablesBackend:
                 tx.add_table(t)
                 tx.delete_table(t)
             else:
-                existing = self.runner.list_objects(t.family, t.name)
+                existing = self._list(t)
                 tx.add_table(t, TABLE_COMMENT)
                 tx.flush_table(t)
                 ours = {s.name for s in table.sets}
@@ -262,7 +279,10 @@ class NftablesBackend:
         for cfg in configs:
             fam = self._families_state[cfg.family]
             assert fam.programmed is not None
-            state = _copy(fam.programmed)
+            # Updated in place: if the kernel refuses the transaction the whole state is
+            # dropped and the next sync is a full one, so there is nothing to roll back
+            # (and no O(cluster) copy on the hot path).
+            state = fam.programmed
             delta = _Delta(cfg, fam.table)
             for name, new in updates[cfg.family].items():
                 old = fam.rules.get(name)
@@ -280,15 +300,28 @@ class NftablesBackend:
         pre = str(plan.pre) if plan.pre else ""
         script = str(plan.tx)
         self.last_transaction = pre + script
-        if pre:
-            self.runner.apply(pre)
-        if script:
-            self.runner.apply(script)
+        started = time.perf_counter()
+        try:
+            if pre:
+                self.runner.apply(pre)
+            if script:
+                self.runner.apply(script)
+        finally:
+            self._kernel_seconds += time.perf_counter() - started
+
+    def _list(self, t: TableRef) -> dict[str, set[str]]:
+        started = time.perf_counter()
+        try:
+            return self.runner.list_objects(t.family, t.name)
+        finally:
+            self._kernel_seconds += time.perf_counter() - started
 
     # ----------------------------------------------------------------- public
 
     def sync(self, snapshot: Snapshot, changed: set[ServicePortName] | None) -> SyncResult:
         """Bring the kernel in line with ``snapshot``. ``changed=None`` forces a full sync."""
+        started = time.perf_counter()
+        self._kernel_seconds = 0.0
         configs = self._families(snapshot)
         full = changed is None or any(
             (fam := self._families_state.get(cfg.family)) is None
@@ -309,7 +342,10 @@ class NftablesBackend:
                 fam.programmed = None
             raise
         self._commit(configs, updates, plan, full)
-        return self._report(snapshot, plan, rendered)
+        result = self._report(snapshot, plan, rendered)
+        result.apply_seconds = self._kernel_seconds
+        result.render_seconds = time.perf_counter() - started - self._kernel_seconds
+        return result
 
     def _full(
         self,
@@ -343,10 +379,7 @@ class NftablesBackend:
             else:
                 fam = self._families_state[cfg.family]
             for name, new in updates[cfg.family].items():
-                if new is None:
-                    fam.rules.pop(name, None)
-                else:
-                    fam.rules[name] = new
+                fam.set_rules(name, new)
             fam.programmed = plan.programmed[cfg.family]
 
     def render(self, snapshot: Snapshot) -> str:
@@ -386,9 +419,8 @@ class NftablesBackend:
             if fam.programmed is not None:
                 result.elements += fam.programmed.element_count()
                 result.chains += len(fam.programmed.chains)
-            for rules in fam.rules.values():
-                result.no_local_internal += rules.no_local_internal
-                result.no_local_external += rules.no_local_external
+            result.no_local_internal += fam.no_local_internal
+            result.no_local_external += fam.no_local_external
         return result
 
 
@@ -582,17 +614,6 @@ def _by_set(keys: Iterable[ElementKey]) -> dict[str, list[str]]:
     for set_name, key in sorted(keys):
         out.setdefault(set_name, []).append(key)
     return out
-
-
-def _copy(p: _Programmed) -> _Programmed:
-    return _Programmed(
-        candidates={c: set(s) for c, s in p.candidates.items()},
-        owner=dict(p.owner),
-        claimed={c: dict(e) for c, e in p.claimed.items()},
-        shared=Counter(p.shared),
-        shared_values=dict(p.shared_values),
-        chains=set(p.chains),
-    )
 
 
 def _describe(c: Conflict, family: IPFamily) -> str:
