@@ -49,6 +49,7 @@ from kubeproxy.backends.nftables.render import (
     Conflict,
     Destination,
     FamilyConfig,
+    LBChain,
     PortRules,
     TableContents,
     Vocabulary,
@@ -82,6 +83,10 @@ class _Programmed:
     shared: Counter[ElementKey] = field(default_factory=Counter)
     shared_values: dict[ElementKey, str | None] = field(default_factory=dict)
     chains: set[str] = field(default_factory=set)  # non-skeleton chains present
+    # Shared load-balancing chains: which one each owned destination uses, and how many
+    # destinations use each (a chain no destination uses any more is deleted).
+    claim_chain: dict[Claim, str] = field(default_factory=dict)
+    chain_refs: Counter[str] = field(default_factory=Counter)
 
     @classmethod
     def from_rules(
@@ -95,6 +100,9 @@ class _Programmed:
                 if dest.claim not in state.owner:
                     state.owner[dest.claim] = name
                     state.claimed[dest.claim] = {(m, k): v for m, k, v in dest.elements}
+                    if dest.chain is not None:
+                        state.claim_chain[dest.claim] = dest.chain.name
+                        state.chain_refs[dest.chain.name] += 1
             for m, k, v in port.shared:
                 state.shared[(m, k)] += 1
                 state.shared_values[(m, k)] = v
@@ -283,7 +291,7 @@ class NftablesBackend:
             # dropped and the next sync is a full one, so there is nothing to roll back
             # (and no O(cluster) copy on the hot path).
             state = fam.programmed
-            delta = _Delta(cfg, fam.table)
+            delta = _Delta(cfg, fam.table, state)
             for name, new in updates[cfg.family].items():
                 old = fam.rules.get(name)
                 if old == new:
@@ -433,9 +441,10 @@ class _Delta:
     contesting one address) still yields one correct operation.
     """
 
-    def __init__(self, cfg: FamilyConfig, table: TableRef) -> None:
+    def __init__(self, cfg: FamilyConfig, table: TableRef, state: _Programmed) -> None:
         self.cfg = cfg
         self.t = table
+        self.state = state
         self.before: dict[ElementKey, object] = {}
         self.after: dict[ElementKey, object] = {}
         self.chains: dict[str, ChainDef] = {}  # to (re)define, in dependency order
@@ -443,6 +452,8 @@ class _Delta:
         self.sets: dict[str, AffinitySet] = {}
         self.delete_sets: set[str] = set()
         self.conflicts: list[str] = []
+        # Shared chains whose use count changed (definition known when one gained a user).
+        self.shared_chains: dict[str, LBChain | None] = {}
 
     def _touch(self, key: ElementKey, before: object, after: object) -> None:
         self.before.setdefault(key, before)
@@ -473,13 +484,13 @@ class _Delta:
         cands = state.candidates.get(claim, set())
         current = state.claimed.get(claim, {})
         desired: dict[ElementKey, str | None] = {}
+        old_chain = state.claim_chain.pop(claim, None)
+        new_chain: LBChain | None = None
         if cands:
             owner = min(cands)
             dest = view.destination(owner, claim)
             desired = {(m, k): v for m, k, v in dest.elements}
-            if dest.chain is not None and dest.chain.name not in state.chains:
-                self.chains[dest.chain.name] = dest.chain.definition(self.cfg)
-                state.chains.add(dest.chain.name)
+            new_chain = dest.chain
             self.conflicts.extend(
                 _describe(Conflict(claim, owner, loser), self.cfg.family)
                 for loser in sorted(cands - {owner})
@@ -490,6 +501,13 @@ class _Delta:
             state.candidates.pop(claim, None)
             state.owner.pop(claim, None)
             state.claimed.pop(claim, None)
+        if old_chain is not None:
+            state.chain_refs[old_chain] -= 1
+            self.shared_chains.setdefault(old_chain, None)
+        if new_chain is not None:
+            state.claim_chain[claim] = new_chain.name
+            state.chain_refs[new_chain.name] += 1
+            self.shared_chains[new_chain.name] = new_chain
         for key in current.keys() | desired.keys():
             self._touch(key, current.get(key, _MISSING), desired.get(key, _MISSING))
 
@@ -546,22 +564,32 @@ class _Delta:
         chains are unreferenced until the main transaction, so applying them early is
         harmless, and ``replace_chain`` makes a retry idempotent.
         """
-        shared = [c for name, c in self.chains.items() if not name.startswith("aff")]
-        if not shared:
+        state = self.state
+        new: list[LBChain] = []
+        for name, chain in self.shared_chains.items():
+            if state.chain_refs[name] > 0 and name not in state.chains:
+                assert chain is not None  # a chain gaining a user comes with its definition
+                new.append(chain)
+                state.chains.add(name)
+            elif state.chain_refs[name] <= 0:
+                del state.chain_refs[name]
+                if name in state.chains:
+                    # Deleted in the main transaction, after the elements that used it.
+                    self.delete_chains.add(name)
+                    state.chains.discard(name)
+        if not new:
             return
         for s in static_sets(self.cfg):
             if s.name in (IP_BACKENDS, NODEPORT_BACKENDS):
                 tx.add_set(self.t, s)
-        for chain in shared:
-            tx.replace_chain(self.t, chain.name, chain.rules)
+        for chain in new:
+            tx.replace_chain(self.t, chain.name, chain.rules(self.cfg))
 
     def emit(self, tx: Transaction) -> None:
         t = self.t
         for aff in sorted(self.sets.values()):
             tx.add_set(t, affinity_set(self.cfg.vocab, aff))
         for chain in self.chains.values():
-            if not chain.name.startswith("aff"):
-                continue  # shared chains: see emit_shared_chains
             tx.replace_chain(t, chain.name, chain.rules)
         deletes: dict[str, list[str]] = {}
         adds: dict[str, list[str]] = {}
