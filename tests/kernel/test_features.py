@@ -56,7 +56,13 @@ def outside(
 
 
 def from_pod(
-    lab: Lab, addr: str, port: int = 80, count: int = 20, timeout: float = 1.0, pod: str = "client"
+    lab: Lab,
+    addr: str,
+    port: int = 80,
+    count: int = 20,
+    timeout: float = 1.0,
+    *,
+    pod: str = "client",
 ) -> dict[str, int]:
     return lab.in_pod(pod).call(tally, tcp_ask, addr, port, timeout, count=count)
 

@@ -165,6 +165,8 @@ class PartialVersusFull(RuleBasedStateMachine):
         # A full sync over a live table (flush + re-add) must land on the same state too.
         snap = Snapshot(dict(self.services), dict(self.endpoints), NODE)
         assert self.backend.sync(snap, None).full
+        # The flush-and-re-add path, not the fallback that replaces the table.
+        assert "delete table" not in self.backend.last_transaction
         fresh = NftablesBackend(CONFIG, NftCommand(netns=self.full_ns))
         fresh.cleanup()
         fresh.sync(snap, None)
@@ -246,6 +248,7 @@ def test_full_sync_restores_what_someone_deleted(scratch: str) -> None:
     ns_exec(scratch, "nft", "add", "chain", "ip", "kube-proxy", "intruder")
     assert normalized(scratch) != before
     backend.sync(snapshot(10), None)
+    assert "delete table" not in backend.last_transaction
     assert normalized(scratch) == before
 
 
@@ -264,5 +267,6 @@ def test_full_sync_keeps_session_affinity_memory(lab: Lab, scratch: str) -> None
     first = lab.in_pod("client").call(tcp_ask, "10.96.5.1", 80).pod
     for _ in range(3):
         node_backend.sync(snap, None)
+        assert "delete table" not in node_backend.last_transaction
         seen = {lab.in_pod("client").call(tcp_ask, "10.96.5.1", 80).pod for _ in range(10)}
         assert seen == {first}

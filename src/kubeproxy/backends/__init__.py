@@ -48,9 +48,9 @@ class Backend(Protocol):
 
 def _nftables(config: ProxyConfig) -> Backend:
     from kubeproxy.backends.nftables.proxier import NftablesBackend
-    from kubeproxy.dataplane.nft import NftCommand
+    from kubeproxy.dataplane.nft import open_runner
 
-    return NftablesBackend(config, NftCommand())
+    return NftablesBackend(config, open_runner())
 
 
 BACKENDS: dict[str, Callable[[ProxyConfig], Backend]] = {

@@ -192,10 +192,43 @@ class LibNftables:
             self._ctx = None
 
 
+class HybridRunner:
+    """Small transactions in-process, big ones in an ``nft`` process.
+
+    libnftables parses a script in the calling process, and the C heap it uses for a
+    full sync of a large cluster (hundreds of MB for 10,000 Services) is not given back
+    to the system. A full sync spends ~1 s in the kernel anyway, so the ~10 ms of a
+    process spawn does not matter there, and the memory goes away with the process;
+    partial syncs are small and stay in-process, where they are fastest.
+    """
+
+    def __init__(
+        self, library: LibNftables, command: NftCommand, threshold: int = 256 * 1024
+    ) -> None:
+        self.library = library
+        self.command = command
+        self.threshold = threshold
+
+    def _pick(self, script: str) -> NftRunner:
+        return self.command if len(script) > self.threshold else self.library
+
+    def apply(self, script: str) -> None:
+        self._pick(script).apply(script)
+
+    def check(self, script: str) -> None:
+        self._pick(script).check(script)
+
+    def list_tables(self) -> list[tuple[str, str]]:
+        return self.library.list_tables()
+
+    def list_objects(self, family: str, table: str) -> dict[str, set[str]]:
+        return self.library.list_objects(family, table)
+
+
 def open_runner() -> NftRunner:
-    """libnftables when it loads, else the nft binary."""
+    """libnftables (with the nft binary for big scripts) when it loads, else the binary."""
     try:
-        return LibNftables()
+        return HybridRunner(LibNftables(), NftCommand())
     except (OSError, AttributeError):
         return NftCommand()
 

@@ -261,7 +261,15 @@ class NftablesBackend:
                 tx.flush_table(t)
                 ours = {s.name for s in table.sets}
                 for s in static_sets(cfg):
-                    if s.name in existing[s.keyword]:
+                    if s.name not in existing[s.keyword]:
+                        continue
+                    if s.name in (IP_BACKENDS, NODEPORT_BACKENDS):
+                        # Recreated rather than flushed: nft 1.0.6 cannot rebuild their
+                        # "typeof ... th dport" type from the kernel, and would refuse the
+                        # rules that use them (see _Delta.emit_shared_chains). They hold
+                        # no state of their own, so nothing is lost.
+                        tx.delete_set(t, s.keyword, s.name)
+                    else:
                         tx.flush_set(t, s.keyword, s.name)
                 for keyword in ("map", "set"):
                     for name in sorted(existing[keyword] - ours):
