@@ -31,7 +31,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
 
 from kubeproxy.lab.echo import EchoServer
 from kubeproxy.lab.netns import (
@@ -202,15 +201,16 @@ class Lab:
 
     def start(self, manifests: Path, *extra: str, log: Path | None = None) -> subprocess.Popen[str]:
         """Start ``kubeproxy run`` in the node namespace (stopped in :meth:`close`)."""
-        out: Any = open(log, "w") if log is not None else subprocess.DEVNULL  # noqa: SIM115
-        proc = subprocess.Popen(
-            self.kubeproxy_args(manifests, *extra),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=_env(),
-            start_new_session=True,
-        )
+        with open(log if log is not None else os.devnull, "w") as out:
+            # The child gets its own copy of the descriptor; ours can close right away.
+            proc = subprocess.Popen(
+                self.kubeproxy_args(manifests, *extra),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                text=True,
+                env=_env(),
+                start_new_session=True,
+            )
         self._procs.append(proc)
         return proc
 
