@@ -49,7 +49,7 @@ class NodeState:
 
 @dataclass(frozen=True)
 class Snapshot:
-    """An immutable view handed to a backend for one sync."""
+    """A read-only view handed to a backend for one sync (valid until the next collect)."""
 
     services: Mapping[ServicePortName, ServicePort]
     endpoints: Mapping[ServicePortName, tuple[Endpoint, ...]]
@@ -138,9 +138,12 @@ class ProxyState:
         svc_update = self.services.apply(self.service_changes)
         ep_update = self.endpoints.apply(self.endpoint_changes)
         node_changed, self._node_dirty = self._node_dirty, False
+        # Read-only views of the live maps, not copies (a copy would cost O(cluster) on
+        # every sync): the maps only change here, and syncs run one at a time, so a
+        # snapshot stays valid until the next collect().
         snapshot = Snapshot(
-            services=MappingProxyType(dict(self.services)),
-            endpoints=MappingProxyType(dict(self.endpoints)),
+            services=MappingProxyType(self.services),
+            endpoints=MappingProxyType(self.endpoints),
             node=self.node_state(),
             service_cidrs=tuple(
                 sorted({c for sc in self._service_cidrs.values() for c in sc.cidrs})

@@ -101,7 +101,10 @@ def categorize_endpoints(
     has_any = False
     if svc.uses_cluster_endpoints:
         mode = topology_mode_from_hints(eps, node, flags)
-        cluster = tuple(ep for ep in eps if ep.ready and _available(ep, mode, node))
+        if mode is TopologyMode.NONE:  # the common case, on the hot path of a full sync
+            cluster = tuple(ep for ep in eps if ep.ready)
+        else:
+            cluster = tuple(ep for ep in eps if ep.ready and _available(ep, mode, node))
         if not cluster:
             # Topology was already ruled out if it would leave no ready endpoint, so the
             # problem here is that nothing is ready anywhere: drain to terminating ones.

@@ -122,23 +122,28 @@ def endpoints_for_slices(
         for sp in eps.ports:
             name = ServicePortName(service, sp.name, sp.protocol)
             bucket = merged.setdefault(name, {})
+            port = sp.port
             for se in eps.endpoints:
+                cond = se.conditions
+                # Positional: this runs once per endpoint of the cluster on a full resync.
                 ep = Endpoint(
-                    ip=se.addresses[0],
-                    port=sp.port,
-                    node_name=se.node_name,
-                    zone=se.zone,
-                    ready=se.conditions.ready,
-                    serving=se.conditions.serving,
-                    terminating=se.conditions.terminating,
-                    zone_hints=se.zone_hints,
-                    node_hints=se.node_hints,
+                    se.addresses[0],
+                    port,
+                    se.node_name,
+                    se.zone,
+                    cond.ready,
+                    cond.serving,
+                    cond.terminating,
+                    se.zone_hints,
+                    se.node_hints,
                 )
-                key = (ep.ip, ep.port)
+                key = (ep.ip, port)
                 old = bucket.get(key)
                 if old is None or (ep.ready and not old.ready):
                     bucket[key] = ep
-    return {name: tuple(sorted(bucket.values())) for name, bucket in merged.items()}
+    # Sorted by address and port (cheap tuple keys): a stable order keeps each endpoint
+    # at the same index across syncs, so a change moves as few map elements as possible.
+    return {name: tuple(bucket[k] for k in sorted(bucket)) for name, bucket in merged.items()}
 
 
 class EndpointsChangeTracker:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import NamedTuple
 
 
 class Protocol(StrEnum):
@@ -215,9 +216,12 @@ class EndpointSlice:
         return NamespacedName(self.namespace, self.service_name)
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class Endpoint:
-    """One backend of one ServicePort, after the slice's port has been resolved."""
+class Endpoint(NamedTuple):
+    """One backend of one ServicePort, after the slice's port has been resolved.
+
+    A NamedTuple rather than a frozen dataclass: a full resync builds one per endpoint of
+    the cluster, and a frozen dataclass's ``__init__`` costs several times as much.
+    """
 
     ip: str
     port: int

@@ -78,7 +78,9 @@ class _Programmed:
     # Who may own each destination, and who does (the smallest name, as `collect`).
     candidates: dict[Claim, set[ServicePortName]] = field(default_factory=dict)
     owner: dict[Claim, ServicePortName] = field(default_factory=dict)
-    # The elements currently programmed for each owned destination.
+    # The elements programmed for a destination are those of its owner's cached rules;
+    # during a partial sync, destinations already re-decided are overridden here (and
+    # the overrides are dropped once the new rules are committed).
     claimed: dict[Claim, dict[ElementKey, str | None]] = field(default_factory=dict)
     shared: Counter[ElementKey] = field(default_factory=Counter)
     shared_values: dict[ElementKey, str | None] = field(default_factory=dict)
@@ -87,6 +89,8 @@ class _Programmed:
     # destinations use each (a chain no destination uses any more is deleted).
     claim_chain: dict[Claim, str] = field(default_factory=dict)
     chain_refs: Counter[str] = field(default_factory=Counter)
+    # Number of elements programmed (kept up to date: counting would cost O(cluster)).
+    elements: int = 0
 
     @classmethod
     def from_rules(
@@ -99,17 +103,15 @@ class _Programmed:
                 state.candidates.setdefault(dest.claim, set()).add(name)
                 if dest.claim not in state.owner:
                     state.owner[dest.claim] = name
-                    state.claimed[dest.claim] = {(m, k): v for m, k, v in dest.elements}
+                    state.elements += len(dest.elements)
                     if dest.chain is not None:
                         state.claim_chain[dest.claim] = dest.chain.name
                         state.chain_refs[dest.chain.name] += 1
             for m, k, v in port.shared:
                 state.shared[(m, k)] += 1
                 state.shared_values[(m, k)] = v
+        state.elements += len(state.shared)
         return state
-
-    def element_count(self) -> int:
-        return sum(len(e) for e in self.claimed.values()) + len(self.shared)
 
 
 @dataclass
@@ -397,6 +399,8 @@ class NftablesBackend:
             for name, new in updates[cfg.family].items():
                 fam.set_rules(name, new)
             fam.programmed = plan.programmed[cfg.family]
+            # The committed rules now say what each destination holds.
+            fam.programmed.claimed.clear()
 
     def render(self, snapshot: Snapshot) -> str:
         """The exact script a full sync of ``snapshot`` applies to an empty kernel.
@@ -433,7 +437,7 @@ class NftablesBackend:
         )
         for fam in self._families_state.values():
             if fam.programmed is not None:
-                result.elements += fam.programmed.element_count()
+                result.elements += fam.programmed.elements
                 result.chains += len(fam.programmed.chains)
             result.no_local_internal += fam.no_local_internal
             result.no_local_external += fam.no_local_external
@@ -490,7 +494,12 @@ class _Delta:
 
     def _reclaim(self, state: _Programmed, view: _RulesView, claim: Claim) -> None:
         cands = state.candidates.get(claim, set())
-        current = state.claimed.get(claim, {})
+        current = state.claimed.get(claim)
+        if current is None:
+            owner_now = state.owner.get(claim)
+            current = {}
+            if owner_now is not None:
+                current = {(m, k): v for m, k, v in view.old_destination(owner_now, claim).elements}
         desired: dict[ElementKey, str | None] = {}
         old_chain = state.claim_chain.pop(claim, None)
         new_chain: LBChain | None = None
@@ -508,7 +517,7 @@ class _Delta:
         else:
             state.candidates.pop(claim, None)
             state.owner.pop(claim, None)
-            state.claimed.pop(claim, None)
+            state.claimed[claim] = {}
         if old_chain is not None:
             state.chain_refs[old_chain] -= 1
             self.shared_chains.setdefault(old_chain, None)
@@ -516,6 +525,7 @@ class _Delta:
             state.claim_chain[claim] = new_chain.name
             state.chain_refs[new_chain.name] += 1
             self.shared_chains[new_chain.name] = new_chain
+        state.elements += len(desired) - len(current)
         for key in current.keys() | desired.keys():
             self._touch(key, current.get(key, _MISSING), desired.get(key, _MISSING))
 
@@ -533,6 +543,7 @@ class _Delta:
                 continue
             count = state.shared[key]
             before = state.shared_values.get(key) if count > 0 else _MISSING
+            state.elements += (count + d > 0) - (count > 0)
             if count + d > 0:
                 state.shared[key] = count + d
                 state.shared_values[key] = values.get(key, state.shared_values.get(key))
@@ -637,12 +648,21 @@ class _RulesView:
         self.new = new
 
     def destination(self, owner: ServicePortName, claim: Claim) -> Destination:
+        """The destination as ``owner`` wants it now."""
         rules = self.new if owner == self.name else self.rules[owner]
         assert rules is not None
-        for dest in rules.destinations:
-            if dest.claim == claim:
-                return dest
-        raise KeyError(claim)
+        return _find(rules, claim)
+
+    def old_destination(self, owner: ServicePortName, claim: Claim) -> Destination:
+        """The destination as the committed rules (what the kernel holds) have it."""
+        return _find(self.rules[owner], claim)
+
+
+def _find(rules: PortRules, claim: Claim) -> Destination:
+    for dest in rules.destinations:
+        if dest.claim == claim:
+            return dest
+    raise KeyError(claim)
 
 
 def _by_set(keys: Iterable[ElementKey]) -> dict[str, list[str]]:

@@ -265,7 +265,8 @@ def render_service_port(
     cluster_ip = svc.cluster_ip(cfg.family)
     if cluster_ip is None:
         return PortRules()
-    family_eps = [ep for ep in endpoints if ep.family is cfg.family]
+    want_v6 = cfg.family is IPFamily.IPv6
+    family_eps = [ep for ep in endpoints if (":" in ep.ip) is want_v6]
     sel = categorize_endpoints(family_eps, svc, cfg.node, cfg.flags)
     affinity = _Affinity(svc, sel, cfg) if svc.affinity_timeout is not None else None
     proto = svc.protocol.nft
@@ -333,12 +334,12 @@ def render_service_port(
             elements.extend(_firewall(ext_key, ip, svc, cfg))
         dests.append(Destination((kind, ext_key), tuple(elements), chain_or_none))
 
+    # Hairpin: only endpoints on this node (or without a nodeName) can be the client.
+    here = cfg.node.name
+    hairpin = {ep.ip for ep in sel.cluster if ep.node_name is None or ep.node_name == here}
+    hairpin.update(ep.ip for ep in sel.local)
     shared: list[Element] = [(CLUSTER_IPS, cluster_ip, None)]
-    shared.extend(
-        (HAIRPIN, f"{ep.ip} . {ep.ip}", None)
-        for ep in sel.all_reachable
-        if ep.node_name is None or ep.node_name == cfg.node.name
-    )
+    shared.extend((HAIRPIN, f"{h} . {h}", None) for h in sorted(hairpin))
     return PortRules(
         destinations=tuple(dests),
         shared=tuple(shared),
