@@ -32,6 +32,7 @@ from kubeproxy.config import (
 from kubeproxy.dataplane.conntrack import ConntrackCommand
 from kubeproxy.dataplane.sysctl import apply_conntrack_sysctls
 from kubeproxy.model.nodeports import NodePortAddresses
+from kubeproxy.options import OptionsError, split_config
 from kubeproxy.sources import Source, initial_state
 from kubeproxy.sources.manifests import ManifestSource
 
@@ -100,12 +101,21 @@ def build_parser() -> argparse.ArgumentParser:
 def load_configuration(args: argparse.Namespace) -> configfile.KubeProxyConfiguration:
     """File (if any) + flags + upstream defaults, validated; ConfigError lists every problem."""
     try:
-        cfg = configfile.load_config(args.config) if args.config else configfile.default_config()
+        if args.config:
+            text, options = split_config(_read(args.config), str(args.config))
+            cfg = configfile.loads(text, source=str(args.config))
+            # kubeproxy's own settings from the file; flags win.
+            if args.manifests is None:
+                args.manifests = options.manifests
+            if not args.service_cluster_ip_range:
+                args.service_cluster_ip_range = list(options.service_cluster_ip_ranges)
+        else:
+            cfg = configfile.default_config()
         cfg = configfile.apply_flags(
             cfg, configfile.given_flags(args), config_file=args.config is not None, warn=log.warning
         )
         cfg = configfile.complete(cfg)
-    except (configfile.ConfigFileError, configfile.FlagError) as err:
+    except (configfile.ConfigFileError, configfile.FlagError, OptionsError) as err:
         raise ConfigError(str(err)) from None
     errors = configfile.validate(cfg)
     mode = cfg.mode or "nftables"
@@ -119,6 +129,13 @@ def load_configuration(args: argparse.Namespace) -> configfile.KubeProxyConfigur
     for warning in configfile.feature_gate_warnings(cfg):
         log.warning("%s", warning)
     return cfg
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"--config: {path}: {err.strerror or err}") from None
 
 
 def proxy_config(cfg: configfile.KubeProxyConfiguration, args: argparse.Namespace) -> ProxyConfig:

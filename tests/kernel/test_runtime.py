@@ -8,6 +8,9 @@ loopback (or, for the load-balancer health check, from the outside client).
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -17,6 +20,7 @@ from pathlib import Path
 
 from kubeproxy.lab.cluster import NODE, NODE_IP, NODE_IP6, Lab
 from kubeproxy.lab.echo import tcp_ask
+from kubeproxy.lab.netns import ns_exec
 from kubeproxy.lab.objects import Ep, ManifestDir, endpoint_slice, node, service
 from tests.kernel.conftest import PODS, ip
 
@@ -248,3 +252,33 @@ def test_write_config_to_and_config_file(lab: Lab, manifests: ManifestDir, tmp_p
     example = Path(__file__).resolve().parents[2] / "examples" / "kubeproxy-config.yaml"
     result = lab.sync_once(manifests.path, "--config", str(example))
     assert result.returncode == 0, result.stderr
+
+
+def test_the_example_config_runs_on_its_own(lab: Lab) -> None:
+    # `kubeproxy run --config examples/kubeproxy-config.yaml` needs nothing else: its
+    # KubeproxyOptions document points at the example manifests.
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run(
+        [
+            "ip",
+            "netns",
+            "exec",
+            lab.node_ns,
+            sys.executable,
+            "-m",
+            "kubeproxy",
+            "run",
+            "--config",
+            str(root / "examples" / "kubeproxy-config.yaml"),
+            "--once",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=root,
+        env=dict(os.environ, PYTHONPATH=str(root / "src")),
+    )
+    assert result.returncode == 0, result.stderr
+    listing = ns_exec(lab.node_ns, "nft", "list", "table", "ip", "kube-proxy")
+    assert "10.96.0.10 . tcp . 80" in listing  # demo/web from examples/web.yaml
+    assert "10.96.0.0/16" in listing  # serviceClusterIPRanges

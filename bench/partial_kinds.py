@@ -1,0 +1,74 @@
+"""Which partial syncs grow with cluster size, and why.
+
+    ip netns add kp-bench && ip netns exec kp-bench python -m bench.partial_kinds 100 10000
+    ip netns delete kp-bench
+
+For each size, the median partial sync (collect + render + apply) of two kinds of
+endpoint change: one that keeps the endpoint count (only ``ip-backends`` elements change)
+and one that changes it (the Service's ``service-ips`` verdict element moves to another
+shared chain). The kernel re-validates the table's jump graph — every verdict-map element
+— for a batch that adds a verdict, so only the second kind costs O(Services).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+from bench.cluster import cluster, service_objects
+from bench.sync_worker import feed
+from kubeproxy.backends.nftables.proxier import NftablesBackend
+from kubeproxy.config import ProxyConfig
+from kubeproxy.dataplane.nft import open_runner
+from kubeproxy.model.parse import parse_endpoint_slice
+from kubeproxy.model.state import ProxyState
+from kubeproxy.model.types import EndpointSlice, IPFamily
+
+
+def measure(services: int, repeats: int = 200) -> dict[str, float]:
+    state = ProxyState("node-a")
+    feed(state, cluster(services, 10))
+    backend = NftablesBackend(
+        ProxyConfig(hostname="node-a", cluster_cidrs=("10.128.0.0/9",), families=(IPFamily.IPv4,)),
+        open_runner(),
+    )
+    snapshot, _ = state.collect()
+    backend.sync(snapshot, None)
+
+    def change(objects: list[dict[str, object]]) -> None:
+        slc = parse_endpoint_slice(objects[1])
+        assert isinstance(slc, EndpointSlice)
+        state.on_endpoint_slice(slc)
+        snap, changes = state.collect()
+        assert not backend.sync(snap, changes.service_ports).full
+
+    def same_count(r: int) -> None:  # ten endpoints, a different set every other time
+        i = r % services
+        change(service_objects(i, 10, first_endpoint=5_000_000 + 10 * r if r % 2 else 10 * i))
+
+    def count_change(r: int) -> None:  # ten, then eleven endpoints
+        change(service_objects(r % services, 10 + (r % 2 == 0)))
+
+    def median(fn: Callable[[int], None]) -> float:
+        times = []
+        for r in range(repeats):
+            started = time.perf_counter()
+            fn(r)
+            times.append(time.perf_counter() - started)
+        return statistics.median(times)
+
+    return {
+        "same_count_ms": median(same_count) * 1000,
+        "count_change_ms": median(count_change) * 1000,
+    }
+
+
+if __name__ == "__main__":
+    for size in (int(s) for s in sys.argv[1:] or ["100", "10000"]):
+        result = measure(size)
+        print(
+            f"{size:>6} Services: same endpoint count {result['same_count_ms']:.2f} ms, "
+            f"count change {result['count_change_ms']:.2f} ms"
+        )
