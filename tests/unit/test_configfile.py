@@ -38,6 +38,7 @@ from kubeproxy.configfile import (
     to_yaml,
     validate,
 )
+from kubeproxy.options import split_config
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "kubeproxy-config.yaml"
 HEADER = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
@@ -300,7 +301,10 @@ def test_duplicate_fields_and_bad_documents_are_errors(tmp_path: Path) -> None:
 
 
 def test_the_example_file_loads_and_validates() -> None:
-    cfg = complete(load_config(EXAMPLE))
+    # Its second document holds kubeproxy's own options (kubeproxy.options).
+    upstream_doc, options = split_config(EXAMPLE.read_text(), str(EXAMPLE))
+    assert options.manifests == EXAMPLE.parent
+    cfg = complete(loads(upstream_doc, source=str(EXAMPLE)))
     assert validate(cfg) == []
     assert feature_gate_warnings(cfg) == []
     assert cfg.mode == "nftables"
