@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,19 @@ def manifests(tmp_path: Path) -> ManifestDir:
     mdir.path.mkdir()
     mdir.write("node.yaml", node(NODE, [NODE_IP, NODE_IP6], zone="zone-a"))
     return mdir
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
+    """Poll until ``predicate`` holds (a connection error counts as "not yet")."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if predicate():
+                return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("condition not reached in time")
 
 
 def ip(pod: str, family: int = 4) -> str:

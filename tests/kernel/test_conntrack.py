@@ -13,8 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,7 +39,7 @@ from kubeproxy.model.state import ProxyState
 from kubeproxy.model.types import IPFamily, Protocol
 from kubeproxy.sources.events import dispatch
 from kubeproxy.sources.manifests import ManifestSource
-from tests.kernel.conftest import PODS, ip
+from tests.kernel.conftest import PODS, ip, wait_for
 
 pytestmark = pytest.mark.skipif(
     shutil.which("conntrack") is None, reason="needs the conntrack tool (conntrack-tools)"
@@ -220,15 +219,6 @@ def test_the_running_proxy_clears_stale_entries_itself(
     finally:
         proc.terminate()
         proc.wait(10)
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError("condition not reached in time")
 
 
 # ------------------------------------------------------------- the tool vs the fake

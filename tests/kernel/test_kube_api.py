@@ -25,7 +25,7 @@ from kubeproxy.lab.echo import tcp_ask
 from kubeproxy.lab.netns import enter_netns
 from kubeproxy.lab.objects import Ep, endpoint_slice, node, service
 from tests.apiserver import ApiServer
-from tests.kernel.conftest import PODS, ip
+from tests.kernel.conftest import PODS, ip, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
@@ -112,15 +112,6 @@ def answer(lab: Lab, addr: str) -> str:
             return "no answer"
 
     return lab.in_pod("client").call(ask)
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.1)
-    raise AssertionError("condition not reached in time")
 
 
 def eps(*pods: str) -> list[Ep]:

@@ -15,14 +15,13 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 from kubeproxy.lab.cluster import NODE, NODE_IP, NODE_IP6, Lab
 from kubeproxy.lab.echo import tcp_ask
 from kubeproxy.lab.netns import ns_exec
 from kubeproxy.lab.objects import Ep, ManifestDir, endpoint_slice, node, service
-from tests.kernel.conftest import PODS, ip
+from tests.kernel.conftest import PODS, ip, wait_for
 
 
 def get(url: str, timeout: float = 2.0) -> tuple[int, dict[str, str], str]:
@@ -31,18 +30,6 @@ def get(url: str, timeout: float = 2.0) -> tuple[int, dict[str, str], str]:
             return resp.status, dict(resp.headers), resp.read().decode()
     except urllib.error.HTTPError as err:
         return err.code, dict(err.headers), err.read().decode()
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if predicate():
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError("condition not reached in time")
 
 
 def eps(*pods: str) -> list[Ep]:

@@ -8,7 +8,6 @@ and which source address they saw.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -25,7 +24,7 @@ from kubeproxy.lab.cluster import (
 from kubeproxy.lab.echo import Reply, tally, tcp_ask, udp_ask
 from kubeproxy.lab.netns import ns_exec
 from kubeproxy.lab.objects import Ep, ManifestDir, endpoint_slice, service
-from tests.kernel.conftest import PODS, ip
+from tests.kernel.conftest import PODS, ip, wait_for
 
 HTTP = {"name": "http", "port": 80}
 TARGET = {"name": "http", "port": 8080}
@@ -334,15 +333,6 @@ def test_invalid_service_is_skipped_and_others_keep_working(
 
 
 # ------------------------------------------------------------- live updates
-
-
-def wait_for(predicate: object, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
-            return
-        time.sleep(0.1)
-    raise AssertionError("condition not reached in time")
 
 
 def test_endpoint_changes_take_effect_on_the_next_sync(lab: Lab, manifests: ManifestDir) -> None:
