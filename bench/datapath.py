@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.cluster import cluster
+from bench.sync_worker import feed
 from kubeproxy.backends.nftables.proxier import NftablesBackend
 from kubeproxy.config import ProxyConfig
 from kubeproxy.dataplane.nft import NftCommand
 from kubeproxy.lab.cluster import NODE, Lab
 from kubeproxy.lab.objects import Ep, endpoint_slice, service
-from kubeproxy.model.parse import parse_endpoint_slice, parse_service
 from kubeproxy.model.state import ProxyState
 from kubeproxy.model.types import IPFamily
 
@@ -83,13 +83,7 @@ def program(lab: Lab, services: int) -> None:
         service("measured", MEASURED_IP, [{"name": "http", "port": 80}], namespace="bench"),
         endpoint_slice("measured", [Ep(POD_IP, node=NODE)], namespace="bench"),
     ]
-    for obj in objects:
-        if obj["kind"] == "Service":
-            state.on_service(None, parse_service(obj))
-        else:
-            slc = parse_endpoint_slice(obj)
-            assert slc is not None
-            state.on_endpoint_slice(slc)
+    feed(state, objects)
     config = ProxyConfig(hostname=NODE, cluster_cidrs=("10.244.0.0/16",), families=(IPFamily.IPv4,))
     snapshot, _ = state.collect()
     NftablesBackend(config, NftCommand(netns=lab.node_ns)).sync(snapshot, None)

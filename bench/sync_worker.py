@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from bench.cluster import cluster, service_objects
@@ -30,19 +30,30 @@ from kubeproxy.config import ProxyConfig
 from kubeproxy.dataplane.nft import open_runner
 from kubeproxy.model.parse import parse_endpoint_slice, parse_service
 from kubeproxy.model.state import ProxyState
-from kubeproxy.model.types import EndpointSlice, IPFamily
+from kubeproxy.model.types import EndpointSlice, IPFamily, Service
 
 REPEATS = 25
 
 
-def feed(state: ProxyState, objects: Iterable[dict[str, Any]]) -> None:
+def parse_all(objects: Iterable[dict[str, Any]]) -> list[Service | EndpointSlice]:
+    out: list[Service | EndpointSlice] = []
     for obj in objects:
-        if obj["kind"] == "Service":
-            state.on_service(None, parse_service(obj))
+        parsed = parse_service(obj) if obj["kind"] == "Service" else parse_endpoint_slice(obj)
+        assert parsed is not None
+        out.append(parsed)
+    return out
+
+
+def apply(state: ProxyState, models: Iterable[Service | EndpointSlice]) -> None:
+    for model in models:
+        if isinstance(model, Service):
+            state.on_service(None, model)
         else:
-            parsed = parse_endpoint_slice(obj)
-            assert parsed is not None
-            state.on_endpoint_slice(parsed)
+            state.on_endpoint_slice(model)
+
+
+def feed(state: ProxyState, objects: Iterable[dict[str, Any]]) -> None:
+    apply(state, parse_all(objects))
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -79,38 +90,29 @@ def main(services: int, endpoints: int) -> dict[str, Any]:
         },
     }
 
-    # Partial sync after one endpoint change: a Service gains, then loses, an endpoint.
-    timings = []
-    for r in range(REPEATS):
-        i = (r * 7919) % services
-        objs = service_objects(i, endpoints + (r % 2 == 0))
-        slc = parse_endpoint_slice(objs[1])
-        assert isinstance(slc, EndpointSlice)
-        t = time.perf_counter()
-        state.on_endpoint_slice(slc)
-        snap, changes = state.collect()
-        res = backend.sync(snap, changes.service_ports)
-        timings.append(time.perf_counter() - t)
-        assert not res.full
-    out["partial_endpoint"] = {
-        "median": statistics.median(timings),
-        "p90": percentile(timings, 0.9),
-    }
+    def partials(objects_for: Callable[[int], list[dict[str, Any]]]) -> dict[str, float]:
+        """Median and p90 of partial syncs (the objects are parsed before the clock)."""
+        timings = []
+        for r in range(REPEATS):
+            models = parse_all(objects_for(r))
+            started = time.perf_counter()
+            apply(state, models)
+            snap, changes = state.collect()
+            res = backend.sync(snap, changes.service_ports)
+            timings.append(time.perf_counter() - started)
+            assert not res.full
+        return {"median": statistics.median(timings), "p90": percentile(timings, 0.9)}
 
-    # Partial sync after adding one Service (with its endpoints).
-    timings = []
-    for r in range(REPEATS):
-        objs = service_objects(services + r, endpoints, first_endpoint=(services + r) * endpoints)
-        t = time.perf_counter()
-        feed(state, objs)
-        snap, changes = state.collect()
-        res = backend.sync(snap, changes.service_ports)
-        timings.append(time.perf_counter() - t)
-        assert not res.full
-    out["partial_add_service"] = {
-        "median": statistics.median(timings),
-        "p90": percentile(timings, 0.9),
-    }
+    # One endpoint change: a Service gains, then loses, an endpoint.
+    out["partial_endpoint"] = partials(
+        lambda r: service_objects((r * 7919) % services, endpoints + (r % 2 == 0))[1:]
+    )
+    # One new Service with its endpoints.
+    out["partial_add_service"] = partials(
+        lambda r: service_objects(
+            services + r, endpoints, first_endpoint=(services + r) * endpoints
+        )
+    )
 
     # The proxy's own peak so far (the nft processes of full syncs are children).
     out["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -9,9 +9,7 @@ server; the test changes objects and watches the effect with real connections.
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,7 +19,7 @@ from typing import Any, TypeVar
 import pytest
 
 from kubeproxy.lab.cluster import CLUSTER_CIDRS, NODE, NODE_IP, NODE_IP6, Lab
-from kubeproxy.lab.echo import tcp_ask
+from kubeproxy.lab.echo import outcome, tcp_ask
 from kubeproxy.lab.netns import enter_netns
 from kubeproxy.lab.objects import Ep, endpoint_slice, node, service
 from tests.apiserver import ApiServer
@@ -74,44 +72,23 @@ def api(lab: Lab) -> Iterator[NetnsApi]:
 
 
 def start_kubeproxy(lab: Lab, api: NetnsApi, log: Path) -> subprocess.Popen[str]:
-    args = [
-        "ip",
-        "netns",
-        "exec",
-        lab.node_ns,
-        sys.executable,
-        "-m",
-        "kubeproxy",
-        "run",
-        "--master",
-        api.api.url,
-        "--hostname-override",
-        NODE,
-        "--cluster-cidr",
-        ",".join(CLUSTER_CIDRS),
-        "--v=2",
-    ]
-    with open(log, "w") as out:
-        return subprocess.Popen(
-            args,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
-            start_new_session=True,
-        )
+    return lab.spawn(
+        lab.kubeproxy_command(
+            "run",
+            "--master",
+            api.api.url,
+            "--hostname-override",
+            NODE,
+            "--cluster-cidr",
+            ",".join(CLUSTER_CIDRS),
+            "--v=2",
+        ),
+        log=log,
+    )
 
 
 def answer(lab: Lab, addr: str) -> str:
-    def ask() -> str:
-        try:
-            return tcp_ask(addr, 80, 0.5).pod
-        except ConnectionRefusedError:
-            return "refused"
-        except OSError:
-            return "no answer"
-
-    return lab.in_pod("client").call(ask)
+    return lab.in_pod("client").call(outcome, tcp_ask, addr, 80, 0.5)
 
 
 def eps(*pods: str) -> list[Ep]:

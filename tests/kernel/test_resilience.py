@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from kubeproxy.lab.cluster import CLUSTER_CIDRS, NODE, Lab
+from kubeproxy.lab.cluster import NODE, Lab
 from kubeproxy.lab.echo import tally, tcp_ask
 from kubeproxy.lab.objects import Ep, ManifestDir, endpoint_slice, service
 from tests.kernel.conftest import ip
@@ -35,31 +32,9 @@ def test_refused_apply_keeps_old_rules_and_retries(
         endpoint_slice("web", [Ep(ip("remote-1"), node="node-b")]),
     )
     log = tmp_path / "kubeproxy.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [
-                "ip",
-                "netns",
-                "exec",
-                lab.node_ns,
-                "setpriv",
-                "--bounding-set=-all",
-                "--inh-caps=-all",
-                sys.executable,
-                "-m",
-                "kubeproxy",
-                "run",
-                "--manifests",
-                str(manifests.path),
-                "--hostname-override",
-                NODE,
-                "--cluster-cidr",
-                ",".join(CLUSTER_CIDRS),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
-        )
+    # Same uid, no capability at all (so no CAP_NET_ADMIN).
+    unprivileged = ("setpriv", "--bounding-set=-all", "--inh-caps=-all")
+    proc = lab.spawn(lab.kubeproxy_args(manifests.path, prefix=unprivileged), log=log)
     try:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and log.read_text().count("Sync failed after") < 2:

@@ -8,9 +8,6 @@ loopback (or, for the load-balancer health check, from the outside client).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -18,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 from kubeproxy.lab.cluster import NODE, NODE_IP, NODE_IP6, Lab
-from kubeproxy.lab.echo import tcp_ask
+from kubeproxy.lab.echo import outcome, tcp_ask
 from kubeproxy.lab.netns import ns_exec
 from kubeproxy.lab.objects import Ep, ManifestDir, endpoint_slice, node, service
 from tests.kernel.conftest import PODS, ip, wait_for
@@ -163,12 +160,7 @@ def test_a_burst_of_changes_coalesces_into_a_few_syncs(
 
 
 def _outcome(addr: str) -> str:
-    try:
-        return tcp_ask(addr, 80, 0.5).pod
-    except ConnectionRefusedError:
-        return "refused"
-    except OSError:
-        return "error"
+    return outcome(tcp_ask, addr, 80, 0.5)
 
 
 def test_restart_adopts_the_rules_without_a_traffic_gap(
@@ -245,26 +237,8 @@ def test_the_example_config_runs_on_its_own(lab: Lab) -> None:
     # `kubeproxy run --config examples/kubeproxy-config.yaml` needs nothing else: its
     # KubeproxyOptions document points at the example manifests.
     root = Path(__file__).resolve().parents[2]
-    result = subprocess.run(
-        [
-            "ip",
-            "netns",
-            "exec",
-            lab.node_ns,
-            sys.executable,
-            "-m",
-            "kubeproxy",
-            "run",
-            "--config",
-            str(root / "examples" / "kubeproxy-config.yaml"),
-            "--once",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=root,
-        env=dict(os.environ, PYTHONPATH=str(root / "src")),
-    )
+    example = root / "examples" / "kubeproxy-config.yaml"
+    result = lab.run(lab.kubeproxy_command("run", "--config", str(example), "--once"))
     assert result.returncode == 0, result.stderr
     listing = ns_exec(lab.node_ns, "nft", "list", "table", "ip", "kube-proxy")
     assert "10.96.0.10 . tcp . 80" in listing  # demo/web from examples/web.yaml

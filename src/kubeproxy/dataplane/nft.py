@@ -106,9 +106,6 @@ class NftCommand:
     def list_tables(self) -> list[tuple[str, str]]:
         return _tables_from_text(self._run(["list", "tables"]))
 
-    def list_table(self, family: str, name: str) -> str:
-        return self._run(["list", "table", family, name])
-
     def list_objects(self, family: str, table: str) -> dict[str, set[str]]:
         try:
             return _objects_from_json(self._run(["-j", "-t", "list", "table", family, table]))

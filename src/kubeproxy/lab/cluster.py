@@ -170,15 +170,25 @@ class Lab:
 
     # -------------------------------------------------------------- kubeproxy
 
-    def kubeproxy_args(self, manifests: Path, *extra: str) -> list[str]:
+    def kubeproxy_command(self, *args: str, prefix: tuple[str, ...] = ()) -> list[str]:
+        """``kubeproxy ARGS`` in the node namespace (``prefix`` runs before Python)."""
         return [
             "ip",
             "netns",
             "exec",
             self.node_ns,
+            *prefix,
             sys.executable,
             "-m",
             "kubeproxy",
+            *args,
+        ]
+
+    def kubeproxy_args(
+        self, manifests: Path, *extra: str, prefix: tuple[str, ...] = ()
+    ) -> list[str]:
+        """``kubeproxy run`` for node-a of the lab, reading ``manifests``."""
+        return self.kubeproxy_command(
             "run",
             "--manifests",
             str(manifests),
@@ -187,24 +197,27 @@ class Lab:
             "--cluster-cidr",
             ",".join(CLUSTER_CIDRS),
             *extra,
-        ]
-
-    def sync_once(self, manifests: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-        """Run ``kubeproxy run --once`` in the node namespace."""
-        return subprocess.run(
-            self.kubeproxy_args(manifests, "--once", *extra),
-            capture_output=True,
-            text=True,
-            check=False,
-            env=_env(),
+            prefix=prefix,
         )
 
+    def sync_once(self, manifests: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+        """Run ``kubeproxy run --once`` for node-a in the node namespace."""
+        return self.run(self.kubeproxy_args(manifests, "--once", *extra))
+
+    def run(self, command: list[str]) -> subprocess.CompletedProcess[str]:
+        """Run ``command`` (e.g. :meth:`kubeproxy_command`) to completion, output captured."""
+        return subprocess.run(command, capture_output=True, text=True, check=False, env=_env())
+
     def start(self, manifests: Path, *extra: str, log: Path | None = None) -> subprocess.Popen[str]:
-        """Start ``kubeproxy run`` in the node namespace (stopped in :meth:`close`)."""
+        """Start ``kubeproxy run`` for node-a in the node namespace (stopped in :meth:`close`)."""
+        return self.spawn(self.kubeproxy_args(manifests, *extra), log=log)
+
+    def spawn(self, command: list[str], *, log: Path | None = None) -> subprocess.Popen[str]:
+        """Start ``command`` (e.g. :meth:`kubeproxy_command`); stopped in :meth:`close`."""
         with open(log if log is not None else os.devnull, "w") as out:
             # The child gets its own copy of the descriptor; ours can close right away.
             proc = subprocess.Popen(
-                self.kubeproxy_args(manifests, *extra),
+                command,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 text=True,

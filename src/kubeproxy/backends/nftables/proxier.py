@@ -665,13 +665,6 @@ def _find(rules: PortRules, claim: Claim) -> Destination:
     raise KeyError(claim)
 
 
-def _by_set(keys: Iterable[ElementKey]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for set_name, key in sorted(keys):
-        out.setdefault(set_name, []).append(key)
-    return out
-
-
 def _describe(c: Conflict, family: IPFamily) -> str:
     return (
         f"Service port {c.loser} also claims {c.claim[0]} destination {c.claim[1]}, "

@@ -482,9 +482,6 @@ class TableContents:
     sets: dict[str, AffinitySet] = field(default_factory=dict)
     conflicts: list[Conflict] = field(default_factory=list)
 
-    def element_count(self) -> int:
-        return sum(len(v) for v in self.elements.values())
-
 
 ELEMENT_SETS = (
     SERVICE_IPS,
