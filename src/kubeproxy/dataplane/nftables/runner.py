@@ -1,12 +1,13 @@
-"""The one place that talks to nftables: run a script as one atomic kernel batch.
+"""The one place that talks to nftables: apply a transaction as one atomic kernel batch.
 
-:class:`NftRunner` is the small interface backends depend on, with two real
-implementations: :class:`LibNftables` runs scripts in-process through ``libnftables``
+:class:`NftRunner` is the small interface backends depend on. It takes a
+:class:`~kubeproxy.dataplane.nftables.transaction.Transaction` (data, not text), so the
+strict in-memory fake (:mod:`kubeproxy.dataplane.nftables.fake`) can stand in for the
+kernel in unprivileged tests. Two real implementations: :class:`LibNftables` runs scripts in-process through ``libnftables``
 (the library behind the ``nft`` command, reached with ctypes), which saves spawning a
 process per transaction (~10 ms, most of a partial sync); :class:`NftCommand` runs the
 ``nft`` binary and is the fallback when the library cannot be loaded. :func:`open_runner`
-picks. There is no fake: nft and the kernel are available wherever kubeproxy can do
-anything useful, and tests run them in throw-away network namespaces.
+picks. Real-kernel tests run them in throw-away network namespaces.
 
 (The nftables project's own Python binding is packaged by Debian for the system Python
 only; the handful of C calls needed here are not worth a vendored copy of it.)
@@ -22,9 +23,14 @@ import subprocess
 import threading
 from typing import Any, Protocol
 
+from kubeproxy.dataplane.nftables.transaction import Transaction
+
+
+DEFAULT_TIMEOUT = 60.0  # seconds an ``nft`` process may take before it is killed
+
 
 class NftError(RuntimeError):
-    """nft refused a script; nothing from it was applied (nft batches are atomic)."""
+    """nft refused a transaction; nothing from it was applied (nft batches are atomic)."""
 
     def __init__(self, message: str, script: str) -> None:
         super().__init__(message)
@@ -32,11 +38,11 @@ class NftError(RuntimeError):
 
 
 class NftRunner(Protocol):
-    def apply(self, script: str) -> None:
-        """Apply a script atomically or raise NftError having changed nothing."""
+    def apply(self, tx: Transaction) -> None:
+        """Apply a transaction atomically or raise NftError having changed nothing."""
 
-    def check(self, script: str) -> None:
-        """Validate a script without applying it (``nft -c``); raise NftError if invalid."""
+    def check(self, tx: Transaction) -> None:
+        """Validate a transaction without applying it (``nft -c``); NftError if invalid."""
 
     def list_tables(self) -> list[tuple[str, str]]:
         """(family, name) of every table in this network namespace."""
@@ -73,11 +79,19 @@ def _missing_table(message: str) -> bool:
 
 
 class NftCommand:
-    """Runs the ``nft`` binary (in another network namespace when ``netns`` is given)."""
+    """Runs the ``nft`` binary (in another network namespace when ``netns`` is given).
 
-    def __init__(self, binary: str | None = None, netns: str | None = None) -> None:
+    A process that takes longer than ``timeout`` seconds is killed and the call fails
+    (nothing applied: the kernel commits a batch only when nft finishes it), so a hung
+    ``nft`` cannot stall syncing forever.
+    """
+
+    def __init__(
+        self, binary: str | None = None, netns: str | None = None, timeout: float = DEFAULT_TIMEOUT
+    ) -> None:
         found = binary or shutil.which("nft") or "/usr/sbin/nft"
         self.binary = found
+        self.timeout = timeout
         self._prefix = ["ip", "netns", "exec", netns] if netns else []
 
     def _run(self, args: list[str], script: str | None = None) -> str:
@@ -88,20 +102,42 @@ class NftCommand:
                 capture_output=True,
                 text=True,
                 check=False,
+                timeout=self.timeout,
             )
         except FileNotFoundError:
             raise NftError(
                 f"{self.binary} not found (install the nftables package)", script or ""
             ) from None
+        except subprocess.TimeoutExpired:
+            raise NftError(
+                f"{self.binary} did not finish within {self.timeout:g}s and was killed",
+                script or "",
+            ) from None
         if proc.returncode != 0:
             raise NftError(_summarise(proc.stderr), script or "")
         return proc.stdout
 
-    def apply(self, script: str) -> None:
-        self._run(["-f", "-"], script)
+    def available(self) -> str | None:
+        """None if the binary runs; otherwise why not."""
+        try:
+            self._run(["--version"])
+        except NftError as err:
+            return str(err)
+        return None
 
-    def check(self, script: str) -> None:
-        self._run(["-c", "-f", "-"], script)
+    def apply(self, tx: Transaction) -> None:
+        self.apply_script(str(tx))
+
+    def check(self, tx: Transaction) -> None:
+        self.check_script(str(tx))
+
+    def apply_script(self, script: str) -> None:
+        if script:
+            self._run(["-f", "-"], script)
+
+    def check_script(self, script: str) -> None:
+        if script:
+            self._run(["-c", "-f", "-"], script)
 
     def list_tables(self) -> list[tuple[str, str]]:
         return _tables_from_text(self._run(["list", "tables"]))
@@ -165,11 +201,19 @@ class LibNftables:
             raise NftError(_summarise(err), script)
         return out
 
-    def apply(self, script: str) -> None:
-        self._run(script)
+    def apply(self, tx: Transaction) -> None:
+        self.apply_script(str(tx))
 
-    def check(self, script: str) -> None:
-        self._run(script, dry_run=True)
+    def check(self, tx: Transaction) -> None:
+        self.check_script(str(tx))
+
+    def apply_script(self, script: str) -> None:
+        if script:
+            self._run(script)
+
+    def check_script(self, script: str) -> None:
+        if script:
+            self._run(script, dry_run=True)
 
     def list_tables(self) -> list[tuple[str, str]]:
         return _tables_from_text(self._run("list tables"))
@@ -206,14 +250,19 @@ class HybridRunner:
         self.command = command
         self.threshold = threshold
 
-    def _pick(self, script: str) -> NftRunner:
+    def _pick(self, script: str) -> LibNftables | NftCommand:
         return self.command if len(script) > self.threshold else self.library
 
-    def apply(self, script: str) -> None:
-        self._pick(script).apply(script)
+    def apply(self, tx: Transaction) -> None:
+        script = str(tx)
+        self._pick(script).apply_script(script)
 
-    def check(self, script: str) -> None:
-        self._pick(script).check(script)
+    def check(self, tx: Transaction) -> None:
+        script = str(tx)
+        self._pick(script).check_script(script)
+
+    def available(self) -> str | None:
+        return self.command.available()
 
     def list_tables(self) -> list[tuple[str, str]]:
         return self.library.list_tables()
