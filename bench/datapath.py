@@ -22,7 +22,7 @@ from bench.cluster import cluster
 from bench.sync_worker import feed
 from kubeproxy.backends.nftables.proxier import NftablesBackend
 from kubeproxy.config import ProxyConfig
-from kubeproxy.dataplane.nft import NftCommand
+from kubeproxy.dataplane.nftables.runner import NftCommand
 from kubeproxy.lab.cluster import NODE, Lab
 from kubeproxy.lab.objects import Ep, endpoint_slice, service
 from kubeproxy.model.state import ProxyState

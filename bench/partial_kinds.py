@@ -21,7 +21,7 @@ from bench.cluster import cluster, service_objects
 from bench.sync_worker import feed
 from kubeproxy.backends.nftables.proxier import NftablesBackend
 from kubeproxy.config import ProxyConfig
-from kubeproxy.dataplane.nft import open_runner
+from kubeproxy.dataplane.nftables.runner import open_runner
 from kubeproxy.model.parse import parse_endpoint_slice
 from kubeproxy.model.state import ProxyState
 from kubeproxy.model.types import EndpointSlice, IPFamily

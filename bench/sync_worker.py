@@ -25,9 +25,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from bench.cluster import cluster, service_objects
-from kubeproxy.backends.nftables.proxier import NftablesBackend
+from kubeproxy.backends.nftables.proxier import NftablesBackend, cleanup
 from kubeproxy.config import ProxyConfig
-from kubeproxy.dataplane.nft import open_runner
+from kubeproxy.dataplane.nftables.runner import open_runner
 from kubeproxy.model.parse import parse_endpoint_slice, parse_service
 from kubeproxy.model.state import ProxyState
 from kubeproxy.model.types import EndpointSlice, IPFamily, Service
@@ -119,7 +119,7 @@ def main(services: int, endpoints: int) -> dict[str, Any]:
     out["nft_child_rss_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 
     # The kernel alone: the same full script, nft -f into an empty table.
-    backend.cleanup()
+    cleanup(backend.runner)
     with tempfile.NamedTemporaryFile("w", suffix=".nft") as f:
         f.write(script)
         f.flush()

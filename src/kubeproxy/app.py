@@ -3,7 +3,13 @@
 :class:`Proxy` owns the wiring and the sync decision (full or partial). A sync is:
 
 1. **collect** — fold tracker changes into a snapshot (event-loop thread: the trackers are
-   only touched there), note stale UDP conntrack entries;
+   only touched there), note stale UDP conntrack entries and which ServicePorts need a
+   health-check server (from the model, whatever the kernel later says), and decide:
+   a *full* sync at start, after a failure, when node-level settings change, and at
+   least every ``full_sync_period`` (an hour, as upstream); a *partial* sync of what
+   changed otherwise; and when nothing changed (the periodic run every syncPeriod), only
+   the backend's cheap canary check, which forces a full sync if our rules were
+   removed behind our back (upstream's canary idea);
 2. **program** — the backend renders and applies (worker thread, so health and metrics
    keep answering during a long sync), then stale conntrack entries are cleared;
 3. **report** — health, metrics, per-Service health-check servers, logs.
@@ -37,6 +43,10 @@ from kubeproxy.sources.events import Event, dispatch
 
 log = logging.getLogger("kubeproxy")
 
+# Upstream's FullSyncPeriod (iptables and nftables proxiers): between full syncs, only
+# what changed is written.
+FULL_SYNC_PERIOD = 3600.0
+
 
 @dataclass
 class SyncOutcome:
@@ -65,8 +75,10 @@ class Proxy:
         wall: Callable[[], float] = time.time,
         conntrack: Conntrack | None = None,
         metrics: Metrics | None = None,
+        full_sync_period: float = FULL_SYNC_PERIOD,
     ) -> None:
         self.config = config
+        self.full_sync_period = full_sync_period
         self.backend = backend
         self.clock = clock or SystemClock()
         self.wall = wall
@@ -112,7 +124,7 @@ class Proxy:
         full = (
             self._needs_full
             or changes.node_changed
-            or self.clock.now() - self._last_full >= self.config.sync_period
+            or self.clock.now() - self._last_full >= self.full_sync_period
         )
         for family in self.config.families:
             self._stale.extend(
@@ -120,6 +132,15 @@ class Proxy:
                     snapshot.services, changes.services, changes.endpoints, family
                 )
             )
+        # Kept from the changes (so a sync does not scan every Service), and here rather
+        # than after a successful sync: the changes are consumed now, whatever the kernel
+        # says later.
+        for name in changes.service_ports:
+            svc = snapshot.services.get(name)
+            if svc is not None and svc.health_check_node_port and svc.external_policy_local:
+                self._health_checked.add(name)
+            else:
+                self._health_checked.discard(name)
         return snapshot, changes, full
 
     def _program(self, snapshot: Snapshot, changed: set[ServicePortName] | None) -> SyncResult:
@@ -136,6 +157,13 @@ class Proxy:
         """One sync: collect (here), program (worker thread), report (here)."""
         snapshot, changes, full = self._collect()
         started = time.perf_counter()
+        if not full and not changes.service_ports and not self._stale:
+            problem = await asyncio.to_thread(self.backend.check)
+            if problem is None:
+                self._idle(time.perf_counter() - started)
+                return True
+            log.warning("Rules changed behind kubeproxy's back (%s): full resync", problem)
+            full = True
         try:
             result = await asyncio.to_thread(
                 self._program, snapshot, None if full else changes.service_ports
@@ -150,6 +178,12 @@ class Proxy:
         seconds = time.perf_counter() - started
         await self._report(snapshot, changes, result, seconds)
         return True
+
+    def _idle(self, seconds: float) -> None:
+        """A periodic run found nothing to do and the rules intact: that is progress."""
+        self.last_outcome = SyncOutcome(True, False, seconds)
+        self.health.updated()
+        self.metrics.idle_sync(self.wall())
 
     async def _report(
         self, snapshot: Snapshot, changes: Changes, result: SyncResult, seconds: float
@@ -172,14 +206,6 @@ class Proxy:
         self.metrics.observe_sync(
             result, seconds, full=result.full, trigger_times=triggers, now=self.wall()
         )
-        # ServicePorts that need a health-check server, kept up to date from the changes
-        # so a sync does not scan every Service and endpoint of the cluster.
-        for name in changes.service_ports:
-            svc = snapshot.services.get(name)
-            if svc is not None and svc.health_check_node_port and svc.external_policy_local:
-                self._health_checked.add(name)
-            else:
-                self._health_checked.discard(name)
         if self.servers.services is not None:
             checked = self._health_checked
             failures = await self.servers.services.sync(
@@ -235,6 +261,14 @@ class Proxy:
         self.servers = Servers()
 
     async def run(self, source: Source, stop: asyncio.Event, *, once: bool = False) -> int:
+        # Raises BackendError (a missing tool, say) before anything is touched.
+        self.backend.start()
+        try:
+            return await self._run(source, stop, once=once)
+        finally:
+            self.backend.stop()
+
+    async def _run(self, source: Source, stop: asyncio.Event, *, once: bool) -> int:
         if once:
             self.on_events(await initial_state(source))
             return 0 if await self.sync() else 1

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
+import re
 import sys
 from pathlib import Path
 
 from kubeproxy import configfile, logs
 from kubeproxy.app import Proxy, install_signal_handlers
-from kubeproxy.backends import BACKENDS, create_backend
+from kubeproxy.backends import BACKENDS, BackendError, cleanup_all, create_backend
+from kubeproxy.backends.planning import describe_snapshot
 from kubeproxy.config import (
     ConfigError,
     ProxyConfig,
@@ -32,8 +35,11 @@ from kubeproxy.config import (
 from kubeproxy.dataplane.conntrack import ConntrackCommand
 from kubeproxy.dataplane.sysctl import apply_conntrack_sysctls
 from kubeproxy.model.nodeports import NodePortAddresses
+from kubeproxy.model.plan import DetectLocal, LocalMode
+from kubeproxy.model.state import ProxyState
 from kubeproxy.options import OptionsError, split_config
 from kubeproxy.sources import Source, initial_state
+from kubeproxy.sources.events import dispatch
 from kubeproxy.sources.manifests import ManifestSource
 
 log = logging.getLogger("kubeproxy")
@@ -87,9 +93,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     render = sub.add_parser(
-        "render", help="print the nft script 'run' would apply; touches nothing"
+        "render", help="print what 'run' would apply (the nft script); touches nothing"
     )
     _add_proxy_flags(render)
+    render.add_argument(
+        "--format",
+        choices=("nft", "json"),
+        default="nft",
+        help="nft: the script a full sync applies (default); json: the service plan "
+        "every proxy mode programs (frontends, endpoints, verdicts, masquerading)",
+    )
 
     cleanup = sub.add_parser(
         "cleanup", help="remove everything kubeproxy created, and nothing else"
@@ -148,6 +161,7 @@ def proxy_config(cfg: configfile.KubeProxyConfiguration, args: argparse.Namespac
         hostname=cfg.hostname_override.strip().lower() or default_hostname(),
         mode=ms.mode,
         cluster_cidrs=parse_cidrs(cfg.cluster_cidr, "clusterCIDR"),
+        detect_local=detect_local(cfg),
         service_cidrs=parse_cidrs(
             ",".join(args.service_cluster_ip_range), "--service-cluster-ip-range"
         ),
@@ -162,6 +176,28 @@ def proxy_config(cfg: configfile.KubeProxyConfiguration, args: argparse.Namespac
         healthz_bind_address=cfg.healthz_bind_address,
         metrics_bind_address=cfg.metrics_bind_address,
     )
+
+
+def detect_local(cfg: configfile.KubeProxyConfiguration) -> DetectLocal:
+    """``detectLocalMode`` and ``detectLocal`` (validated by configfile; blank is
+    ClusterCIDR once complete() ran)."""
+    mode = LocalMode(cfg.detect_local_mode or LocalMode.CLUSTER_CIDR.value)
+    settings = DetectLocal(
+        mode=mode,
+        bridge_interface=cfg.detect_local.bridge_interface,
+        interface_name_prefix=cfg.detect_local.interface_name_prefix,
+    )
+    name, field = {
+        LocalMode.BRIDGE_INTERFACE: (settings.bridge_interface, "bridgeInterface"),
+        LocalMode.INTERFACE_NAME_PREFIX: (settings.interface_name_prefix, "interfaceNamePrefix"),
+    }.get(mode, ("", ""))
+    # The name goes into rules (iifname "..."): only what an interface name can hold.
+    if field and not re.fullmatch(r"[A-Za-z0-9_.+@-]{1,15}", name):
+        raise ConfigError(
+            f"detectLocal.{field}: Invalid value: {name!r}: must be an interface name "
+            "(at most 15 letters, digits or _.+@-)"
+        )
+    return settings
 
 
 def make_source(
@@ -186,25 +222,23 @@ def make_source(
 
 
 def _cleanup() -> int:
-    from kubeproxy.backends.nftables.proxier import NftablesBackend
-    from kubeproxy.dataplane.nft import NftError, open_runner
-
-    backend = NftablesBackend(ProxyConfig(hostname=default_hostname()), open_runner())
     try:
-        removed = backend.cleanup()
-    except NftError as err:
-        log.error("Cleanup failed: %s", err)
+        removed = cleanup_all()
+    except BackendError as err:
+        log.error("%s", err)
         return 1
-    log.info("Removed %s", ", ".join(removed) if removed else "nothing (no kubeproxy tables)")
+    log.info("Removed %s", ", ".join(removed) if removed else "nothing (no kubeproxy rules)")
     return 0
 
 
-async def _render(config: ProxyConfig, source: Source) -> int:
-    backend = create_backend(config)
-    proxy = Proxy(config, backend)
-    proxy.on_events(await initial_state(source))
-    snapshot, _ = proxy.state.collect()
-    sys.stdout.write(backend.render(snapshot))
+async def _render(config: ProxyConfig, source: Source, fmt: str) -> int:
+    state = ProxyState(config.hostname, config.bind_ip())
+    dispatch(state, await initial_state(source))
+    snapshot, _ = state.collect()
+    if fmt == "json":
+        sys.stdout.write(json.dumps(describe_snapshot(config, snapshot), indent=2) + "\n")
+    else:
+        sys.stdout.write(create_backend(config).render(snapshot))
     return 0
 
 
@@ -225,7 +259,11 @@ async def _run(
         ",".join(f.value for f in config.families),
         type(source).__name__,
     )
-    return await proxy.run(source, stop, once=once)
+    try:
+        return await proxy.run(source, stop, once=once)
+    except BackendError as err:
+        log.error("%s", err)
+        return 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -247,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         parser.error(str(err))
     if args.command == "render":
-        return asyncio.run(_render(config, source))
+        return asyncio.run(_render(config, source, args.format))
     return asyncio.run(_run(cfg, config, source, args.once))
 
 

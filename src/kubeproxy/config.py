@@ -13,6 +13,7 @@ import socket
 from dataclasses import dataclass, field
 
 from kubeproxy.model.nodeports import NodePortAddresses
+from kubeproxy.model.plan import DetectLocal
 from kubeproxy.model.topology import FeatureFlags
 from kubeproxy.model.types import IPFamily, family_of
 
@@ -26,6 +27,8 @@ class ProxyConfig:
     hostname: str
     mode: str = "nftables"
     cluster_cidrs: tuple[str, ...] = ()
+    # --detect-local-mode and its interface settings (ClusterCIDR uses cluster_cidrs).
+    detect_local: DetectLocal = field(default_factory=DetectLocal)
     # Ranges ClusterIPs are allocated from (besides ServiceCIDR objects from the source).
     service_cidrs: tuple[str, ...] = ()
     nodeport_addresses: NodePortAddresses = field(default_factory=NodePortAddresses)

@@ -162,6 +162,10 @@ class Metrics:
         self.service_changes_pending.set(services)
         self.endpoint_changes_pending.set(endpoints)
 
+    def idle_sync(self, now: float) -> None:
+        """A periodic run found no change and the rules intact (the canary check)."""
+        self.last_sync.set(now)
+
     def observe_sync(
         self,
         result: SyncResult,

@@ -29,7 +29,7 @@ from kubeproxy.dataplane.conntrack import (
     apply,
     stale_conntrack_filters,
 )
-from kubeproxy.dataplane.nft import NftCommand
+from kubeproxy.dataplane.nftables.runner import NftCommand
 from kubeproxy.dataplane.sysctl import HASHSIZE, NETFILTER, apply_conntrack_sysctls
 from kubeproxy.lab.cluster import CLUSTER_CIDRS, NODE, NODE_IP, REMOTE_NODE, Lab
 from kubeproxy.lab.echo import tally, udp_ask

@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
-from kubeproxy.backends.nftables.proxier import NftablesBackend
+from kubeproxy.backends.nftables.proxier import NftablesBackend, cleanup
 from kubeproxy.config import ProxyConfig
-from kubeproxy.dataplane.nft import NftCommand
+from kubeproxy.dataplane.nftables.runner import NftCommand
 from kubeproxy.lab.cluster import Lab
 from kubeproxy.lab.echo import tcp_ask
 from kubeproxy.lab.netns import add_netns, delete_netns, list_netns, ns_exec
@@ -133,7 +133,7 @@ class PartialVersusFull(RuleBasedStateMachine):
         assert result.full is not self.synced
         self.synced = True
         fresh = NftablesBackend(CONFIG, NftCommand(netns=self.full_ns))
-        fresh.cleanup()
+        cleanup(fresh.runner)
         fresh.sync(snap, None)
         assert normalized(self.partial_ns) == normalized(self.full_ns)
 
@@ -168,7 +168,7 @@ class PartialVersusFull(RuleBasedStateMachine):
         # The flush-and-re-add path, not the fallback that replaces the table.
         assert "delete table" not in self.backend.last_transaction
         fresh = NftablesBackend(CONFIG, NftCommand(netns=self.full_ns))
-        fresh.cleanup()
+        cleanup(fresh.runner)
         fresh.sync(snap, None)
         assert normalized(self.partial_ns) == normalized(self.full_ns)
 

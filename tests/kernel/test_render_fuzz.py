@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from kubeproxy.backends.nftables.proxier import NftablesBackend
 from kubeproxy.config import ProxyConfig
-from kubeproxy.dataplane.nft import NftCommand
+from kubeproxy.dataplane.nftables.runner import NftCommand
 from kubeproxy.lab.cluster import Lab
 from kubeproxy.model.nodeports import NodePortAddresses
 from kubeproxy.model.state import NodeState, Snapshot

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from kubeproxy.backends.nftables.render import (
+from kubeproxy.backends.nftables.index import TableIndex, full_table
+from kubeproxy.backends.nftables.render import PortRules, render_service_port
+from kubeproxy.backends.nftables.table import (
     CLUSTER_IPS,
     HAIRPIN,
     IP_BACKENDS,
@@ -17,15 +19,11 @@ from kubeproxy.backends.nftables.render import (
     SERVICE_NODEPORTS,
     VERDICT_DROP,
     VERDICT_REJECT,
-    FamilyConfig,
     LBChain,
-    PortRules,
-    collect,
-    render_service_port,
-    render_table,
 )
-from kubeproxy.backends.nftables.script import ScriptError, Transaction, check_name
+from kubeproxy.dataplane.nftables.transaction import ScriptError, Transaction, check_name
 from kubeproxy.model.nodeports import FamilyNodePorts, NodePortAddresses
+from kubeproxy.model.plan import FamilyPlan, LocalTraffic, plan_service_port
 from kubeproxy.model.topology import NodeTopology
 from kubeproxy.model.types import (
     Endpoint,
@@ -38,18 +36,23 @@ from kubeproxy.model.types import (
 )
 
 NODE = "node-a"
-V4 = FamilyConfig(
+V4 = FamilyPlan(
     family=IPFamily.IPv4,
     node=NodeTopology(NODE, "zone-a"),
     node_ports=FamilyNodePorts(match_all=False, ranges=("192.168.50.1/32",)),
-    cluster_cidrs=("10.244.0.0/16",),
+    local=LocalTraffic(cidrs=("10.244.0.0/16",)),
 )
-V6 = FamilyConfig(
+V6 = FamilyPlan(
     family=IPFamily.IPv6,
     node=NodeTopology(NODE, "zone-a"),
     node_ports=FamilyNodePorts(match_all=False, ranges=("fd00:50::1/128",)),
-    cluster_cidrs=("fd00:10:244::/56",),
+    local=LocalTraffic(cidrs=("fd00:10:244::/56",)),
 )
+
+
+def render(port: ServicePort, endpoints: list[Endpoint], fam: FamilyPlan) -> PortRules:
+    plan = plan_service_port(port, endpoints, fam)
+    return render_service_port(plan, fam) if plan is not None else PortRules()
 
 
 def spn(name: str = "web", port: str = "http", proto: Protocol = Protocol.TCP) -> ServicePortName:
@@ -71,7 +74,7 @@ def elements(rules: PortRules) -> dict[tuple[str, str], str | None]:
 
 
 def test_cluster_ip_goes_to_a_shared_chain_by_endpoint_count() -> None:
-    rules = render_service_port(
+    rules = render(
         svc(), [ep("10.244.1.2"), ep("10.244.2.2", "node-b"), ep("10.244.2.3", "node-b")], V4
     )
     got = elements(rules)
@@ -90,12 +93,12 @@ def test_cluster_ip_goes_to_a_shared_chain_by_endpoint_count() -> None:
 
 
 def test_no_endpoints_rejects_and_local_policy_elsewhere_drops() -> None:
-    none = elements(render_service_port(svc(node_port=30080), [], V4))
+    none = elements(render(svc(node_port=30080), [], V4))
     assert none == {
         (NO_ENDPOINT_SERVICES, "10.96.0.1 . tcp . 80"): VERDICT_REJECT,
         (NO_ENDPOINT_NODEPORTS, "tcp . 30080"): VERDICT_REJECT,
     }
-    remote_only = render_service_port(
+    remote_only = render(
         svc(internal_traffic_policy=TrafficPolicy.LOCAL), [ep("10.244.2.2", "node-b")], V4
     )
     assert elements(remote_only) == {(NO_ENDPOINT_SERVICES, "10.96.0.1 . tcp . 80"): VERDICT_DROP}
@@ -103,7 +106,7 @@ def test_no_endpoints_rejects_and_local_policy_elsewhere_drops() -> None:
 
 
 def test_external_policy_local_keeps_both_sets_under_one_key() -> None:
-    rules = render_service_port(
+    rules = render(
         svc(
             node_port=30080,
             external_traffic_policy=TrafficPolicy.LOCAL,
@@ -124,7 +127,7 @@ def test_external_policy_local_keeps_both_sets_under_one_key() -> None:
 
 def test_external_policy_local_without_local_endpoints_drops_the_rest() -> None:
     got = elements(
-        render_service_port(
+        render(
             svc(node_port=30080, external_traffic_policy=TrafficPolicy.LOCAL),
             [ep("10.244.2.2", "node-b")],
             V4,
@@ -137,7 +140,7 @@ def test_external_policy_local_without_local_endpoints_drops_the_rest() -> None:
 
 def test_external_policy_cluster_uses_external_chains() -> None:
     got = elements(
-        render_service_port(
+        render(
             svc(node_port=30080, load_balancer_ips=("198.51.100.1",)),
             [ep("10.244.1.2"), ep("10.244.2.2", "node-b")],
             V4,
@@ -150,30 +153,28 @@ def test_external_policy_cluster_uses_external_chains() -> None:
 def test_families_are_rendered_separately() -> None:
     port = svc(cluster_ips=("10.96.0.1", "fd00:10:96::1"), node_port=30080)
     endpoints = [ep("10.244.1.2"), ep("fd00:10:244:1::2")]
-    v4 = elements(render_service_port(port, endpoints, V4))
-    v6 = elements(render_service_port(port, endpoints, V6))
+    v4 = elements(render(port, endpoints, V4))
+    v6 = elements(render(port, endpoints, V6))
     assert (IP_BACKENDS, "10.96.0.1 . tcp . 80 . 0") in v4
     assert v6[(IP_BACKENDS, "fd00:10:96::1 . tcp . 80 . 0")] == "fd00:10:244:1::2 . 8080"
     assert v6[(NODEPORT_BACKENDS, "tcp . 30080 . 0")] == "fd00:10:244:1::2 . 8080"
     assert not any("10.244" in (v or "") for v in v6.values())
     # A single-stack Service has nothing in the other family's table.
-    assert render_service_port(svc(), endpoints, V6) == PortRules()
+    assert render(svc(), endpoints, V6) == PortRules()
 
 
 def test_conflicting_destinations_first_owner_wins() -> None:
-    a = render_service_port(svc("a"), [ep("10.244.1.2")], V4)
-    b = render_service_port(svc("b"), [ep("10.244.1.3")], V4)
-    merged = collect({spn("b"): b, spn("a"): a}, V4)
-    assert merged.elements[IP_BACKENDS]["10.96.0.1 . tcp . 80 . 0"] == "10.244.1.2 . 8080"
-    assert [(c.owner, c.loser) for c in merged.conflicts] == [(spn("a"), spn("b"))]
+    a = render(svc("a"), [ep("10.244.1.2")], V4)
+    b = render(svc("b"), [ep("10.244.1.3")], V4)
+    index = TableIndex.build(V4, {spn("b"): b, spn("a"): a})
+    assert index.contents().elements[IP_BACKENDS]["10.96.0.1 . tcp . 80 . 0"] == "10.244.1.2 . 8080"
+    assert [(c.owner, c.loser) for c in index.conflicts()] == [(spn("a"), spn("b"))]
 
 
 def test_hairpin_pairs_are_shared_between_services() -> None:
-    a = render_service_port(svc("a"), [ep("10.244.1.2")], V4)
-    b = render_service_port(
-        svc("b", ("10.96.0.2",)), [ep("10.244.1.2"), ep("10.244.1.3", None)], V4
-    )
-    merged = collect({spn("a"): a, spn("b"): b}, V4)
+    a = render(svc("a"), [ep("10.244.1.2")], V4)
+    b = render(svc("b", ("10.96.0.2",)), [ep("10.244.1.2"), ep("10.244.1.3", None)], V4)
+    merged = TableIndex.build(V4, {spn("a"): a, spn("b"): b}).contents()
     assert set(merged.elements[HAIRPIN]) == {"10.244.1.2 . 10.244.1.2", "10.244.1.3 . 10.244.1.3"}
 
 
@@ -182,7 +183,7 @@ def test_hairpin_pairs_are_shared_between_services() -> None:
     [
         ({}, "ip saddr != 10.244.0.0/16 meta mark set meta mark | 0x00004000"),
         ({"masquerade_all": True}, "meta mark set meta mark | 0x00004000"),
-        ({"cluster_cidrs": ()}, "dnat ip to ip daddr"),
+        ({"local": LocalTraffic()}, "dnat ip to ip daddr"),
         (
             {"masquerade_mark": 1 << 5},
             "ip saddr != 10.244.0.0/16 meta mark set meta mark | 0x00000020",
@@ -217,7 +218,8 @@ def test_nodeport_match_all_has_no_address_set() -> None:
     every = FamilyNodePorts(match_all=True, ranges=())
     import dataclasses
 
-    table = render_table(dataclasses.replace(V4, node_ports=every), collect({}, V4))
+    fam = dataclasses.replace(V4, node_ports=every)
+    table = full_table(fam, TableIndex.build(fam, {}).contents())
     assert NODEPORT_IPS not in {s.name for s in table.sets}
     services = next(c for c in table.chains if c.name == "services")
     assert services.rules[1].startswith("fib daddr type local ip daddr != 127.0.0.0/8 meta")
@@ -238,9 +240,9 @@ def test_nodeport_addresses_flag() -> None:
 
 
 def test_table_text_is_declarative_and_ordered() -> None:
-    rules = {spn(): render_service_port(svc(), [ep("10.244.1.2")], V4)}
+    rules = {spn(): render(svc(), [ep("10.244.1.2")], V4)}
     tx = Transaction()
-    tx.define_table(render_table(V4, collect(rules, V4)))
+    tx.define_table(full_table(V4, TableIndex.build(V4, rules).contents()))
     text = str(tx)
     # Maps are declared before the chains whose rules and elements refer to them.
     assert text.index("map service-ips") < text.index("chain services")

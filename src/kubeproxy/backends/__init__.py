@@ -1,9 +1,23 @@
-"""Proxy backends (one per proxy mode) behind one small interface, and their registry.
+"""Proxy backends (one per proxy mode) behind one small interface, and their registries.
 
-A backend turns a :class:`~kubeproxy.model.state.Snapshot` into kernel state. ``sync``
-receives the ServicePorts that changed since the previous successful sync, or None for a
-full sync; ``render`` returns what a full sync would apply without touching anything;
-``cleanup`` removes everything the backend ever created and nothing else.
+Every backend consumes the same service plan (:mod:`kubeproxy.backends.planning`,
+:mod:`kubeproxy.model.plan`) and only translates it into its data plane. The interface:
+
+* ``start`` / ``stop`` — lifecycle: check what the data plane needs (``nft`` here, IPVS
+  modules, a BPF filesystem...) and acquire or release what the backend holds; ``start``
+  raises :class:`BackendError` with a clear reason when the mode cannot run here.
+* ``sync(snapshot, changed)`` — bring the kernel in line with the snapshot: ``changed``
+  names the ServicePorts that changed since the previous successful sync, or is None for
+  a full sync. Returns a :class:`SyncResult`; raises if nothing could be applied (the
+  previous rules stay in place).
+* ``check()`` — a cheap canary between syncs: None if what the backend programmed still
+  looks intact, otherwise what is missing (the caller then forces a full sync).
+* ``render(snapshot)`` — what a full sync would apply, in the backend's own terms (an nft
+  script, an iptables-restore input...), touching nothing.
+
+:data:`BACKENDS` maps each mode to its factory; :data:`CLEANUPS` maps every mode to a
+function removing what that mode ever created, and :func:`cleanup_all` runs them all, as
+upstream's ``kube-proxy --cleanup`` clears every mode whatever the current one.
 """
 
 from __future__ import annotations
@@ -17,13 +31,19 @@ from kubeproxy.model.state import Snapshot
 from kubeproxy.model.types import ServicePortName
 
 
+class BackendError(RuntimeError):
+    """A proxy mode cannot run on this machine; the message says why."""
+
+
 @dataclass
 class SyncResult:
-    """What one sync did, for logs and metrics."""
+    """What one sync did, for logs and metrics (the same fields in every mode)."""
 
     full: bool
     service_ports: int = 0
     rendered: int = 0
+    # Kernel objects programmed besides the fixed skeleton: map and set elements in
+    # nftables mode; chains beyond the fixed ones.
     elements: int = 0
     chains: int = 0
     operations: int = 0
@@ -34,27 +54,46 @@ class SyncResult:
     apply_seconds: float = 0.0
     # One log line per destination two ServicePorts both claim.
     conflicts: list[str] = field(default_factory=list)
+    # ServicePorts whose rules the kernel refused: left out, everything else applied.
+    isolated: list[str] = field(default_factory=list)
 
 
 class Backend(Protocol):
-    name: str
+    mode: str
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
 
     def sync(self, snapshot: Snapshot, changed: set[ServicePortName] | None) -> SyncResult: ...
 
-    def render(self, snapshot: Snapshot) -> str: ...
+    def check(self) -> str | None: ...
 
-    def cleanup(self) -> list[str]: ...
+    def render(self, snapshot: Snapshot) -> str: ...
 
 
 def _nftables(config: ProxyConfig) -> Backend:
     from kubeproxy.backends.nftables.proxier import NftablesBackend
-    from kubeproxy.dataplane.nft import open_runner
+    from kubeproxy.dataplane.nftables.runner import open_runner
 
     return NftablesBackend(config, open_runner())
 
 
+def _cleanup_nftables() -> list[str]:
+    from kubeproxy.backends.nftables.proxier import cleanup
+    from kubeproxy.dataplane.nftables.runner import open_runner
+
+    return cleanup(open_runner())
+
+
 BACKENDS: dict[str, Callable[[ProxyConfig], Backend]] = {
     "nftables": _nftables,
+}
+
+# Every mode that can leave state behind, implemented or not yet: cleanup must also
+# remove what another mode (or upstream kube-proxy in that mode) left.
+CLEANUPS: dict[str, Callable[[], list[str]]] = {
+    "nftables": _cleanup_nftables,
 }
 
 
@@ -66,3 +105,18 @@ def create_backend(config: ProxyConfig) -> Backend:
             f"--proxy-mode: unsupported mode {config.mode!r} (supported: {', '.join(BACKENDS)})"
         ) from None
     return factory(config)
+
+
+def cleanup_all(cleanups: dict[str, Callable[[], list[str]]] | None = None) -> list[str]:
+    """Run every mode's cleanup; returns what was removed. A mode whose cleanup fails
+    does not stop the others; the failures are raised together at the end."""
+    removed: list[str] = []
+    errors: list[str] = []
+    for mode, fn in (cleanups or CLEANUPS).items():
+        try:
+            removed.extend(fn())
+        except Exception as err:
+            errors.append(f"{mode}: {err}")
+    if errors:
+        raise BackendError("cleanup failed: " + "; ".join(errors))
+    return removed

@@ -494,12 +494,18 @@ def _parse_node(obj: Mapping[str, Any]) -> Node:
     to_be_deleted = any(
         isinstance(t, Mapping) and t.get("key") == TAINT_TO_BE_DELETED for t in taints
     )
+    # spec.podCIDRs (one per family) supersedes the older single spec.podCIDR.
+    raw_cidrs = _list(spec.get("podCIDRs"), "spec.podCIDRs")
+    pod_cidrs = tuple(canonical_cidr(c, f"spec.podCIDRs[{i}]") for i, c in enumerate(raw_cidrs))
+    if not pod_cidrs and spec.get("podCIDR"):
+        pod_cidrs = (canonical_cidr(spec.get("podCIDR"), "spec.podCIDR"),)
     return Node(
         name=name,
         labels=label_items,
         addresses=tuple(addresses),
         deleting=bool(meta.get("deletionTimestamp")),
         to_be_deleted_taint=to_be_deleted,
+        pod_cidrs=pod_cidrs,
     )
 
 

@@ -41,6 +41,8 @@ class NodeState:
     zone: str | None = None
     primary_ips: Mapping[IPFamily, str] = field(default_factory=dict)
     deleting: bool = False
+    # The Node's spec.podCIDRs (detect-local-mode NodeCIDR).
+    pod_cidrs: tuple[str, ...] = ()
 
     @property
     def topology(self) -> NodeTopology:
@@ -131,6 +133,7 @@ class ProxyState:
             zone=node.zone if node is not None else None,
             primary_ips=MappingProxyType(primary),
             deleting=self._node_gone or bool(node and (node.deleting or node.to_be_deleted_taint)),
+            pod_cidrs=node.pod_cidrs if node is not None else (),
         )
 
     def collect(self) -> tuple[Snapshot, Changes]:

@@ -267,6 +267,8 @@ class Node:
     addresses: tuple[NodeAddress, ...] = ()
     deleting: bool = False
     to_be_deleted_taint: bool = False
+    # spec.podCIDRs: this node's Pod ranges (detect-local-mode NodeCIDR).
+    pod_cidrs: tuple[str, ...] = ()
 
     @property
     def zone(self) -> str | None:

@@ -3,11 +3,12 @@
 :class:`NftRunner` is the small interface backends depend on. It takes a
 :class:`~kubeproxy.dataplane.nftables.transaction.Transaction` (data, not text), so the
 strict in-memory fake (:mod:`kubeproxy.dataplane.nftables.fake`) can stand in for the
-kernel in unprivileged tests. Two real implementations: :class:`LibNftables` runs scripts in-process through ``libnftables``
-(the library behind the ``nft`` command, reached with ctypes), which saves spawning a
-process per transaction (~10 ms, most of a partial sync); :class:`NftCommand` runs the
-``nft`` binary and is the fallback when the library cannot be loaded. :func:`open_runner`
-picks. Real-kernel tests run them in throw-away network namespaces.
+kernel in unprivileged tests. Two real implementations: :class:`LibNftables` runs scripts
+in-process through ``libnftables`` (the library behind the ``nft`` command, reached with
+ctypes), which saves spawning a process per transaction (~10 ms, most of a partial
+sync); :class:`NftCommand` runs the ``nft`` binary and is the fallback when the library
+cannot be loaded. :func:`open_runner` picks. Real-kernel tests run them in throw-away
+network namespaces.
 
 (The nftables project's own Python binding is packaged by Debian for the system Python
 only; the handful of C calls needed here are not worth a vendored copy of it.)
@@ -24,7 +25,6 @@ import threading
 from typing import Any, Protocol
 
 from kubeproxy.dataplane.nftables.transaction import Transaction
-
 
 DEFAULT_TIMEOUT = 60.0  # seconds an ``nft`` process may take before it is killed
 

@@ -1,0 +1,415 @@
+"""What one family's table holds, as a function of per-ServicePort rules (pure).
+
+:class:`TableIndex` is the *programmed* index: the :class:`~.render.PortRules` of every
+ServicePort as last committed to the kernel, plus what follows from them — which
+ServicePort owns each destination (two may claim one; the smallest name wins, the others
+are reported), how many ServicePorts need each shared element, how many owned
+destinations use each shared chain.
+
+A sync asks the index for a :class:`Change`: the *desired* view of everything the changed
+ServicePorts touch (an overlay; the index itself is not modified), diffed against the
+programmed view of the same destinations, elements, chains and sets, as nft operations
+in an order the kernel accepts (objects are created before anything refers to them and
+deleted after everything that referred to them is gone). :meth:`Change.commit` folds the
+overlay in once the kernel has accepted the transaction; a refused transaction leaves
+the index as it was.
+
+:meth:`TableIndex.contents` gives everything at once, and :func:`full_table` the whole
+table, for a full sync.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from kubeproxy.backends.nftables.render import (
+    AffinitySet,
+    ChainDef,
+    Claim,
+    Destination,
+    PortRules,
+    affinity_set,
+)
+from kubeproxy.backends.nftables.table import (
+    ELEMENT_SETS,
+    TYPEOF_MAPS,
+    LBChain,
+    config_elements,
+    skeleton,
+    static_sets,
+)
+from kubeproxy.dataplane.nftables.transaction import Chain, Table, TableRef, Transaction
+from kubeproxy.model.plan import FamilyPlan
+from kubeproxy.model.types import IPFamily, ServicePortName
+
+ElementKey = tuple[str, str]  # (set or map, key)
+_MISSING = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Conflict:
+    """A destination claimed by two ServicePorts; the first (by name) keeps it."""
+
+    claim: Claim
+    owner: ServicePortName
+    loser: ServicePortName
+
+    def message(self, family: IPFamily) -> str:
+        return (
+            f"Service port {self.loser} also claims {self.claim[0]} destination "
+            f"{self.claim[1]}, which belongs to {self.owner}; ignoring it there "
+            f"({family.value})"
+        )
+
+
+@dataclass
+class Contents:
+    """Everything the table holds besides its fixed skeleton."""
+
+    elements: dict[str, dict[str, str | None]] = field(default_factory=dict)
+    chains: dict[str, ChainDef] = field(default_factory=dict)
+    sets: dict[str, AffinitySet] = field(default_factory=dict)
+
+
+def _find(rules: PortRules, claim: Claim) -> Destination:
+    for dest in rules.destinations:
+        if dest.claim == claim:
+            return dest
+    raise KeyError(claim)
+
+
+class TableIndex:
+    """The programmed state of one family's table (see the module docstring)."""
+
+    def __init__(self, fam: FamilyPlan) -> None:
+        self.fam = fam
+        self.rules: dict[ServicePortName, PortRules] = {}
+        self.candidates: dict[Claim, set[ServicePortName]] = {}
+        self.shared: Counter[ElementKey] = Counter()
+        self.shared_values: dict[ElementKey, str | None] = {}
+        self.chain_refs: Counter[str] = Counter()
+        self.elements = 0
+        self.own_chains = 0  # affinity chains (the shared ones are in chain_refs)
+        self.no_local_internal = 0
+        self.no_local_external = 0
+
+    @classmethod
+    def build(cls, fam: FamilyPlan, rules: Mapping[ServicePortName, PortRules]) -> TableIndex:
+        index = cls(fam)
+        for name in sorted(rules):
+            port = rules[name]
+            index.rules[name] = port
+            index.own_chains += len(port.chains)
+            index.no_local_internal += port.no_local_internal
+            index.no_local_external += port.no_local_external
+            for dest in port.destinations:
+                cands = index.candidates.setdefault(dest.claim, set())
+                if not cands:
+                    index.elements += len(dest.elements)
+                    if dest.chain is not None:
+                        index.chain_refs[dest.chain.name] += 1
+                cands.add(name)
+            for m, k, v in port.shared:
+                index.shared[(m, k)] += 1
+                index.shared_values[(m, k)] = v
+        index.elements += len(index.shared)
+        return index
+
+    def owner(self, claim: Claim) -> ServicePortName | None:
+        cands = self.candidates.get(claim)
+        return min(cands) if cands else None
+
+    @property
+    def chains(self) -> int:
+        """Non-skeleton chains programmed (shared load-balancing and affinity chains)."""
+        return len(self.chain_refs) + self.own_chains
+
+    def conflicts(self) -> list[Conflict]:
+        return [
+            Conflict(claim, min(cands), loser)
+            for claim, cands in sorted(self.candidates.items())
+            if len(cands) > 1
+            for loser in sorted(cands)[1:]
+        ]
+
+    def contents(self) -> Contents:
+        """Everything the programmed rules put in the table (for a full sync)."""
+        out = Contents(elements={name: {} for name in ELEMENT_SETS})
+        for claim, cands in self.candidates.items():
+            owner = min(cands)
+            dest = _find(self.rules[owner], claim)
+            for set_name, key, value in dest.elements:
+                out.elements[set_name][key] = value
+            if dest.chain is not None and dest.chain.name not in out.chains:
+                out.chains[dest.chain.name] = ChainDef(
+                    dest.chain.name, tuple(dest.chain.rules(self.fam))
+                )
+        for (set_name, key), value in self.shared_values.items():
+            out.elements[set_name][key] = value
+        for name in sorted(self.rules):
+            port = self.rules[name]
+            for chain in port.chains:
+                out.chains[chain.name] = chain
+            for aff in port.sets:
+                out.sets[aff.name] = aff
+        return out
+
+    def change(self, updates: Mapping[ServicePortName, PortRules | None]) -> Change:
+        """The desired state of what ``updates`` touch, diffed against this index."""
+        return Change(self, updates)
+
+
+class Change:
+    """One family's partial update: the operations, and the index once committed."""
+
+    def __init__(
+        self, index: TableIndex, updates: Mapping[ServicePortName, PortRules | None]
+    ) -> None:
+        self.index = index
+        self.updates = {name: new for name, new in updates.items() if index.rules.get(name) != new}
+        self.conflicts: list[Conflict] = []
+        # Element diffs: the value the kernel holds (or _MISSING) and the value wanted.
+        self.before: dict[ElementKey, object] = {}
+        self.after: dict[ElementKey, object] = {}
+        self.candidates: dict[Claim, set[ServicePortName]] = {}
+        self.shared_delta: Counter[ElementKey] = Counter()
+        self.shared_new_values: dict[ElementKey, str | None] = {}
+        self.chain_delta: Counter[str] = Counter()
+        self.chain_defs: dict[str, LBChain] = {}
+        self.element_delta = 0
+        self._destinations()
+        self._shared()
+
+    def _rules(self, name: ServicePortName) -> PortRules | None:
+        if name in self.updates:
+            return self.updates[name]
+        return self.index.rules.get(name)
+
+    def _destinations(self) -> None:
+        index = self.index
+        affected: dict[Claim, set[ServicePortName]] = {}
+        for name, new in self.updates.items():
+            old = index.rules.get(name)
+            old_claims = {d.claim for d in old.destinations} if old else set()
+            new_claims = {d.claim for d in new.destinations} if new else set()
+            for claim in old_claims | new_claims:
+                cands = affected.get(claim)
+                if cands is None:
+                    cands = affected[claim] = set(index.candidates.get(claim, ()))
+                if claim in new_claims:
+                    cands.add(name)
+                else:
+                    cands.discard(name)
+        for claim in sorted(affected):
+            cands = affected[claim]
+            self.candidates[claim] = cands
+            old_owner = index.owner(claim)
+            old_dest = _find(index.rules[old_owner], claim) if old_owner is not None else None
+            new_owner = min(cands) if cands else None
+            new_rules = self._rules(new_owner) if new_owner is not None else None
+            new_dest = _find(new_rules, claim) if new_rules is not None else None
+            if new_owner is not None:
+                self.conflicts.extend(
+                    Conflict(claim, new_owner, n) for n in sorted(cands - {new_owner})
+                )
+            before = {(m, k): v for m, k, v in old_dest.elements} if old_dest else {}
+            after = {(m, k): v for m, k, v in new_dest.elements} if new_dest else {}
+            self.element_delta += len(after) - len(before)
+            for key in before.keys() | after.keys():
+                self._touch(key, before.get(key, _MISSING), after.get(key, _MISSING))
+            if old_dest is not None and old_dest.chain is not None:
+                self.chain_delta[old_dest.chain.name] -= 1
+            if new_dest is not None and new_dest.chain is not None:
+                self.chain_delta[new_dest.chain.name] += 1
+                self.chain_defs[new_dest.chain.name] = new_dest.chain
+
+    def _shared(self) -> None:
+        """Reference-counted elements several ServicePorts may need (hairpin, ClusterIPs)."""
+        index = self.index
+        for name, new in self.updates.items():
+            old = index.rules.get(name)
+            for m, k, _ in old.shared if old else ():
+                self.shared_delta[(m, k)] -= 1
+            for m, k, v in new.shared if new else ():
+                self.shared_delta[(m, k)] += 1
+                self.shared_new_values[(m, k)] = v
+        for key, delta in self.shared_delta.items():
+            count = index.shared[key]
+            before = index.shared_values.get(key) if count > 0 else _MISSING
+            after: object = _MISSING
+            if count + delta > 0:
+                after = self.shared_new_values.get(key, index.shared_values.get(key))
+            self.element_delta += (count + delta > 0) - (count > 0)
+            self._touch(key, before, after)
+
+    def _touch(self, key: ElementKey, before: object, after: object) -> None:
+        self.before.setdefault(key, before)
+        self.after[key] = after
+
+    # ------------------------------------------------------------------ output
+
+    def new_shared_chains(self) -> list[LBChain]:
+        """Shared chains that gain their first user."""
+        refs = self.index.chain_refs
+        return [
+            self.chain_defs[name]
+            for name, delta in sorted(self.chain_delta.items())
+            if delta > 0 and refs[name] == 0
+        ]
+
+    def _gone_shared_chains(self) -> list[str]:
+        refs = self.index.chain_refs
+        return [
+            name
+            for name, delta in sorted(self.chain_delta.items())
+            if delta < 0 and refs[name] > 0 and refs[name] + delta <= 0
+        ]
+
+    def emit_shared_chains(self, tx: Transaction, table: TableRef) -> None:
+        """New shared load-balancing chains, for a transaction of their own.
+
+        nft 1.0.6 cannot rebuild a ``typeof ... th dport`` map type from the kernel
+        ("conflicting protocols specified: ip vs. th"): a batch that both refers to the
+        backends maps in a new rule and adds or deletes elements (which makes nft load the
+        kernel's set definitions) is refused. So new shared chains go first, with the
+        unchanged maps declared again so nft takes their type from the script. The
+        chains are unreferenced until the main transaction, so applying them early is
+        harmless, and ``replace_chain`` makes a retry idempotent.
+        """
+        new = self.new_shared_chains()
+        if not new:
+            return
+        for s in static_sets(self.index.fam):
+            if s.name in TYPEOF_MAPS:
+                tx.add_set(table, s)
+        for chain in new:
+            tx.replace_chain(table, chain.name, chain.rules(self.index.fam))
+
+    def emit(self, tx: Transaction, table: TableRef) -> None:
+        """Everything else, in an order the kernel accepts."""
+        old_chains: dict[str, ChainDef] = {}
+        new_chains: dict[str, ChainDef] = {}
+        old_sets: dict[str, AffinitySet] = {}
+        new_sets: dict[str, AffinitySet] = {}
+        for name, new in self.updates.items():
+            old = self.index.rules.get(name)
+            for c in old.chains if old else ():
+                old_chains[c.name] = c
+            for c in new.chains if new else ():
+                new_chains[c.name] = c
+            for a in old.sets if old else ():
+                old_sets[a.name] = a
+            for a in new.sets if new else ():
+                new_sets[a.name] = a
+        # 1. New sets, then new or changed chains (a ServicePort lists its chains with
+        #    callees first, so each one exists before a rule jumps to it).
+        for set_name in sorted(new_sets.keys() - old_sets.keys()):
+            tx.add_set(table, affinity_set(self.index.fam.family, new_sets[set_name]))
+        for chain in new_chains.values():
+            if old_chains.get(chain.name) != chain:
+                tx.replace_chain(table, chain.name, chain.rules)
+        # 2. Elements: deletions first (a map key whose value changes is deleted and
+        #    added again: nft refuses to add a key that exists with another value).
+        deletes: dict[str, list[str]] = {}
+        adds: dict[str, list[tuple[str, str | None]]] = {}
+        for key in sorted(self.after):
+            after = self.after[key]
+            before = self.before[key]
+            if after == before:
+                continue
+            set_name, element = key
+            if before is not _MISSING:
+                deletes.setdefault(set_name, []).append(element)
+            if after is not _MISSING:
+                assert after is None or isinstance(after, str)
+                adds.setdefault(set_name, []).append((element, after))
+        for set_name, keys in deletes.items():
+            tx.delete_elements(table, set_name, keys)
+        for set_name, items in adds.items():
+            tx.add_elements(table, set_name, items)
+        # 3. Chains nothing refers to any more, referrers before the chains they jump to.
+        gone = {n: old_chains[n].rules for n in old_chains.keys() - new_chains.keys()}
+        gone.update((n, ()) for n in self._gone_shared_chains())
+        for chain_name in deletion_order(gone):
+            tx.delete_chain(table, chain_name)
+        # 4. Sets, once the chains that used them are gone.
+        for set_name in sorted(old_sets.keys() - new_sets.keys()):
+            tx.delete_set(table, "set", set_name)
+
+    def commit(self) -> None:
+        """The kernel accepted the transaction: the overlay becomes the programmed state."""
+        index = self.index
+        for name, new in self.updates.items():
+            old = index.rules.pop(name, None)
+            if old is not None:
+                index.own_chains -= len(old.chains)
+                index.no_local_internal -= old.no_local_internal
+                index.no_local_external -= old.no_local_external
+            if new is not None:
+                index.rules[name] = new
+                index.own_chains += len(new.chains)
+                index.no_local_internal += new.no_local_internal
+                index.no_local_external += new.no_local_external
+        for claim, cands in self.candidates.items():
+            if cands:
+                index.candidates[claim] = cands
+            else:
+                index.candidates.pop(claim, None)
+        for key, delta in self.shared_delta.items():
+            count = index.shared[key] + delta
+            if count > 0:
+                index.shared[key] = count
+                index.shared_values[key] = self.shared_new_values.get(
+                    key, index.shared_values.get(key)
+                )
+            else:
+                del index.shared[key]
+                index.shared_values.pop(key, None)
+        for chain_name, delta in self.chain_delta.items():
+            index.chain_refs[chain_name] += delta
+            if index.chain_refs[chain_name] <= 0:
+                del index.chain_refs[chain_name]
+        index.elements += self.element_delta
+
+
+_REFERENCE = re.compile(r"\b(?:goto|jump)\s+([A-Za-z_][A-Za-z0-9_.-]*)")
+
+
+def deletion_order(chains: Mapping[str, Iterable[str]]) -> list[str]:
+    """Chain names ordered so that no chain is deleted while another one still to be
+    deleted jumps to it (the kernel refuses that: "Device or resource busy")."""
+    refs = {
+        name: {m for rule in rules for m in _REFERENCE.findall(rule) if m in chains}
+        for name, rules in chains.items()
+    }
+    referrers: Counter[str] = Counter(t for targets in refs.values() for t in targets)
+    ready = sorted(n for n in chains if referrers[n] == 0)
+    order: list[str] = []
+    while ready:
+        name = ready.pop(0)
+        order.append(name)
+        for target in sorted(refs[name]):
+            referrers[target] -= 1
+            if referrers[target] == 0:
+                ready.append(target)
+    # A cycle cannot come from our rules; keep whatever is left rather than lose it.
+    order.extend(sorted(set(chains) - set(order)))
+    return order
+
+
+def full_table(fam: FamilyPlan, contents: Contents) -> Table:
+    """The complete table for one family."""
+    table = skeleton(fam)
+    configured = config_elements(fam)
+    for s in table.sets:
+        elems = contents.elements.get(s.name)
+        if elems:
+            s.elements = list(elems.items())
+        elif s.name in configured:
+            s.elements = [(e, None) for e in configured[s.name]]
+    table.sets.extend(affinity_set(fam.family, aff) for aff in sorted(contents.sets.values()))
+    table.chains.extend(Chain(c.name, list(c.rules)) for c in contents.chains.values())
+    return table

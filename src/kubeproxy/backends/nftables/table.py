@@ -1,0 +1,347 @@
+"""The fixed part of the ``kube-proxy`` nftables table (pure; see docs/nftables-layout.md).
+
+* names of the table, maps, sets and skeleton chains (stable: tests, docs and
+  ``explain`` refer to them) and :class:`Vocabulary` (how a family is spelled in nft);
+* :func:`local_match` — the family's local-traffic detector as an nft match;
+* :func:`policy_rules` and :class:`LBChain` — the shared load-balancing chains, whose
+  rules depend only on the family plan, a traffic kind and endpoint counts;
+* :func:`static_sets` and :func:`skeleton` — base chains, dispatch chains, maps and sets.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from kubeproxy.dataplane.nftables.transaction import BaseChain, Chain, ScriptError, Set, Table
+from kubeproxy.model.plan import FamilyPlan, LocalTraffic
+from kubeproxy.model.types import IPFamily
+
+TABLE = "kube-proxy"
+TABLE_COMMENT = "rules for kube-proxy"
+# Index offset of node-local endpoints in the backends maps (Local traffic policy).
+LOCAL_OFFSET = 65536
+
+SERVICE_IPS = "service-ips"
+SERVICE_NODEPORTS = "service-nodeports"
+IP_BACKENDS = "ip-backends"
+NODEPORT_BACKENDS = "nodeport-backends"
+NO_ENDPOINT_SERVICES = "no-endpoint-services"
+NO_ENDPOINT_NODEPORTS = "no-endpoint-nodeports"
+HAIRPIN = "hairpin"
+FIREWALL_IPS = "firewall-ips"
+FIREWALL_ALLOW = "firewall-allow"
+CLUSTER_IPS = "cluster-ips"
+SERVICE_CIDRS = "service-cidrs"
+NODEPORT_IPS = "nodeport-ips"
+REJECT_CHAIN = "reject-chain"
+
+VERDICT_REJECT = f"goto {REJECT_CHAIN}"
+VERDICT_DROP = "drop"
+
+# Sets and maps whose elements come from ServicePorts (the others hold configuration).
+ELEMENT_SETS = (
+    SERVICE_IPS,
+    SERVICE_NODEPORTS,
+    IP_BACKENDS,
+    NODEPORT_BACKENDS,
+    NO_ENDPOINT_SERVICES,
+    NO_ENDPOINT_NODEPORTS,
+    HAIRPIN,
+    FIREWALL_IPS,
+    FIREWALL_ALLOW,
+    CLUSTER_IPS,
+)
+# nft 1.0.6 cannot rebuild these maps' "typeof ... th dport" type from the kernel; see
+# the proxier for what that costs.
+TYPEOF_MAPS = (IP_BACKENDS, NODEPORT_BACKENDS)
+
+
+@dataclass(frozen=True, slots=True)
+class Vocabulary:
+    """How an IP family is spelled in nft."""
+
+    table_family: str
+    ip: str
+    addr_type: str
+    loopback: str
+
+    @classmethod
+    def of(cls, family: IPFamily) -> Vocabulary:
+        if family is IPFamily.IPv4:
+            return cls("ip", "ip", "ipv4_addr", "127.0.0.0/8")
+        return cls("ip6", "ip6", "ipv6_addr", "::1")
+
+
+# Linux interface names: at most 15 bytes; this subset needs no escaping inside quotes.
+_IFNAME = re.compile(r"^[A-Za-z0-9_.+@-]{1,15}$")
+
+
+def local_match(local: LocalTraffic, v: Vocabulary, *, negate: bool = False) -> str:
+    """The nft match for "from a local Pod" (or its negation); "" when not implemented."""
+    op = "!= " if negate else ""
+    if local.cidrs:
+        cidrs = local.cidrs[0] if len(local.cidrs) == 1 else "{ " + ", ".join(local.cidrs) + " }"
+        return f"{v.ip} saddr {op}{cidrs}"
+    if local.interface is not None:
+        if not _IFNAME.match(local.interface):
+            raise ScriptError(f"invalid interface name {local.interface!r}")
+        return f'iifname {op}"{local.interface}{"*" if local.prefix else ""}"'
+    return ""
+
+
+def policy_rules(
+    kind: str, fam: FamilyPlan, to_cluster: str | None, to_local: str | None = None
+) -> list[str]:
+    """The masquerade and short-circuit logic of one traffic kind.
+
+    ``to_cluster`` / ``to_local`` are the final statements sending the connection to the
+    cluster-wide / node-local endpoints (a DNAT from a backends map, or a ``goto`` to a
+    session-affinity chain). Kinds:
+
+    * ``cluster-ip``: traffic to a ClusterIP. Masquerade unless it comes from a local
+      Pod (the replies must come back through this node), or always with
+      ``--masquerade-all`` (the plan's :class:`~kubeproxy.model.plan.Masquerade`).
+    * ``external``: external IP / LB IP / NodePort with externalTrafficPolicy Cluster:
+      always masquerade (the endpoint may be on another node).
+    * ``local``: the same with externalTrafficPolicy Local: local Pods are
+      short-circuited to the cluster endpoints (as if they had gone out to the load
+      balancer and back), the node itself too (masqueraded: its source address is
+      local), everyone else goes to this node's endpoints with the client address kept.
+    """
+    v = Vocabulary.of(fam.family)
+    mark = f"meta mark set meta mark | {fam.masquerade_mark:#010x}"
+    rules: list[str] = []
+    if kind == "cluster-ip":
+        if fam.masquerade_all:
+            rules.append(mark)
+        elif fam.local.implemented:
+            rules.append(f"{local_match(fam.local, v, negate=True)} {mark}")
+        if to_cluster:
+            rules.append(to_cluster)
+        return rules
+    if kind == "external":
+        return [mark, to_cluster] if to_cluster else []
+    if to_cluster:
+        if fam.local.implemented:
+            rules.append(f"{local_match(fam.local, v)} {to_cluster}")
+        rules.append(f"fib saddr type local {mark}")
+        rules.append(f"fib saddr type local {to_cluster}")
+    if to_local:
+        rules.append(to_local)
+    return rules
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class LBChain:
+    """A shared load-balancing chain.
+
+    ``kind`` is ``cluster-ip``, ``external-ip``/``external-np`` (externalTrafficPolicy
+    Cluster) or ``local-ip``/``local-np`` (Local); ``-ip`` chains read the backends keyed
+    by destination address, ``-np`` chains those keyed by NodePort.
+    """
+
+    kind: str
+    cluster: int
+    local: int = 0
+
+    @property
+    def name(self) -> str:
+        if self.kind.startswith("local-"):
+            return f"{self.kind}-{self.cluster}-{self.local}"
+        return f"{self.kind}-{self.cluster}"
+
+    @property
+    def goto(self) -> str:
+        return f"goto {self.name}"
+
+    def rules(self, fam: FamilyPlan) -> list[str]:
+        v = Vocabulary.of(fam.family)
+        by_node_port = self.kind.endswith("-np")
+        key = "meta l4proto . th dport"
+        if not by_node_port:
+            key = f"{v.ip} daddr . {key}"
+        backends = NODEPORT_BACKENDS if by_node_port else IP_BACKENDS
+
+        def dnat(n: int, offset: int = 0) -> str | None:
+            if not n:
+                return None
+            off = f" offset {offset}" if offset else ""
+            return f"dnat {v.ip} to {key} . numgen random mod {n}{off} map @{backends}"
+
+        policy = self.kind.split("-")[0]
+        if policy == "cluster":
+            policy = "cluster-ip"
+        return policy_rules(policy, fam, dnat(self.cluster), dnat(self.local, LOCAL_OFFSET))
+
+
+def static_sets(fam: FamilyPlan) -> list[Set]:
+    """The table's sets and maps (empty; elements are added by the proxier)."""
+    v = Vocabulary.of(fam.family)
+    addr = v.addr_type
+    sets = [
+        Set.map(
+            SERVICE_IPS,
+            f"{addr} . inet_proto . inet_service : verdict",
+            comment="ClusterIP, ExternalIP and LoadBalancer IP traffic",
+        ),
+        Set.map(
+            SERVICE_NODEPORTS, "inet_proto . inet_service : verdict", comment="NodePort traffic"
+        ),
+        Set.map(
+            IP_BACKENDS,
+            f"typeof {v.ip} daddr . meta l4proto . th dport . numgen random mod 1 : "
+            f"{v.ip} daddr . th dport",
+            comment="endpoints of each service IP destination, by index",
+        ),
+        Set.map(
+            NODEPORT_BACKENDS,
+            f"typeof meta l4proto . th dport . numgen random mod 1 : {v.ip} daddr . th dport",
+            comment="endpoints of each NodePort, by index",
+        ),
+        Set.map(
+            NO_ENDPOINT_SERVICES,
+            f"{addr} . inet_proto . inet_service : verdict",
+            comment="drop or reject traffic to services with no usable endpoints",
+        ),
+        Set.map(
+            NO_ENDPOINT_NODEPORTS,
+            "inet_proto . inet_service : verdict",
+            comment="drop or reject traffic to nodeports with no usable endpoints",
+        ),
+        Set(
+            HAIRPIN,
+            f"{addr} . {addr}",
+            comment="endpoint pairs that must be masqueraded when a pod reaches itself",
+        ),
+        Set(
+            FIREWALL_IPS,
+            f"{addr} . inet_proto . inet_service",
+            comment="load balancer destinations with loadBalancerSourceRanges",
+        ),
+        Set(
+            FIREWALL_ALLOW,
+            f"{addr} . inet_proto . inet_service . {addr}",
+            ("interval",),
+            comment="sources allowed to each firewalled destination",
+        ),
+        Set(CLUSTER_IPS, addr, comment="allocated ClusterIPs"),
+        Set(SERVICE_CIDRS, addr, ("interval",), comment="service IP ranges"),
+    ]
+    if fam.node_ports.enabled and not fam.node_ports.match_all:
+        sets.append(
+            Set(NODEPORT_IPS, addr, ("interval",), comment="addresses that accept NodePort traffic")
+        )
+    return sets
+
+
+def config_elements(fam: FamilyPlan) -> dict[str, list[str]]:
+    """Elements of the sets that hold configuration rather than ServicePorts (merged
+    CIDRs: an interval set refuses overlapping elements)."""
+    out = {SERVICE_CIDRS: list(fam.service_cidrs)}
+    if fam.node_ports.enabled and not fam.node_ports.match_all:
+        out[NODEPORT_IPS] = list(fam.node_ports.ranges)
+    return out
+
+
+def skeleton(fam: FamilyPlan) -> Table:
+    """The fixed part of the table: base chains, dispatch chains, maps and sets."""
+    v = Vocabulary.of(fam.family)
+    mark = f"{fam.masquerade_mark:#010x}"
+    table = Table(v.table_family, TABLE, TABLE_COMMENT)
+    dispatch = f"{v.ip} daddr . meta l4proto . th dport"
+    table.sets = static_sets(fam)
+    for s in table.sets:
+        s.elements = [(e, None) for e in config_elements(fam).get(s.name, ())]
+
+    nodeport_match = ""
+    if fam.node_ports.enabled:
+        nodeport_match = f"fib daddr type local {v.ip} daddr != {v.loopback} "
+        if not fam.node_ports.match_all:
+            nodeport_match += f"{v.ip} daddr @{NODEPORT_IPS} "
+
+    services = [f"{dispatch} vmap @{SERVICE_IPS}"]
+    endpoints_check = [f"{dispatch} vmap @{NO_ENDPOINT_SERVICES}"]
+    if nodeport_match:
+        services.append(f"{nodeport_match}meta l4proto . th dport vmap @{SERVICE_NODEPORTS}")
+        endpoints_check.append(
+            f"{nodeport_match}meta l4proto . th dport vmap @{NO_ENDPOINT_NODEPORTS}"
+        )
+    cluster_ips_check = [f"{v.ip} daddr @{CLUSTER_IPS} reject"]
+    if fam.service_cidrs:
+        cluster_ips_check.append(f"{v.ip} daddr @{SERVICE_CIDRS} drop")
+
+    # Numeric priorities: nft 1.0.6 only accepts the names (dstnat, srcnat) on some hooks.
+    # dstnat is -100, srcnat 100. Filter chains run at dstnat - 10: before DNAT on the
+    # output path, and after it on input/forward (prerouting has DNATed by then), so
+    # short-circuited traffic that was DNATed no longer matches the no-endpoint maps.
+    # The ClusterIP check must see traffic after DNAT on every path: forward, and output
+    # at dstnat + 10.
+    pre, post = "-110", "-90"
+    new = "ct state new"
+    table.chains = [
+        Chain(
+            "filter-prerouting",
+            [f"{new} jump firewall-check"],
+            BaseChain("filter", "prerouting", pre),
+        ),
+        Chain("filter-input", [f"{new} jump endpoints-check"], BaseChain("filter", "input", pre)),
+        Chain(
+            "filter-forward",
+            [f"{new} jump endpoints-check", f"{new} jump cluster-ips-check"],
+            BaseChain("filter", "forward", pre),
+        ),
+        Chain(
+            "filter-output",
+            [f"{new} jump endpoints-check", f"{new} jump firewall-check"],
+            BaseChain("filter", "output", pre),
+        ),
+        Chain(
+            "filter-output-post-dnat",
+            [f"{new} jump cluster-ips-check"],
+            BaseChain("filter", "output", post),
+        ),
+        Chain("nat-prerouting", ["jump services"], BaseChain("nat", "prerouting", "-100")),
+        Chain("nat-output", ["jump services"], BaseChain("nat", "output", "-100")),
+        Chain("nat-postrouting", ["jump masquerading"], BaseChain("nat", "postrouting", "100")),
+        Chain("services", services),
+        Chain("endpoints-check", endpoints_check),
+        Chain(
+            "firewall-check",
+            [f"{dispatch} @{FIREWALL_IPS} {dispatch} . {v.ip} saddr != @{FIREWALL_ALLOW} drop"],
+        ),
+        Chain("cluster-ips-check", cluster_ips_check),
+        Chain(REJECT_CHAIN, ["reject"]),
+        Chain(
+            "masquerading",
+            [
+                f"ct status dnat {v.ip} saddr . {v.ip} daddr @{HAIRPIN} "
+                f"meta mark set meta mark | {mark}",
+                f"meta mark & {mark} == 0 return",
+                f"meta mark set meta mark ^ {mark}",
+                "masquerade fully-random",
+            ],
+        ),
+    ]
+    return table
+
+
+# Chains the skeleton always has (the canary check looks for the base chains).
+SKELETON_CHAINS = frozenset(
+    {
+        "filter-prerouting",
+        "filter-input",
+        "filter-forward",
+        "filter-output",
+        "filter-output-post-dnat",
+        "nat-prerouting",
+        "nat-output",
+        "nat-postrouting",
+        "services",
+        "endpoints-check",
+        "firewall-check",
+        "cluster-ips-check",
+        REJECT_CHAIN,
+        "masquerading",
+    }
+)
