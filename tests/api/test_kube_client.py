@@ -26,6 +26,7 @@ from kubeproxy.sources.kube_client import Connection, TokenBucket, load_connecti
 from kubeproxy.sources.kube_informer import Backoff
 from tests.api.conftest import FAST, NODE, Consumer, run, summary
 from tests.apiserver import ApiServer
+from tests.conftest import require_tool
 from tests.unit.conftest import service_obj
 
 
@@ -151,8 +152,7 @@ def test_an_exec_credential_plugin_provides_the_token(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A throwaway CA and a server certificate for 127.0.0.1."""
-    if shutil.which("openssl") is None:
-        pytest.skip("needs the openssl command")
+    require_tool("openssl", "a CA and a server certificate for the HTTPS test")
     d = tmp_path_factory.mktemp("pki")
     ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
 

@@ -9,7 +9,6 @@ see each other's Services.
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ import pytest
 from kubeproxy.lab.cluster import NODE, NODE_IP, NODE_IP6, REMOTE_NODE, Lab
 from kubeproxy.lab.netns import list_netns
 from kubeproxy.lab.objects import ManifestDir, node
+from tests.conftest import IS_ROOT, require_tool
 
 # name -> (node, IPv4, IPv6)
 PODS = {
@@ -30,22 +30,23 @@ PODS = {
 }
 
 
-def _missing_prerequisites() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root (network namespaces, nftables)"
-    for tool in ("ip", "nft"):
-        if shutil.which(tool) is None:
-            return f"needs the {tool!r} command"
-    return None
+# Commands every real-kernel test may use (scripts/bootstrap installs them).
+TOOLS = ("ip", "nft", "conntrack")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    reason = _missing_prerequisites()
     for item in items:
         if "tests/kernel/" in str(item.fspath):
             item.add_marker(pytest.mark.kernel)
-            if reason:
-                item.add_marker(pytest.mark.skip(reason=reason))
+            if not IS_ROOT:
+                item.add_marker(pytest.mark.skip(reason="needs root (network namespaces)"))
+
+
+@pytest.fixture(autouse=True)
+def _kernel_tools() -> None:
+    """As root, a missing tool fails the test (tests/conftest.py): never a silent pass."""
+    for tool in TOOLS:
+        require_tool(tool)
 
 
 @pytest.fixture(scope="module")

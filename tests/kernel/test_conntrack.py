@@ -11,7 +11,6 @@ touch nothing else.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,10 +39,6 @@ from kubeproxy.model.types import IPFamily, Protocol
 from kubeproxy.sources.events import dispatch
 from kubeproxy.sources.manifests import ManifestSource
 from tests.kernel.conftest import PODS, ip, wait_for
-
-pytestmark = pytest.mark.skipif(
-    shutil.which("conntrack") is None, reason="needs the conntrack tool (conntrack-tools)"
-)
 
 UDP = Protocol.UDP
 DNS = {"name": "dns", "port": 53, "protocol": "UDP"}

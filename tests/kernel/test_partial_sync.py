@@ -130,7 +130,8 @@ class PartialVersusFull(RuleBasedStateMachine):
     def _sync(self, changed: set[ServicePortName]) -> None:
         snap = Snapshot(dict(self.services), dict(self.endpoints), NODE)
         result = self.backend.sync(snap, changed if self.synced else None)
-        assert result.full is not self.synced
+        # A partial sync must never need the full-sync fallback.
+        assert result.full is not self.synced, self.backend.last_transaction
         self.synced = True
         fresh = NftablesBackend(CONFIG, NftCommand(netns=self.full_ns))
         cleanup(fresh.runner)
@@ -142,6 +143,33 @@ class PartialVersusFull(RuleBasedStateMachine):
         name = port_name(i, proto)
         self.services[name] = ServicePort(name=name, **spec)
         self._sync({name})
+
+    @rule(
+        changes=st.lists(
+            st.tuples(st.integers(0, 5), st.sampled_from([Protocol.TCP, Protocol.UDP]), services),
+            min_size=2,
+            max_size=4,
+            unique_by=lambda c: (c[0], c[1]),
+        ),
+        drop=st.sets(st.integers(0, 5), max_size=2),
+    )
+    def change_several(
+        self, changes: list[tuple[int, Protocol, dict[str, Any]]], drop: set[int]
+    ) -> None:
+        # Several ServicePorts in one partial sync: two of them may now claim (or stop
+        # claiming) the same destination, a new one may win a destination from an
+        # existing one.
+        changed = set()
+        for i, proto, spec in changes:
+            name = port_name(i, proto)
+            self.services[name] = ServicePort(name=name, **spec)
+            changed.add(name)
+        for i in drop:
+            name = port_name(i)
+            self.services.pop(name, None)
+            self.endpoints.pop(name, None)
+            changed.add(name)
+        self._sync(changed)
 
     @rule(i=st.integers(0, 5), proto=st.sampled_from([Protocol.TCP, Protocol.UDP]))
     def delete_service(self, i: int, proto: Protocol) -> None:
@@ -234,6 +262,53 @@ def test_a_change_touches_only_the_changed_service(scratch: str) -> None:
     assert tx.count("\n") <= 8, tx
     # A second identical sync has nothing to do.
     assert backend.sync(snapshot(50, extra_endpoint=True), {port_name(0)}).operations == 0
+
+
+def test_two_changed_service_ports_claiming_one_destination(scratch: str) -> None:
+    """One partial sync changes the owner of a shared external IP:port and adds a new
+    ServicePort that takes the destination over (smaller name): the review found stale
+    backends, or a KeyError for the new one."""
+    ext = ("203.0.113.9",)
+    a = ServicePort(name=port_name(1), cluster_ips=("10.96.0.11",), port=80, external_ips=ext)
+    first = Snapshot({a.name: a}, {a.name: (Endpoint(ip("local-1"), 8080, "node-a"),)}, NODE)
+    backend = NftablesBackend(CONFIG, NftCommand(netns=scratch))
+    backend.sync(first, None)
+    new = ServicePort(name=port_name(0), cluster_ips=("10.96.0.10",), port=80, external_ips=ext)
+    second = Snapshot(
+        {a.name: a, new.name: new},
+        {
+            a.name: (Endpoint(ip("local-2"), 8080, "node-a"),),
+            new.name: (Endpoint(ip("remote-1"), 9090, "node-b"),),
+        },
+        NODE,
+    )
+    assert not backend.sync(second, {a.name, new.name}).full
+    fresh_ns = f"{scratch}-fresh"
+    add_netns(fresh_ns)
+    try:
+        NftablesBackend(CONFIG, NftCommand(netns=fresh_ns)).sync(second, None)
+        assert normalized(scratch) == normalized(fresh_ns)
+    finally:
+        delete_netns(fresh_ns)
+    listing = ns_exec(scratch, "nft", "list", "map", "ip", "kube-proxy", "ip-backends")
+    assert "203.0.113.9 . tcp . 80 . 0 : 10.244.2.10 . 9090" in listing
+
+
+def test_removing_an_affinity_service_is_one_partial_sync(scratch: str) -> None:
+    """The chains of a ClientIP-affinity ServicePort reference each other; deleting them
+    in the wrong order was refused ("Device or resource busy") and only the full-sync
+    retry a second later removed them."""
+    sticky = ServicePort(
+        name=port_name(0), cluster_ips=("10.96.0.20",), port=80, affinity_timeout=60
+    )
+    eps = (Endpoint(ip("local-1"), 8080, "node-a"), Endpoint(ip("remote-1"), 8080, "node-b"))
+    backend = NftablesBackend(CONFIG, NftCommand(netns=scratch))
+    backend.sync(Snapshot({sticky.name: sticky}, {sticky.name: eps}, NODE), None)
+    assert "aff-" in ns_exec(scratch, "nft", "list", "chains")
+    result = backend.sync(Snapshot({}, {}, NODE), {sticky.name})
+    assert not result.full
+    listing = ns_exec(scratch, "nft", "list", "table", "ip", "kube-proxy")
+    assert "chain aff" not in listing and "set affset-" not in listing
 
 
 def test_full_sync_restores_what_someone_deleted(scratch: str) -> None:

@@ -8,8 +8,9 @@
 3. ``_full`` or ``_partial`` — build the whole transaction as data
    (:class:`~kubeproxy.dataplane.nftables.transaction.Transaction`) from the index and
    apply it once, atomically, for both families;
-4. ``_isolate`` — only if the kernel refused it: find the ServicePorts whose rules it
-   refuses (by checking subsets), leave them out, apply the rest;
+4. ``_isolate`` — only if the kernel refused a full sync: find the ServicePorts whose
+   rules it refuses (by checking subsets), leave them out, apply the rest (a refused
+   partial sync falls back to a full sync);
 5. commit the index, and ``_report``.
 
 **Full sync** (at start, after a failure, about hourly, and when node-level settings
@@ -30,10 +31,13 @@ desired state of what they touch and the programmed index
 (:mod:`~kubeproxy.backends.nftables.index`). It lists nothing.
 
 **No single ServicePort can stop the sync of the others**: if the kernel refuses a
-transaction, subsets are checked (``nft -c``) to find the ServicePorts it refuses; those
-are logged once with their name and the kernel's reason, left out of the table (as if
-they did not exist), and retried when they change; everything else is applied. If the
-kernel refuses even the skeleton, the sync fails and the previous rules stay.
+partial sync, a full sync follows at once (our picture of the kernel may be stale, or a
+changed ServicePort is at fault). If it refuses a full sync, subsets of the table are
+checked (``nft -c`` on a fresh table, so the result does not depend on what the kernel
+holds) to find the ServicePorts it refuses; those are logged once with their name and
+the kernel's reason, left out of the table (as if they did not exist), and retried when
+they change and at every full sync; everything else is applied. If the kernel refuses
+even the bare skeleton, the sync fails and the previous rules stay.
 """
 
 from __future__ import annotations
@@ -130,10 +134,13 @@ class NftablesBackend:
                 rules = render_service_port(plan, fam) if plan is not None else None
                 rendered += plan is not None
                 key = (fam.family, name)
-                if key in self._isolated.reasons:
+                if names is not None and key in self._isolated.reasons:
+                    # A full sync retries everything (and records what is refused).
                     if rules is not None and rules == self._isolated.rules.get(key):
-                        rules = None  # still what the kernel refused: retried when it changes
+                        rules = None  # still what the kernel refused
                     else:
+                        # Gone, or changed: retried now (a refusal means a full sync,
+                        # which records it again).
                         del self._isolated.reasons[key]
                         self._isolated.rules.pop(key, None)
                 out[name] = rules
@@ -224,9 +231,12 @@ class NftablesBackend:
 
         indexes = build(lambda _: True)
         try:
-            return indexes, self._apply_full(indexes)
+            operations = self._apply_full(indexes)
         except NftError as err:
             refused = err
+        else:
+            self._record_isolated({}, rules)
+            return indexes, operations
         candidates = [(family, n) for family, rs in rules.items() for n in sorted(rs)]
 
         def refusal(keys: list[Key]) -> str | None:
@@ -236,9 +246,10 @@ class NftablesBackend:
         if refusal([]) is not None:
             raise refused  # not a ServicePort's fault: keep the previous rules
         bad = _isolate(candidates, refusal, _first_line(refused))
-        self._isolate(bad, rules)
         indexes = build(lambda key: key not in bad)
-        return indexes, self._apply_full(indexes)
+        operations = self._apply_full(indexes)
+        self._record_isolated(bad, rules)
+        return indexes, operations
 
     def _apply_full(self, indexes: dict[IPFamily, TableIndex]) -> int:
         """Apply a full sync (flush and re-add; replace if refused); the operation count."""
@@ -269,51 +280,43 @@ class NftablesBackend:
             change.emit(main, table_ref(family))
         return changes, pre, main
 
-    def _partial(self, updates: Updates) -> tuple[dict[IPFamily, Change], int]:
+    def _partial(self, updates: Updates) -> tuple[dict[IPFamily, Change], int] | None:
+        """Apply a partial sync; None if the kernel refused it (nothing changed)."""
         changes, pre, main = self._changes(updates)
-        # New shared chains first, in a transaction of their own (unreferenced until
-        # the main one commits; see Change.emit_shared_chains).
-        self._apply(pre)
         try:
+            # New shared chains first, in a transaction of their own (unreferenced until
+            # the main one commits; see Change.emit_shared_chains).
+            self._apply(pre)
             self._apply(main)
-            return changes, len(pre) + len(main)
         except NftError as err:
-            refused = err
-        candidates = [(family, n) for family, c in changes.items() for n in sorted(c.updates)]
-
-        def refusal(keys: list[Key]) -> str | None:
-            subset: Updates = {family: {} for family in updates}
-            for family, name in keys:
-                subset[family][name] = updates[family][name]
-            return self._check(self._changes(subset)[2])
-
-        bad = _isolate(candidates, refusal, _first_line(refused))
-        if not bad:
-            raise refused
-        self._isolate(bad, updates)
-        for family, name in bad:
-            updates[family][name] = None
-        changes, pre, main = self._changes(updates)
-        self._apply(pre, main)
+            # Either our picture of the kernel is stale (someone changed the table) or
+            # a changed ServicePort's rules are refused: a full sync settles both (it
+            # rebuilds the table, and isolates what the kernel refuses).
+            log.warning("Partial sync refused (%s); doing a full sync", _first_line(err))
+            return None
         return changes, len(pre) + len(main)
 
-    def _isolate(
-        self, bad: Mapping[Key, str], rules: Mapping[IPFamily, Mapping[ServicePortName, object]]
+    def _record_isolated(
+        self, bad: Mapping[Key, str], rules: Mapping[IPFamily, Mapping[ServicePortName, PortRules]]
     ) -> None:
+        """After a full sync: exactly ``bad`` is isolated now (each logged once)."""
+        before = self._isolated
+        self._isolated = _Isolated()
         for key, reason in sorted(bad.items()):
             family, name = key
-            if self._isolated.reasons.get(key) != reason:
+            if before.reasons.get(key) != reason:
                 log.error(
-                    "Service port %s (%s): the kernel refused its rules (%s); leaving it out "
-                    "until it changes, every other Service port is programmed",
+                    "Service port %s (%s): the kernel refused its rules (%s); leaving it "
+                    "out until it changes, every other Service port is programmed",
                     name,
                     family.value,
                     reason,
                 )
             self._isolated.reasons[key] = reason
-            refused = rules[family].get(name)
-            if isinstance(refused, PortRules):
-                self._isolated.rules[key] = refused
+            self._isolated.rules[key] = rules[family][name]
+        for family, name in sorted(before.reasons.keys() - bad.keys()):
+            if name in rules.get(family, {}):
+                log.info("Service port %s (%s) is accepted again", name, family.value)
 
     # ----------------------------------------------------------------- public
 
@@ -331,7 +334,18 @@ class NftablesBackend:
         )
         updates, rendered = self._render(snapshot, None if full else changed, fams)
         try:
-            if full:
+            partial = None if full else self._partial(updates)
+            if partial is not None:
+                changes, operations = partial
+                conflicts: list[str] = []
+                for family, change in changes.items():
+                    change.commit()
+                    conflicts.extend(c.message(family) for c in change.conflicts)
+            else:
+                if not full:
+                    full = True
+                    updates, more = self._render(snapshot, None, fams)
+                    rendered += more
                 indexes, operations = self._full(fams, updates)
                 self._families = {i.fam.family: _Family(i.fam, i) for i in indexes.values()}
                 conflicts = [
@@ -339,12 +353,6 @@ class NftablesBackend:
                     for family, index in indexes.items()
                     for c in index.conflicts()
                 ]
-            else:
-                changes, operations = self._partial(updates)
-                conflicts = []
-                for family, change in changes.items():
-                    change.commit()
-                    conflicts.extend(c.message(family) for c in change.conflicts)
         except Exception:
             # The kernel kept the previous rules; our picture of them may be stale.
             for state in self._families.values():
