@@ -35,12 +35,12 @@ from kubeproxy.lab.echo import tally, udp_ask
 from kubeproxy.lab.netns import NetnsExecutor, add_netns, delete_netns, ns_exec
 from kubeproxy.lab.objects import Ep, ManifestDir, endpoint_slice, service
 from kubeproxy.model.state import ProxyState
-from kubeproxy.model.types import IPFamily, Protocol
+from kubeproxy.model.types import IPFamily, L4Protocol
 from kubeproxy.sources.events import dispatch
 from kubeproxy.sources.manifests import ManifestSource
 from tests.kernel.conftest import PODS, ip, wait_for
 
-UDP = Protocol.UDP
+UDP = L4Protocol.UDP
 DNS = {"name": "dns", "port": 53, "protocol": "UDP"}
 DNS_TARGET = {"name": "dns", "port": 8080, "protocol": "UDP"}
 

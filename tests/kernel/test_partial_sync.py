@@ -27,8 +27,8 @@ from kubeproxy.model.state import NodeState, Snapshot
 from kubeproxy.model.types import (
     Endpoint,
     IPFamily,
+    L4Protocol,
     NamespacedName,
-    Protocol,
     ServicePort,
     ServicePortName,
     TrafficPolicy,
@@ -63,7 +63,7 @@ def normalized(ns: str) -> dict[str, Any]:
     return out
 
 
-def port_name(i: int, proto: Protocol = Protocol.TCP) -> ServicePortName:
+def port_name(i: int, proto: L4Protocol = L4Protocol.TCP) -> ServicePortName:
     return ServicePortName(NamespacedName("default", f"s{i}"), "p", proto)
 
 
@@ -138,15 +138,19 @@ class PartialVersusFull(RuleBasedStateMachine):
         fresh.sync(snap, None)
         assert normalized(self.partial_ns) == normalized(self.full_ns)
 
-    @rule(i=st.integers(0, 5), proto=st.sampled_from([Protocol.TCP, Protocol.UDP]), spec=services)
-    def put_service(self, i: int, proto: Protocol, spec: dict[str, Any]) -> None:
+    @rule(
+        i=st.integers(0, 5), proto=st.sampled_from([L4Protocol.TCP, L4Protocol.UDP]), spec=services
+    )
+    def put_service(self, i: int, proto: L4Protocol, spec: dict[str, Any]) -> None:
         name = port_name(i, proto)
         self.services[name] = ServicePort(name=name, **spec)
         self._sync({name})
 
     @rule(
         changes=st.lists(
-            st.tuples(st.integers(0, 5), st.sampled_from([Protocol.TCP, Protocol.UDP]), services),
+            st.tuples(
+                st.integers(0, 5), st.sampled_from([L4Protocol.TCP, L4Protocol.UDP]), services
+            ),
             min_size=2,
             max_size=4,
             unique_by=lambda c: (c[0], c[1]),
@@ -154,7 +158,7 @@ class PartialVersusFull(RuleBasedStateMachine):
         drop=st.sets(st.integers(0, 5), max_size=2),
     )
     def change_several(
-        self, changes: list[tuple[int, Protocol, dict[str, Any]]], drop: set[int]
+        self, changes: list[tuple[int, L4Protocol, dict[str, Any]]], drop: set[int]
     ) -> None:
         # Several ServicePorts in one partial sync: two of them may now claim (or stop
         # claiming) the same destination, a new one may win a destination from an
@@ -171,8 +175,8 @@ class PartialVersusFull(RuleBasedStateMachine):
             changed.add(name)
         self._sync(changed)
 
-    @rule(i=st.integers(0, 5), proto=st.sampled_from([Protocol.TCP, Protocol.UDP]))
-    def delete_service(self, i: int, proto: Protocol) -> None:
+    @rule(i=st.integers(0, 5), proto=st.sampled_from([L4Protocol.TCP, L4Protocol.UDP]))
+    def delete_service(self, i: int, proto: L4Protocol) -> None:
         name = port_name(i, proto)
         self.services.pop(name, None)
         self.endpoints.pop(name, None)
@@ -180,10 +184,10 @@ class PartialVersusFull(RuleBasedStateMachine):
 
     @rule(
         i=st.integers(0, 5),
-        proto=st.sampled_from([Protocol.TCP, Protocol.UDP]),
+        proto=st.sampled_from([L4Protocol.TCP, L4Protocol.UDP]),
         eps=st.lists(endpoint, max_size=4, unique_by=lambda e: (e.ip, e.port)),
     )
-    def set_endpoints(self, i: int, proto: Protocol, eps: list[Endpoint]) -> None:
+    def set_endpoints(self, i: int, proto: L4Protocol, eps: list[Endpoint]) -> None:
         name = port_name(i, proto)
         self.endpoints[name] = tuple(eps)
         self._sync({name})
@@ -200,8 +204,8 @@ class PartialVersusFull(RuleBasedStateMachine):
         fresh.sync(snap, None)
         assert normalized(self.partial_ns) == normalized(self.full_ns)
 
-    @rule(i=st.integers(0, 5), proto=st.sampled_from([Protocol.TCP, Protocol.UDP]))
-    def move_to_other_address(self, i: int, proto: Protocol) -> None:
+    @rule(i=st.integers(0, 5), proto=st.sampled_from([L4Protocol.TCP, L4Protocol.UDP]))
+    def move_to_other_address(self, i: int, proto: L4Protocol) -> None:
         name = port_name(i, proto)
         if name in self.services:
             svc = self.services[name]

@@ -20,8 +20,8 @@ from kubeproxy.model.state import NodeState, Snapshot
 from kubeproxy.model.types import (
     Endpoint,
     IPFamily,
+    L4Protocol,
     NamespacedName,
-    Protocol,
     ServicePort,
     ServicePortName,
 )
@@ -143,7 +143,7 @@ NODE = NodeState("node-a", "zone-a", {IPFamily.IPv4: NODE_IP})
 
 
 def port(name: str, cluster_ip: str, **kw: Any) -> ServicePort:
-    spn = ServicePortName(NamespacedName("default", name), "http", Protocol.TCP)
+    spn = ServicePortName(NamespacedName("default", name), "http", L4Protocol.TCP)
     return ServicePort(name=spn, cluster_ips=(cluster_ip,), port=80, **kw)
 
 

@@ -21,8 +21,8 @@ from kubeproxy.model.state import NodeState, Snapshot
 from kubeproxy.model.types import (
     Endpoint,
     IPFamily,
+    L4Protocol,
     NamespacedName,
-    Protocol,
     ServicePort,
     ServicePortName,
     TrafficPolicy,
@@ -53,7 +53,7 @@ def service_port(draw: st.DrawFn, index: int) -> tuple[ServicePort, tuple[Endpoi
     families = draw(st.sampled_from([("4",), ("6",), ("4", "6")]))
     ips = tuple(draw(v4 if f == "4" else v6) for f in families)
     name = ServicePortName(
-        NamespacedName("ns", f"s{index}"), "p", draw(st.sampled_from(list(Protocol)))
+        NamespacedName("ns", f"s{index}"), "p", draw(st.sampled_from(list(L4Protocol)))
     )
     port = ServicePort(
         name=name,

@@ -15,8 +15,8 @@ from kubeproxy.model.types import (
     EndpointConditions,
     EndpointSlice,
     IPFamily,
+    L4Protocol,
     NamespacedName,
-    Protocol,
     Service,
     ServicePort,
     ServicePortName,
@@ -107,7 +107,7 @@ def node_obj(
 
 
 def port_name(
-    service: str = "web", port: str = "http", protocol: Protocol = Protocol.TCP
+    service: str = "web", port: str = "http", protocol: L4Protocol = L4Protocol.TCP
 ) -> ServicePortName:
     return ServicePortName(NamespacedName("default", service), port, protocol)
 
@@ -115,7 +115,7 @@ def port_name(
 def service_port(
     service: str = "web",
     port: str = "http",
-    protocol: Protocol = Protocol.TCP,
+    protocol: L4Protocol = L4Protocol.TCP,
     *,
     number: int = 80,
     cluster_ips: tuple[str, ...] = ("10.96.0.10",),
@@ -168,7 +168,7 @@ def endpoint_slice(
     name: str,
     service: str = "web",
     *,
-    ports: tuple[tuple[str, Protocol, int], ...] = (("http", Protocol.TCP, 8080),),
+    ports: tuple[tuple[str, L4Protocol, int], ...] = (("http", L4Protocol.TCP, 8080),),
     endpoints: tuple[SliceEndpoint, ...] = (),
     family: IPFamily = IPFamily.IPv4,
     trigger_time: float | None = None,

@@ -25,14 +25,14 @@ from kubeproxy.model.state import Changes, ProxyState, Snapshot
 from kubeproxy.model.types import (
     EndpointSlice,
     IPFamily,
-    Protocol,
+    L4Protocol,
     Service,
     ServicePort,
     SliceEndpoint,
 )
 from tests.unit.conftest import endpoint_slice, service, service_port, slice_endpoint
 
-UDP, TCP = Protocol.UDP, Protocol.TCP
+UDP, TCP = L4Protocol.UDP, L4Protocol.TCP
 V4, V6 = IPFamily.IPv4, IPFamily.IPv6
 
 
@@ -43,7 +43,7 @@ def dns_port(**kwargs: object) -> ServicePort:
 
 
 def dns_slice(
-    *endpoints: SliceEndpoint, family: IPFamily = V4, protocol: Protocol = UDP
+    *endpoints: SliceEndpoint, family: IPFamily = V4, protocol: L4Protocol = UDP
 ) -> EndpointSlice:
     return endpoint_slice(
         f"dns-{family.value.lower()}",
@@ -103,7 +103,7 @@ def test_filter_arguments_for_the_conntrack_tool() -> None:
         "--orig-dst",
         "10.96.0.10",
     ]
-    assert Filter.for_port(30053, V6, Protocol.SCTP).args() == [
+    assert Filter.for_port(30053, V6, L4Protocol.SCTP).args() == [
         "-D",
         "-f",
         "ipv6",

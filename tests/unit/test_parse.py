@@ -25,9 +25,9 @@ from kubeproxy.model.types import (
     TAINT_TO_BE_DELETED,
     EndpointConditions,
     IPFamily,
+    L4Protocol,
     NamespacedName,
     NodeAddress,
-    Protocol,
     TrafficPolicy,
 )
 from tests.unit.conftest import node_obj, service_obj, slice_obj
@@ -42,7 +42,7 @@ def test_service_minimal_gets_api_defaults() -> None:
     # protocol defaults to TCP; a single port may be unnamed.
     assert str(port.name) == "default/web/TCP"
     assert port.name.port == ""
-    assert port.protocol is Protocol.TCP
+    assert port.protocol is L4Protocol.TCP
     assert port.port == 80
     assert port.cluster_ips == ("10.96.0.10",)
     assert port.node_port == 0
@@ -95,9 +95,9 @@ def test_same_port_number_on_three_protocols_is_three_service_ports() -> None:
     ]
     svc = parse_service(service_obj(ports=ports))
     assert [(p.name.port, p.protocol, p.port) for p in svc.ports] == [
-        ("tcp", Protocol.TCP, 53),
-        ("udp", Protocol.UDP, 53),
-        ("sctp", Protocol.SCTP, 53),
+        ("tcp", L4Protocol.TCP, 53),
+        ("udp", L4Protocol.UDP, 53),
+        ("sctp", L4Protocol.SCTP, 53),
     ]
     assert len({p.name for p in svc.ports}) == 3
 
@@ -290,8 +290,8 @@ def test_slice_full_parse() -> None:
     assert eps.address_type is IPFamily.IPv4
     # protocol defaults to TCP on slice ports too
     assert [(p.name, p.protocol, p.port) for p in eps.ports] == [
-        ("http", Protocol.TCP, 8080),
-        ("dns", Protocol.UDP, 53),
+        ("http", L4Protocol.TCP, 8080),
+        ("dns", L4Protocol.UDP, 53),
     ]
     (ep,) = eps.endpoints
     # the endpoint's IP comes from addresses (all kept here; the tracker uses the first)

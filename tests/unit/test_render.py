@@ -28,8 +28,8 @@ from kubeproxy.model.topology import NodeTopology
 from kubeproxy.model.types import (
     Endpoint,
     IPFamily,
+    L4Protocol,
     NamespacedName,
-    Protocol,
     ServicePort,
     ServicePortName,
     TrafficPolicy,
@@ -55,7 +55,9 @@ def render(port: ServicePort, endpoints: list[Endpoint], fam: FamilyPlan) -> Por
     return render_service_port(plan, fam) if plan is not None else PortRules()
 
 
-def spn(name: str = "web", port: str = "http", proto: Protocol = Protocol.TCP) -> ServicePortName:
+def spn(
+    name: str = "web", port: str = "http", proto: L4Protocol = L4Protocol.TCP
+) -> ServicePortName:
     return ServicePortName(NamespacedName("default", name), port, proto)
 
 

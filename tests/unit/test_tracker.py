@@ -22,10 +22,10 @@ from kubeproxy.model.types import (
     Endpoint,
     EndpointSlice,
     IPFamily,
+    L4Protocol,
     NamespacedName,
     Node,
     NodeAddress,
-    Protocol,
     Service,
     SliceEndpoint,
 )
@@ -38,7 +38,7 @@ from tests.unit.conftest import (
     slice_endpoint,
 )
 
-TCP, UDP, SCTP = Protocol.TCP, Protocol.UDP, Protocol.SCTP
+TCP, UDP, SCTP = L4Protocol.TCP, L4Protocol.UDP, L4Protocol.SCTP
 WEB = NamespacedName("default", "web")
 
 # ================================================================================ Services

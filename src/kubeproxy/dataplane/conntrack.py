@@ -39,10 +39,10 @@ import re
 import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol as TypingProtocol
+from typing import Protocol
 
 from kubeproxy.model.tracker import EndpointsUpdate, ServiceUpdate
-from kubeproxy.model.types import IPFamily, Protocol, ServicePort, ServicePortName, family_of
+from kubeproxy.model.types import IPFamily, L4Protocol, ServicePort, ServicePortName, family_of
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class Filter:
     """Delete the ``protocol`` entries of ``family`` matching every field that is set."""
 
     family: IPFamily
-    protocol: Protocol
+    protocol: L4Protocol
     orig_dst: str | None = None
     orig_dst_port: int | None = None
     reply_src: str | None = None
@@ -74,13 +74,15 @@ class Filter:
 
     @classmethod
     def for_ip(
-        cls, ip: str, protocol: Protocol, port: int | None = None, reason: str = ""
+        cls, ip: str, protocol: L4Protocol, port: int | None = None, reason: str = ""
     ) -> Filter:
         """Flows sent to a Service IP (optionally one port of it)."""
         return cls(family_of(ip), protocol, orig_dst=ip, orig_dst_port=port, reason=reason)
 
     @classmethod
-    def for_port(cls, port: int, family: IPFamily, protocol: Protocol, reason: str = "") -> Filter:
+    def for_port(
+        cls, port: int, family: IPFamily, protocol: L4Protocol, reason: str = ""
+    ) -> Filter:
         """Flows sent to a NodePort on any address of ``family``."""
         return cls(family, protocol, orig_dst_port=port, reason=reason)
 
@@ -89,7 +91,7 @@ class Filter:
         cls,
         ip: str,
         endpoint_ip: str,
-        protocol: Protocol,
+        protocol: L4Protocol,
         port: int | None = None,
         reason: str = "",
     ) -> Filter:
@@ -105,7 +107,7 @@ class Filter:
 
     @classmethod
     def for_port_nat(
-        cls, port: int, endpoint_ip: str, protocol: Protocol, reason: str = ""
+        cls, port: int, endpoint_ip: str, protocol: L4Protocol, reason: str = ""
     ) -> Filter:
         """Flows sent to a NodePort and NATed to ``endpoint_ip``."""
         return cls(
@@ -169,7 +171,7 @@ def stale_conntrack_filters(
     # (a) A deleted UDP ServicePort: every flow to its ClusterIP (the update carries IPs).
     for ip in sorted(svc_update.deleted_udp_cluster_ips):
         if family_of(ip) is family:
-            add(Filter.for_ip(ip, Protocol.UDP, reason="deleted UDP service"))
+            add(Filter.for_ip(ip, L4Protocol.UDP, reason="deleted UDP service"))
 
     # (c) First usable endpoint: flows cached while there was none were not NATed.
     for name in sorted(ep_update.newly_active_udp):
@@ -201,7 +203,7 @@ def stale_conntrack_filters(
 # ------------------------------------------------------------------------ clearing
 
 
-class Conntrack(TypingProtocol):
+class Conntrack(Protocol):
     def clear(self, flt: Filter) -> int:
         """Delete the matching entries; how many. Raises ConntrackError."""
         ...
@@ -244,7 +246,7 @@ class Entry:
     """One conntrack entry, as much of it as filters look at."""
 
     family: IPFamily
-    protocol: Protocol
+    protocol: L4Protocol
     orig_src: str
     orig_dst: str
     orig_src_port: int

@@ -30,7 +30,7 @@ import yaml
 from kubeproxy.lab.cluster import CLIENT_IP, NODE, NODE_IP, Lab
 from kubeproxy.lab.echo import Reply, tcp_ask, udp_ask
 from kubeproxy.lab.netns import ns_exec
-from kubeproxy.model.types import Protocol, ServicePort
+from kubeproxy.model.types import L4Protocol, ServicePort
 from kubeproxy.sources.manifests import ManifestSource
 
 CLIENT_POD = "client"
@@ -143,7 +143,7 @@ def run_demo(directory: Path, requests: int, out: Any = sys.stdout) -> int:
             file=out,
         )
         for svc in services:
-            ask = udp_ask if svc.protocol is Protocol.UDP else tcp_ask
+            ask = udp_ask if svc.protocol is L4Protocol.UDP else tcp_ask
             for label, who, ip, port in _targets(svc):
                 runner = lab.in_pod(CLIENT_POD) if who == "pod" else lab.executor(lab.client_ns)
                 replies = runner.call(_ask_many, ask, ip, port, requests)

@@ -26,10 +26,10 @@ from kubeproxy.model.types import (
     EndpointConditions,
     EndpointSlice,
     IPFamily,
+    L4Protocol,
     NamespacedName,
     Node,
     NodeAddress,
-    Protocol,
     Service,
     ServiceCIDR,
     ServicePort,
@@ -171,10 +171,10 @@ def _printable(text: str) -> str:
     return shown if shown.isprintable() else shown.encode("unicode_escape").decode("ascii")
 
 
-def _protocol(value: Any, path: str) -> Protocol:
+def _protocol(value: Any, path: str) -> L4Protocol:
     text = _str(value, path, "TCP")
     try:
-        return Protocol(text)
+        return L4Protocol(text)
     except ValueError:
         raise _fail(path, f"unsupported protocol {text!r}") from None
 
@@ -234,8 +234,8 @@ def _parse_service(obj: Mapping[str, Any]) -> Service:
         raise _fail("spec.ports", "required")
     ports: list[ServicePort] = []
     seen_names: set[str] = set()
-    seen_ports: set[tuple[int, Protocol]] = set()
-    seen_node_ports: set[tuple[int, Protocol]] = set()
+    seen_ports: set[tuple[int, L4Protocol]] = set()
+    seen_node_ports: set[tuple[int, L4Protocol]] = set()
     for i, raw in enumerate(raw_ports):
         path = f"spec.ports[{i}]"
         port_obj = _mapping(raw, path)
@@ -372,7 +372,7 @@ def _parse_endpoint_slice(obj: Mapping[str, Any]) -> EndpointSlice | None:
         raise _fail("addressType", f"unsupported value {address_type!r}") from None
 
     ports: list[SlicePort] = []
-    seen: set[tuple[str, Protocol]] = set()
+    seen: set[tuple[str, L4Protocol]] = set()
     for i, raw in enumerate(_list(obj.get("ports"), "ports")):
         path = f"ports[{i}]"
         port_obj = _mapping(raw, path)

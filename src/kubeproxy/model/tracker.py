@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from kubeproxy.model.types import (
     Endpoint,
     EndpointSlice,
+    L4Protocol,
     NamespacedName,
-    Protocol,
     Service,
     ServicePort,
     ServicePortName,
@@ -98,7 +98,7 @@ class ServicePortMap(dict[ServicePortName, ServicePort]):
             for name in before.keys() - after.keys():
                 del self[name]
                 result.changed.add(name)
-                if name.protocol is Protocol.UDP:
+                if name.protocol is L4Protocol.UDP:
                     result.deleted_udp_cluster_ips.update(before[name].cluster_ips)
             for name, port in after.items():
                 if self.get(name) != port:
@@ -241,7 +241,7 @@ class EndpointsMap(dict[ServicePortName, tuple[Endpoint, ...]]):
                     self[name] = new
                 else:
                     self.pop(name, None)
-                if name.protocol is Protocol.UDP:
+                if name.protocol is L4Protocol.UDP:
                     _note_udp_changes(result, name, old, new)
         return result
 

@@ -21,7 +21,9 @@ from enum import StrEnum
 from typing import NamedTuple
 
 
-class Protocol(StrEnum):
+class L4Protocol(StrEnum):
+    """A Service port's protocol (the API's ``v1.Protocol``)."""
+
     TCP = "TCP"
     UDP = "UDP"
     SCTP = "SCTP"
@@ -85,7 +87,7 @@ class ServicePortName:
 
     service: NamespacedName
     port: str
-    protocol: Protocol
+    protocol: L4Protocol
 
     def __str__(self) -> str:
         base = f"{self.service}:{self.port}" if self.port else str(self.service)
@@ -115,7 +117,7 @@ class ServicePort:
     traffic_distribution: str | None = None
 
     @property
-    def protocol(self) -> Protocol:
+    def protocol(self) -> L4Protocol:
         return self.name.protocol
 
     def cluster_ip(self, family: IPFamily) -> str | None:
@@ -192,7 +194,7 @@ class SliceEndpoint:
 @dataclass(frozen=True, slots=True)
 class SlicePort:
     name: str
-    protocol: Protocol
+    protocol: L4Protocol
     port: int
 
 
