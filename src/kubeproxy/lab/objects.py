@@ -112,16 +112,24 @@ def endpoint_slice(
     }
 
 
-def node(name: str, ips: Sequence[str] = (), zone: str | None = None) -> dict[str, Any]:
+def node(
+    name: str,
+    ips: Sequence[str] = (),
+    zone: str | None = None,
+    pod_cidrs: Sequence[str] = (),
+) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": name}
     if zone:
         meta["labels"] = {"topology.kubernetes.io/zone": zone}
-    return {
+    obj: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": meta,
         "status": {"addresses": [{"type": "InternalIP", "address": ip} for ip in ips]},
     }
+    if pod_cidrs:
+        obj["spec"] = {"podCIDR": pod_cidrs[0], "podCIDRs": list(pod_cidrs)}
+    return obj
 
 
 @dataclass
