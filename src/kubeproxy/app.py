@@ -126,9 +126,16 @@ class Proxy:
         result = self.backend.sync(snapshot, changed)
         if self._stale and self.conntrack is not None:
             # After the new rules are in: a flow that re-creates its entry now gets them.
-            cleaned = apply(self.conntrack, self._stale)
-            if cleaned.failed:
-                self.metrics.cleanup_failed()
+            # A failed deletion is logged by apply(); it is not an nftables cleanup
+            # failure, so it does not count in that metric (as upstream).
+            for family in self.config.families:
+                stale = [f for f in self._stale if f.family is family]
+                if stale:
+                    started = time.perf_counter()
+                    cleaned = apply(self.conntrack, stale)
+                    self.metrics.conntrack_cleaned(
+                        family.value, time.perf_counter() - started, cleaned.deleted
+                    )
         self._stale = []
         return result
 

@@ -18,8 +18,25 @@ sync_proxy_rules_service_changes_pending / _total          gauge/ctr  pending / 
 sync_proxy_rules_no_local_endpoints_total{traffic_policy}  gauge      observe_sync
 sync_proxy_rules_nftables_sync_failures_total              counter    sync_failed
 sync_proxy_rules_nftables_cleanup_failures_total           counter    cleanup_failed
+conntrack_reconciler_sync_duration_seconds{ip_family}      histogram  conntrack_cleaned
+conntrack_reconciler_deleted_entries_total{ip_family}      counter    conntrack_cleaned
 proxy_healthz_total{code} / proxy_livez_total{code}        counter    count_healthz/_livez
 =========================================================  =========  ======================
+
+``nftables_cleanup_failures_total`` counts what upstream's does: failures of the
+transaction that deletes stale nftables chains. It stays registered (and 0) until the
+nftables backend reports such failures through :meth:`Metrics.cleanup_failed`; a failed
+*conntrack* cleanup is not one of them (upstream has no metric for it either: each one
+is logged on its own line by :func:`kubeproxy.dataplane.conntrack.apply`).
+
+The ``conntrack_reconciler_*`` pair is upstream's (1.33+) for clearing stale conntrack
+entries. Upstream's reconciler scans the table on every sync; kubeproxy deletes by filter
+after a sync that made UDP entries stale, so a histogram sample is one such cleanup (per
+family) and syncs with nothing stale add none.
+
+Process metrics, as upstream's Go registry has (``process_*``: CPU seconds, resident and
+virtual memory, start time, open and max fds), from prometheus_client's ProcessCollector;
+the Go runtime collectors' analogue is ``python_info`` and ``python_gc_*``.
 
 Ours (upstream's nftables mode has no count of what it programmed):
 ``kubeproxy_sync_proxy_rules_nftables_elements`` and ``..._nftables_chains`` (gauges,
@@ -43,7 +60,10 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    GCCollector,
     Histogram,
+    PlatformCollector,
+    ProcessCollector,
     generate_latest,
 )
 from prometheus_client.metrics_core import Metric
@@ -70,6 +90,11 @@ NETWORK_PROGRAMMING_BUCKETS = (
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        # Upstream's registry carries the process and Go runtime collectors; these are
+        # the Python equivalents, on this instance's registry (no global one).
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
             return Histogram(f"kubeproxy_{name}", doc, buckets=buckets, registry=self.registry)
@@ -133,6 +158,18 @@ class Metrics:
             "sync_proxy_rules_nftables_cleanup_failures_total",
             "Cumulative proxy nftables cleanup failures",
         )
+        self.conntrack_duration = Histogram(
+            "kubeproxy_conntrack_reconciler_sync_duration_seconds",
+            "ReconcileConntrackFlowsLatency latency in seconds",
+            ("ip_family",),
+            buckets=SYNC_DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        self.conntrack_deleted = counter(
+            "conntrack_reconciler_deleted_entries_total",
+            "Cumulative conntrack flows deleted by conntrack reconciler",
+            ("ip_family",),
+        )
         self.healthz = counter(
             "proxy_healthz_total", "Cumulative proxy healthz HTTP status", ("code",)
         )
@@ -191,7 +228,13 @@ class Metrics:
         self.sync_failures.inc()
 
     def cleanup_failed(self) -> None:
+        """The transaction deleting stale nftables chains failed (not conntrack)."""
         self.cleanup_failures.inc()
+
+    def conntrack_cleaned(self, family: str, seconds: float, deleted: int) -> None:
+        """Stale conntrack entries of ``family`` ("IPv4"/"IPv6") were cleared."""
+        self.conntrack_duration.labels(family).observe(seconds)
+        self.conntrack_deleted.labels(family).inc(deleted)
 
     def _observe_duration(self, seconds: float, *, full: bool) -> None:
         self.sync_duration.observe(seconds)

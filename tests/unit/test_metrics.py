@@ -31,10 +31,23 @@ EXPECTED = {
     "kubeproxy_sync_proxy_rules_no_local_endpoints_total": "gauge",
     "kubeproxy_sync_proxy_rules_nftables_sync_failures_total": "counter",
     "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total": "counter",
+    "kubeproxy_conntrack_reconciler_sync_duration_seconds": "histogram",
+    "kubeproxy_conntrack_reconciler_deleted_entries_total": "counter",
     "kubeproxy_proxy_healthz_total": "counter",
     "kubeproxy_proxy_livez_total": "counter",
     "kubeproxy_sync_proxy_rules_nftables_elements": "gauge",
     "kubeproxy_sync_proxy_rules_nftables_chains": "gauge",
+    # Upstream's registry has the process collector (and Go's runtime ones; Python's here).
+    "process_cpu_seconds_total": "counter",
+    "process_resident_memory_bytes": "gauge",
+    "process_virtual_memory_bytes": "gauge",
+    "process_start_time_seconds": "gauge",
+    "process_open_fds": "gauge",
+    "process_max_fds": "gauge",
+    "python_info": "gauge",
+    "python_gc_objects_collected_total": "counter",
+    "python_gc_objects_uncollectable_total": "counter",
+    "python_gc_collections_total": "counter",
 }
 
 RESULT = SyncResult(full=True, elements=7, chains=3, no_local_internal=1, no_local_external=2)
@@ -46,6 +59,29 @@ def test_each_instance_has_its_own_registry() -> None:
     value = "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total"
     assert first.registry.get_sample_value(value) == 1
     assert second.registry.get_sample_value(value) == 0
+
+
+def test_process_metrics_are_on_each_instances_registry() -> None:
+    first, second = Metrics(), Metrics()
+    for metrics in (first, second):
+        value = metrics.registry.get_sample_value
+        assert (value("process_resident_memory_bytes") or 0) > 0
+        assert (value("process_open_fds") or 0) > 0
+        assert (value("process_start_time_seconds") or 0) > T0
+        assert value("process_cpu_seconds_total") is not None
+
+
+def test_conntrack_cleanups_are_counted_per_family() -> None:
+    metrics = Metrics()
+    value = metrics.registry.get_sample_value
+    metrics.conntrack_cleaned("IPv4", 0.003, 5)
+    metrics.conntrack_cleaned("IPv6", 0.001, 0)
+    deleted = "kubeproxy_conntrack_reconciler_deleted_entries_total"
+    assert value(deleted, {"ip_family": "IPv4"}) == 5
+    assert value(deleted, {"ip_family": "IPv6"}) == 0
+    duration = "kubeproxy_conntrack_reconciler_sync_duration_seconds"
+    assert value(f"{duration}_count", {"ip_family": "IPv4"}) == 1
+    assert value(f"{duration}_bucket", {"ip_family": "IPv4", "le": "0.004"}) == 1
 
 
 def test_buckets_are_upstreams() -> None:
