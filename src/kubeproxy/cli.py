@@ -100,10 +100,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load_configuration(args: argparse.Namespace) -> configfile.KubeProxyConfiguration:
     """File (if any) + flags + upstream defaults, validated; ConfigError lists every problem."""
+    # Decode errors are kept and reported with the validation errors of everything that
+    # could be decoded, so one run shows every problem of the file.
+    errors: list[str] = []
     try:
         if args.config:
             text, options = split_config(_read(args.config), str(args.config))
-            cfg = configfile.loads(text, source=str(args.config))
+            cfg, errors = configfile.decode(text, source=str(args.config))
             # kubeproxy's own settings from the file; flags win.
             if args.manifests is None:
                 args.manifests = options.manifests
@@ -117,7 +120,7 @@ def load_configuration(args: argparse.Namespace) -> configfile.KubeProxyConfigur
         cfg = configfile.complete(cfg)
     except (configfile.ConfigFileError, configfile.FlagError, OptionsError) as err:
         raise ConfigError(str(err)) from None
-    errors = configfile.validate(cfg)
+    errors += configfile.validate(cfg)
     mode = cfg.mode or "nftables"
     if mode not in BACKENDS:
         errors.append(
@@ -125,7 +128,8 @@ def load_configuration(args: argparse.Namespace) -> configfile.KubeProxyConfigur
             f"{', '.join(repr(b) for b in BACKENDS)}"
         )
     if errors:
-        raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
+        where = f" in {args.config}" if args.config else ""
+        raise ConfigError(f"invalid configuration{where}:\n  " + "\n  ".join(errors))
     for warning in configfile.feature_gate_warnings(cfg):
         log.warning("%s", warning)
     return cfg
