@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         return _cleanup()
     try:
         cfg = load_configuration(args)
-        logs.setup(cfg.logging.verbosity)
+        logs.setup(cfg.logging.verbosity, fmt=cfg.logging.format)
         if getattr(args, "write_config_to", None) is not None:
             args.write_config_to.write_text(configfile.to_yaml(cfg))
             log.info("Wrote the effective configuration to %s", args.write_config_to)
