@@ -32,6 +32,7 @@ from kubeproxy.config import (
 from kubeproxy.dataplane.conntrack import ConntrackCommand
 from kubeproxy.dataplane.sysctl import apply_conntrack_sysctls
 from kubeproxy.model.nodeports import NodePortAddresses
+from kubeproxy.oom import apply_oom_score_adj
 from kubeproxy.options import OptionsError, split_config
 from kubeproxy.sources import Source, initial_state
 from kubeproxy.sources.manifests import ManifestSource
@@ -218,6 +219,9 @@ async def _run(
     stop = asyncio.Event()
     if not once:
         install_signal_handlers(stop)
+    # As upstream's Run: first thing, and a failure (not permitted) does not stop us.
+    if cfg.oom_score_adj is not None:
+        apply_oom_score_adj(cfg.oom_score_adj)
     # Each setting that cannot be applied (e.g. read-only in a network namespace) is
     # logged by apply_conntrack_sysctls; none of them stops the proxy, as upstream.
     apply_conntrack_sysctls(cfg.conntrack)
