@@ -37,6 +37,14 @@ from kubeproxy.sources.events import Event, dispatch
 
 log = logging.getLogger("kubeproxy")
 
+# Upstream retries a server that cannot listen every 5 s (wait.Until) unless
+# bindAddressHardFail makes the failure fatal.
+BIND_RETRY_SECONDS = 5.0
+
+
+class ServerBindError(RuntimeError):
+    """The healthz or metrics server cannot listen and bindAddressHardFail is set."""
+
 
 @dataclass
 class SyncOutcome:
@@ -53,6 +61,8 @@ class Servers:
     metrics: MetricsServer | None = None
     services: ServiceHealthServers | None = None
     listeners: list[HealthServer | MetricsServer] = field(default_factory=list)
+    # Servers that could not listen yet, retrying in the background.
+    retries: list[asyncio.Task[None]] = field(default_factory=list)
 
 
 class Proxy:
@@ -75,6 +85,7 @@ class Proxy:
         self.health = ProxyHealth(2 * config.sync_period, wall, families=config.families)
         self.state = ProxyState(config.hostname, config.bind_ip())
         self.servers = Servers()
+        self.bind_retry_seconds = BIND_RETRY_SECONDS
         self._needs_full = True
         self._last_full = -float("inf")
         self._stale: list[Filter] = []
@@ -223,18 +234,44 @@ class Proxy:
             self.servers.health = HealthServer(self.health, cfg.healthz_bind_address, self.metrics)
         if cfg.metrics_bind_address:
             self.servers.metrics = MetricsServer(self.metrics, cfg.metrics_bind_address, cfg.mode)
-        for server in (self.servers.health, self.servers.metrics):
+        # Upstream's wording for each server's failure.
+        servers = (
+            ("healthz server failed", self.servers.health),
+            ("starting metrics server failed", self.servers.metrics),
+        )
+        for failed, server in servers:
             if server is None:
                 continue
             try:
                 await server.start()
-                self.servers.listeners.append(server)
             except OSError as err:
-                # As upstream without bindAddressHardFail: report, keep proxying.
-                log.error("Cannot serve %s: %s", type(server).__name__, err)
+                if cfg.bind_address_hard_fail:
+                    await self.stop_servers()
+                    raise ServerBindError(f"{failed}: {err}") from err
+                # As upstream without bindAddressHardFail: report, keep proxying, retry.
+                log.error("%s: %s (retrying every %gs)", failed, err, self.bind_retry_seconds)
+                self.servers.retries.append(asyncio.create_task(self._retry_bind(server)))
+                continue
+            self.servers.listeners.append(server)
         self.servers.services = ServiceHealthServers(self.health.is_healthy, hostname=cfg.hostname)
 
+    async def _retry_bind(self, server: HealthServer | MetricsServer) -> None:
+        while True:
+            await asyncio.sleep(self.bind_retry_seconds)
+            try:
+                await server.start()
+            except OSError as err:
+                log.log(V2, "Still cannot listen on %s: %s", server.address, err)
+                continue
+            self.servers.listeners.append(server)
+            log.info("Listening on %s now", server.address)
+            return
+
     async def stop_servers(self) -> None:
+        for task in self.servers.retries:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         if self.servers.services is not None:
             await self.servers.services.close()
         for server in self.servers.listeners:

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from kubeproxy import configfile, logs
-from kubeproxy.app import Proxy, install_signal_handlers
+from kubeproxy.app import Proxy, ServerBindError, install_signal_handlers
 from kubeproxy.backends import BACKENDS, create_backend
 from kubeproxy.config import (
     ConfigError,
@@ -166,6 +166,8 @@ def proxy_config(cfg: configfile.KubeProxyConfiguration, args: argparse.Namespac
         features=configfile.feature_flags(cfg),
         healthz_bind_address=cfg.healthz_bind_address,
         metrics_bind_address=cfg.metrics_bind_address,
+        bind_address_hard_fail=cfg.bind_address_hard_fail,
+        enable_profiling=cfg.enable_profiling,
     )
 
 
@@ -256,7 +258,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     if args.command == "render":
         return asyncio.run(_render(config, source))
-    return asyncio.run(_run(cfg, config, source, args.once))
+    try:
+        return asyncio.run(_run(cfg, config, source, args.once))
+    except ServerBindError as err:
+        # bindAddressHardFail: as upstream, the proxy exits non-zero.
+        log.error("Error running ProxyServer: %s", err)
+        return 1
 
 
 if __name__ == "__main__":

@@ -5,17 +5,20 @@ The backend is a fake that records syncs; conntrack is the in-memory fake, so no
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import socket
 
 import pytest
 
-from kubeproxy.app import Proxy
+from kubeproxy.app import Proxy, ServerBindError
 from kubeproxy.backends import SyncResult
 from kubeproxy.config import ProxyConfig
 from kubeproxy.dataplane.conntrack import FakeConntrack, Filter
 from kubeproxy.metrics import Metrics
 from kubeproxy.model.state import ProxyState, Snapshot
 from kubeproxy.model.types import IPFamily, Protocol, ServicePortName
+from tests.unit.test_health import fetch
 
 
 class FakeBackend:
@@ -68,3 +71,70 @@ def test_a_failed_conntrack_cleanup_is_logged_not_counted_as_an_nftables_cleanup
     assert value(duration, {"ip_family": "IPv6"}) == 1
     assert conntrack.cleared == [ok]
     assert proxy._stale == []
+
+
+def blocked_port() -> socket.socket:
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen()
+    return blocker
+
+
+def test_bind_address_hard_fail_makes_a_server_that_cannot_listen_fatal() -> None:
+    blocker = blocked_port()
+    taken = blocker.getsockname()[1]
+    proxy = Proxy(
+        config(
+            healthz_bind_address="127.0.0.1:0",
+            metrics_bind_address=f"127.0.0.1:{taken}",
+            bind_address_hard_fail=True,
+        ),
+        FakeBackend(),
+    )
+
+    async def scenario() -> None:
+        with pytest.raises(ServerBindError, match=r"^starting metrics server failed: .*in use"):
+            await proxy.start_servers()
+        # Nothing is left listening: the healthz server that did start was stopped.
+        assert proxy.servers.listeners == []
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        blocker.close()
+
+
+def test_without_hard_fail_a_server_that_cannot_listen_is_retried(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    blocker = blocked_port()
+    taken = blocker.getsockname()[1]
+    proxy = Proxy(
+        config(healthz_bind_address=f"127.0.0.1:{taken}", metrics_bind_address="127.0.0.1:0"),
+        FakeBackend(),
+    )
+    proxy.bind_retry_seconds = 0.05
+
+    async def scenario() -> None:
+        try:
+            await proxy.start_servers()
+            assert [type(s).__name__ for s in proxy.servers.listeners] == ["MetricsServer"]
+            await asyncio.sleep(0.2)
+            assert len(proxy.servers.listeners) == 1  # still taken
+            blocker.close()
+            for _ in range(100):
+                if len(proxy.servers.listeners) == 2:
+                    break
+                await asyncio.sleep(0.02)
+            assert (await fetch(taken, "/livez")).status == 200
+        finally:
+            await proxy.stop_servers()
+
+    with caplog.at_level(logging.INFO):
+        try:
+            asyncio.run(scenario())
+        finally:
+            blocker.close()
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and errors[0].startswith("healthz server failed: "), errors
+    assert any(r.getMessage() == f"Listening on 127.0.0.1:{taken} now" for r in caplog.records)
