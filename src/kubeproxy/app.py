@@ -19,7 +19,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from kubeproxy.backends import Backend, SyncResult
@@ -75,8 +75,11 @@ class Proxy:
         wall: Callable[[], float] = time.time,
         conntrack: Conntrack | None = None,
         metrics: Metrics | None = None,
+        configz: Mapping[str, object] | None = None,
     ) -> None:
+        """``configz``: the configuration the metrics server's ``/configz`` shows."""
         self.config = config
+        self.configz = configz
         self.backend = backend
         self.clock = clock or SystemClock()
         self.wall = wall
@@ -233,7 +236,13 @@ class Proxy:
         if cfg.healthz_bind_address:
             self.servers.health = HealthServer(self.health, cfg.healthz_bind_address, self.metrics)
         if cfg.metrics_bind_address:
-            self.servers.metrics = MetricsServer(self.metrics, cfg.metrics_bind_address, cfg.mode)
+            self.servers.metrics = MetricsServer(
+                self.metrics,
+                cfg.metrics_bind_address,
+                cfg.mode,
+                profiling=cfg.enable_profiling,
+                configz=self.configz,
+            )
         # Upstream's wording for each server's failure.
         servers = (
             ("healthz server failed", self.servers.health),

@@ -34,6 +34,7 @@ from kubeproxy.dataplane.sysctl import apply_conntrack_sysctls
 from kubeproxy.model.nodeports import NodePortAddresses
 from kubeproxy.oom import apply_oom_score_adj
 from kubeproxy.options import OptionsError, split_config
+from kubeproxy.profiling import start_heap_tracing
 from kubeproxy.sources import Source, initial_state
 from kubeproxy.sources.manifests import ManifestSource
 
@@ -227,7 +228,11 @@ async def _run(
     # Each setting that cannot be applied (e.g. read-only in a network namespace) is
     # logged by apply_conntrack_sysctls; none of them stops the proxy, as upstream.
     apply_conntrack_sysctls(cfg.conntrack)
-    proxy = Proxy(config, create_backend(config), conntrack=ConntrackCommand())
+    if config.enable_profiling and not once:
+        # From the start, so /debug/pprof/heap sees every allocation still alive.
+        start_heap_tracing()
+    configz = {k: v for k, v in configfile.to_dict(cfg).items() if k not in ("apiVersion", "kind")}
+    proxy = Proxy(config, create_backend(config), conntrack=ConntrackCommand(), configz=configz)
     log.info(
         "Starting kubeproxy: mode=%s node=%s families=%s source=%s",
         config.mode,

@@ -59,12 +59,12 @@ class Reply:
         return json.loads(self.text)
 
 
-async def fetch(port: int, path: str = "/", method: str = "GET") -> Reply:
+async def fetch(port: int, path: str = "/", method: str = "GET", body: str | None = None) -> Reply:
     """One request on a fresh connection (a listener closed since must refuse it)."""
     connector = aiohttp.TCPConnector(force_close=True)
     async with (
         aiohttp.ClientSession(connector=connector) as session,
-        session.request(method, f"http://127.0.0.1:{port}{path}") as resp,
+        session.request(method, f"http://127.0.0.1:{port}{path}", data=body) as resp,
     ):
         return Reply(resp.status, dict(resp.headers), await resp.text())
 

@@ -190,3 +190,65 @@ def test_metrics_server_exposes_every_metric_with_its_type() -> None:
     assert 'kubeproxy_proxy_healthz_total{code="200"} 1.0' in text
     assert 'kubeproxy_proxy_livez_total{code="200"} 1.0' in text
     assert 'kubeproxy_network_programming_duration_seconds_bucket{le="0.0"} 0.0' in text
+
+
+def test_profiling_endpoints_are_404_unless_enabled() -> None:
+    async def scenario() -> None:
+        async with started(MetricsServer(Metrics(), "127.0.0.1:0")) as server:
+            for path in ("/debug/pprof/", "/debug/pprof/goroutine", "/debug/flags/v"):
+                assert (await fetch(server.port, path)).status == 404, path
+            assert (await fetch(server.port, "/debug/flags/v", method="PUT")).status == 404
+
+    asyncio.run(scenario())
+
+
+def test_profiling_endpoints(caplog: pytest.LogCaptureFixture) -> None:
+    levels: list[int] = []
+
+    async def scenario() -> None:
+        server = MetricsServer(
+            Metrics(), "127.0.0.1:0", profiling=True, set_verbosity=levels.append
+        )
+        async with started(server):
+            index = await fetch(server.port, "/debug/pprof/")
+            assert index.status == 200 and index.headers["Content-Type"].startswith("text/html")
+            for name in ("goroutine", "heap", "profile", "cmdline"):
+                assert f"href='{name}'" in index.text
+            assert (await fetch(server.port, "/debug/pprof")).text == index.text  # redirect
+            goroutine = await fetch(server.port, "/debug/pprof/goroutine")
+            assert goroutine.status == 200 and 'thread "MainThread"' in goroutine.text
+            assert 'task "' in goroutine.text  # the task serving this very request
+            # The event loop (MainThread here) keeps serving while the profile samples.
+            profile = await fetch(server.port, "/debug/pprof/profile?seconds=1&mode=wall")
+            assert profile.status == 200
+            assert any(line.startswith("MainThread;") for line in profile.text.splitlines())
+            # No tracemalloc in this process: say so rather than show an empty heap.
+            heap = await fetch(server.port, "/debug/pprof/heap")
+            assert heap.status == 500 and "not tracing" in heap.text
+            assert (await fetch(server.port, "/debug/pprof/mutex")).status == 404
+            cmdline = await fetch(server.port, "/debug/pprof/cmdline")
+            assert "pytest" in cmdline.text or "python" in cmdline.text
+
+            # /debug/flags/v: PUT the verbosity, as upstream's StringFlagPutHandler.
+            assert "flags:" in (await fetch(server.port, "/debug/flags/")).text
+            put = await fetch(server.port, "/debug/flags/v", method="PUT", body="4")
+            assert (put.status, put.text) == (200, "successfully set klog.logging.verbosity to 4\n")
+            bad = await fetch(server.port, "/debug/flags/v", method="PUT", body="loud")
+            assert bad.status == 400 and "invalid syntax" in bad.text
+            get = await fetch(server.port, "/debug/flags/v")
+            assert (get.status, get.text) == (406, "unsupported http method\n")
+
+    asyncio.run(scenario())
+    assert levels == [4]
+
+
+def test_configz_shows_the_configuration() -> None:
+    async def scenario() -> None:
+        server = MetricsServer(Metrics(), "127.0.0.1:0", configz={"mode": "nftables"})
+        async with started(server):
+            reply = await fetch(server.port, "/configz")
+            assert reply.status == 200
+            assert reply.headers["Content-Type"].startswith("application/json")
+            assert reply.json() == {"kubeproxy.config.k8s.io": {"mode": "nftables"}}
+
+    asyncio.run(scenario())
