@@ -208,6 +208,7 @@ class Proxy:
                 local_ready_endpoints(
                     {n: snapshot.endpoints.get(n, ()) for n in checked}, snapshot.node.name
                 ),
+                snapshot.node.primary_ips,
             )
             for failure in failures:
                 log.error("%s", failure.message)
@@ -262,7 +263,12 @@ class Proxy:
                 self.servers.retries.append(asyncio.create_task(self._retry_bind(server)))
                 continue
             self.servers.listeners.append(server)
-        self.servers.services = ServiceHealthServers(self.health.is_healthy, hostname=cfg.hostname)
+        self.servers.services = ServiceHealthServers(
+            self.health.is_healthy,
+            cfg.hostname,
+            node_ports=cfg.nodeport_addresses,
+            families=cfg.families,
+        )
 
     async def _retry_bind(self, server: HealthServer | MetricsServer) -> None:
         while True:
