@@ -232,7 +232,11 @@ class Proxy:
     # --------------------------------------------------------------------- run
 
     async def start_servers(self) -> None:
-        """Health (/healthz, /livez), metrics and per-Service health checks."""
+        """Health (/healthz, /livez), metrics and per-Service health checks.
+
+        A server that cannot listen is retried every 5 s; with bindAddressHardFail,
+        ServerBindError instead (nothing is left listening).
+        """
         cfg = self.config
         if cfg.healthz_bind_address:
             self.servers.health = HealthServer(self.health, cfg.healthz_bind_address, self.metrics)

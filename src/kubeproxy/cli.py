@@ -247,7 +247,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     verbosity = getattr(args, "kp_v", None)
-    logs.setup(int(verbosity) if verbosity is not None else getattr(args, "v", 0) or 0)
+    # Until the configuration is loaded: the flags' format, so a JSON log stays JSON.
+    fmt = getattr(args, "kp_logging_format", None)
+    logs.setup(
+        int(verbosity) if verbosity is not None else getattr(args, "v", 0) or 0,
+        fmt=fmt if fmt in logs.FORMATS else "text",
+    )
     if args.command == "cleanup" or getattr(args, "cleanup", False):
         return _cleanup()
     try:

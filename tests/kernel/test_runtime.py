@@ -211,7 +211,7 @@ def test_write_config_to_and_config_file(lab: Lab, manifests: ManifestDir, tmp_p
     bad = tmp_path / "bad.yaml"
     bad.write_text(
         "apiVersion: kubeproxy.config.k8s.io/v1alpha1\n"
-        "kind: KubeProxyConfiguration\nnftables:\n  minSyncPeriod: -1s\n"
+        "kind: KubeProxyConfiguration\nmode: nftables\nnftables:\n  minSyncPeriod: -1s\n"
         "  bogus: 1\n"
     )
     result = lab.sync_once(manifests.path, "--config", str(bad))
