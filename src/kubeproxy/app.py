@@ -25,7 +25,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from kubeproxy.backends import Backend, SyncResult
@@ -47,6 +47,14 @@ log = logging.getLogger("kubeproxy")
 # what changed is written.
 FULL_SYNC_PERIOD = 3600.0
 
+# Upstream retries a server that cannot listen every 5 s (wait.Until) unless
+# bindAddressHardFail makes the failure fatal.
+BIND_RETRY_SECONDS = 5.0
+
+
+class ServerBindError(RuntimeError):
+    """The healthz or metrics server cannot listen and bindAddressHardFail is set."""
+
 
 @dataclass
 class SyncOutcome:
@@ -63,6 +71,8 @@ class Servers:
     metrics: MetricsServer | None = None
     services: ServiceHealthServers | None = None
     listeners: list[HealthServer | MetricsServer] = field(default_factory=list)
+    # Servers that could not listen yet, retrying in the background.
+    retries: list[asyncio.Task[None]] = field(default_factory=list)
 
 
 class Proxy:
@@ -76,9 +86,12 @@ class Proxy:
         conntrack: Conntrack | None = None,
         metrics: Metrics | None = None,
         full_sync_period: float = FULL_SYNC_PERIOD,
+        configz: Mapping[str, object] | None = None,
     ) -> None:
+        """``configz``: the configuration the metrics server's ``/configz`` shows."""
         self.config = config
         self.full_sync_period = full_sync_period
+        self.configz = configz
         self.backend = backend
         self.clock = clock or SystemClock()
         self.wall = wall
@@ -87,6 +100,7 @@ class Proxy:
         self.health = ProxyHealth(2 * config.sync_period, wall, families=config.families)
         self.state = ProxyState(config.hostname, config.bind_ip())
         self.servers = Servers()
+        self.bind_retry_seconds = BIND_RETRY_SECONDS
         self._needs_full = True
         self._last_full = -float("inf")
         self._stale: list[Filter] = []
@@ -147,9 +161,16 @@ class Proxy:
         result = self.backend.sync(snapshot, changed)
         if self._stale and self.conntrack is not None:
             # After the new rules are in: a flow that re-creates its entry now gets them.
-            cleaned = apply(self.conntrack, self._stale)
-            if cleaned.failed:
-                self.metrics.cleanup_failed()
+            # A failed deletion is logged by apply(); it is not an nftables cleanup
+            # failure, so it does not count in that metric (as upstream).
+            for family in self.config.families:
+                stale = [f for f in self._stale if f.family is family]
+                if stale:
+                    started = time.perf_counter()
+                    cleaned = apply(self.conntrack, stale)
+                    self.metrics.conntrack_cleaned(
+                        family.value, time.perf_counter() - started, cleaned.deleted
+                    )
         self._stale = []
         return result
 
@@ -213,6 +234,7 @@ class Proxy:
                 local_ready_endpoints(
                     {n: snapshot.endpoints.get(n, ()) for n in checked}, snapshot.node.name
                 ),
+                snapshot.node.primary_ips,
             )
             for failure in failures:
                 log.error("%s", failure.message)
@@ -236,24 +258,65 @@ class Proxy:
     # --------------------------------------------------------------------- run
 
     async def start_servers(self) -> None:
-        """Health (/healthz, /livez), metrics and per-Service health checks."""
+        """Health (/healthz, /livez), metrics and per-Service health checks.
+
+        A server that cannot listen is retried every 5 s; with bindAddressHardFail,
+        ServerBindError instead (nothing is left listening).
+        """
         cfg = self.config
         if cfg.healthz_bind_address:
             self.servers.health = HealthServer(self.health, cfg.healthz_bind_address, self.metrics)
         if cfg.metrics_bind_address:
-            self.servers.metrics = MetricsServer(self.metrics, cfg.metrics_bind_address, cfg.mode)
-        for server in (self.servers.health, self.servers.metrics):
+            self.servers.metrics = MetricsServer(
+                self.metrics,
+                cfg.metrics_bind_address,
+                cfg.mode,
+                profiling=cfg.enable_profiling,
+                configz=self.configz,
+            )
+        # Upstream's wording for each server's failure.
+        servers = (
+            ("healthz server failed", self.servers.health),
+            ("starting metrics server failed", self.servers.metrics),
+        )
+        for failed, server in servers:
             if server is None:
                 continue
             try:
                 await server.start()
-                self.servers.listeners.append(server)
             except OSError as err:
-                # As upstream without bindAddressHardFail: report, keep proxying.
-                log.error("Cannot serve %s: %s", type(server).__name__, err)
-        self.servers.services = ServiceHealthServers(self.health.is_healthy, hostname=cfg.hostname)
+                if cfg.bind_address_hard_fail:
+                    await self.stop_servers()
+                    raise ServerBindError(f"{failed}: {err}") from err
+                # As upstream without bindAddressHardFail: report, keep proxying, retry.
+                log.error("%s: %s (retrying every %gs)", failed, err, self.bind_retry_seconds)
+                self.servers.retries.append(asyncio.create_task(self._retry_bind(server)))
+                continue
+            self.servers.listeners.append(server)
+        self.servers.services = ServiceHealthServers(
+            self.health.is_healthy,
+            cfg.hostname,
+            node_ports=cfg.nodeport_addresses,
+            families=cfg.families,
+        )
+
+    async def _retry_bind(self, server: HealthServer | MetricsServer) -> None:
+        while True:
+            await asyncio.sleep(self.bind_retry_seconds)
+            try:
+                await server.start()
+            except OSError as err:
+                log.log(V2, "Still cannot listen on %s: %s", server.address, err)
+                continue
+            self.servers.listeners.append(server)
+            log.info("Listening on %s now", server.address)
+            return
 
     async def stop_servers(self) -> None:
+        for task in self.servers.retries:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         if self.servers.services is not None:
             await self.servers.services.close()
         for server in self.servers.listeners:

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from kubeproxy import configfile, logs
-from kubeproxy.app import Proxy, install_signal_handlers
+from kubeproxy.app import Proxy, ServerBindError, install_signal_handlers
 from kubeproxy.backends import BACKENDS, BackendError, cleanup_all, create_backend
 from kubeproxy.backends.planning import describe_snapshot
 from kubeproxy.config import (
@@ -37,7 +37,9 @@ from kubeproxy.dataplane.sysctl import apply_conntrack_sysctls
 from kubeproxy.model.nodeports import NodePortAddresses
 from kubeproxy.model.plan import DetectLocal, LocalMode
 from kubeproxy.model.state import ProxyState
+from kubeproxy.oom import apply_oom_score_adj
 from kubeproxy.options import OptionsError, split_config
+from kubeproxy.profiling import start_heap_tracing
 from kubeproxy.sources import Source, initial_state
 from kubeproxy.sources.events import dispatch
 from kubeproxy.sources.manifests import ManifestSource
@@ -113,10 +115,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load_configuration(args: argparse.Namespace) -> configfile.KubeProxyConfiguration:
     """File (if any) + flags + upstream defaults, validated; ConfigError lists every problem."""
+    # Decode errors are kept and reported with the validation errors of everything that
+    # could be decoded, so one run shows every problem of the file.
+    errors: list[str] = []
     try:
         if args.config:
             text, options = split_config(_read(args.config), str(args.config))
-            cfg = configfile.loads(text, source=str(args.config))
+            cfg, errors = configfile.decode(text, source=str(args.config))
             # kubeproxy's own settings from the file; flags win.
             if args.manifests is None:
                 args.manifests = options.manifests
@@ -130,7 +135,7 @@ def load_configuration(args: argparse.Namespace) -> configfile.KubeProxyConfigur
         cfg = configfile.complete(cfg)
     except (configfile.ConfigFileError, configfile.FlagError, OptionsError) as err:
         raise ConfigError(str(err)) from None
-    errors = configfile.validate(cfg)
+    errors += configfile.validate(cfg)
     mode = cfg.mode or "nftables"
     if mode not in BACKENDS:
         errors.append(
@@ -138,7 +143,8 @@ def load_configuration(args: argparse.Namespace) -> configfile.KubeProxyConfigur
             f"{', '.join(repr(b) for b in BACKENDS)}"
         )
     if errors:
-        raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
+        where = f" in {args.config}" if args.config else ""
+        raise ConfigError(f"invalid configuration{where}:\n  " + "\n  ".join(errors))
     for warning in configfile.feature_gate_warnings(cfg):
         log.warning("%s", warning)
     return cfg
@@ -175,6 +181,8 @@ def proxy_config(cfg: configfile.KubeProxyConfiguration, args: argparse.Namespac
         features=configfile.feature_flags(cfg),
         healthz_bind_address=cfg.healthz_bind_address,
         metrics_bind_address=cfg.metrics_bind_address,
+        bind_address_hard_fail=cfg.bind_address_hard_fail,
+        enable_profiling=cfg.enable_profiling,
     )
 
 
@@ -248,10 +256,17 @@ async def _run(
     stop = asyncio.Event()
     if not once:
         install_signal_handlers(stop)
+    # As upstream's Run: first thing, and a failure (not permitted) does not stop us.
+    if cfg.oom_score_adj is not None:
+        apply_oom_score_adj(cfg.oom_score_adj)
     # Each setting that cannot be applied (e.g. read-only in a network namespace) is
     # logged by apply_conntrack_sysctls; none of them stops the proxy, as upstream.
     apply_conntrack_sysctls(cfg.conntrack)
-    proxy = Proxy(config, create_backend(config), conntrack=ConntrackCommand())
+    if config.enable_profiling and not once:
+        # From the start, so /debug/pprof/heap sees every allocation still alive.
+        start_heap_tracing()
+    configz = {k: v for k, v in configfile.to_dict(cfg).items() if k not in ("apiVersion", "kind")}
+    proxy = Proxy(config, create_backend(config), conntrack=ConntrackCommand(), configz=configz)
     log.info(
         "Starting kubeproxy: mode=%s node=%s families=%s source=%s",
         config.mode,
@@ -270,12 +285,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     verbosity = getattr(args, "kp_v", None)
-    logs.setup(int(verbosity) if verbosity is not None else getattr(args, "v", 0) or 0)
+    # Until the configuration is loaded: the flags' format, so a JSON log stays JSON.
+    fmt = getattr(args, "kp_logging_format", None)
+    logs.setup(
+        int(verbosity) if verbosity is not None else getattr(args, "v", 0) or 0,
+        fmt=fmt if fmt in logs.FORMATS else "text",
+    )
     if args.command == "cleanup" or getattr(args, "cleanup", False):
         return _cleanup()
     try:
         cfg = load_configuration(args)
-        logs.setup(cfg.logging.verbosity)
+        logs.setup(cfg.logging.verbosity, fmt=cfg.logging.format)
         if getattr(args, "write_config_to", None) is not None:
             args.write_config_to.write_text(configfile.to_yaml(cfg))
             log.info("Wrote the effective configuration to %s", args.write_config_to)
@@ -286,7 +306,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     if args.command == "render":
         return asyncio.run(_render(config, source, args.format))
-    return asyncio.run(_run(cfg, config, source, args.once))
+    try:
+        return asyncio.run(_run(cfg, config, source, args.once))
+    except ServerBindError as err:
+        # bindAddressHardFail: as upstream, the proxy exits non-zero.
+        log.error("Error running ProxyServer: %s", err)
+        return 1
 
 
 if __name__ == "__main__":

@@ -42,6 +42,10 @@ class ProxyConfig:
     # Empty disables the server (upstream: an empty bind address turns it off).
     healthz_bind_address: str = "0.0.0.0:10256"
     metrics_bind_address: str = "127.0.0.1:10249"
+    # A server that cannot listen stops the proxy (else: logged, retried every 5 s).
+    bind_address_hard_fail: bool = False
+    # /debug/pprof and /debug/flags/v on the metrics server; heap tracing from start-up.
+    enable_profiling: bool = False
 
     @property
     def masquerade_mark(self) -> int:

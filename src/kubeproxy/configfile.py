@@ -12,7 +12,10 @@ Map of the module, in the order a start-up uses it:
 * :func:`load_config` / :func:`loads` — YAML or JSON, strict like upstream's strict codec:
   unknown and duplicate fields, wrong types and a wrong apiVersion/kind are errors naming
   the field path; every problem is reported at once. Then upstream's scheme defaults
-  (:func:`set_defaults`) are applied, as upstream's decoder does.
+  (:func:`set_defaults`) are applied, as upstream's decoder does. :func:`decode` is the
+  same but returns the errors with the configuration built from everything else, so
+  ``kubeproxy.cli`` validates that too and reports decode and validation errors together
+  (upstream stops at the first kind).
 * :func:`default_config` — what an empty file decodes to; :func:`complete` — upstream's
   ``platformApplyDefaults`` (mode, ``nodePortAddresses: [primary]`` in nftables mode,
   ``detectLocalMode: ClusterCIDR``), run after flags are applied.
@@ -539,17 +542,23 @@ def _parse_document(text: str) -> Any:
     return docs[0] if docs else None
 
 
-def loads(
+def decode(
     text: str,
     *,
     source: str = "<config>",
     strict: bool = True,
     warn: Callable[[str], None] | None = None,
-) -> KubeProxyConfiguration:
-    """Decode a KubeProxyConfiguration document and apply upstream's defaults.
+) -> tuple[KubeProxyConfiguration, list[str]]:
+    """Decode as much of a KubeProxyConfiguration document as possible.
+
+    Returns the configuration built from every field that could be decoded (a field in
+    error keeps its zero value), with upstream's defaults applied, and the decode errors
+    (wrong apiVersion/kind, unknown fields, wrong types), so a caller can validate the
+    rest and report everything at once. Raises ConfigFileError only when there is no
+    object to decode (not YAML/JSON, duplicate keys, several documents, not a mapping).
 
     ``strict=False`` is upstream's fallback for v1alpha1: unknown fields are passed to
-    ``warn`` instead of failing (type errors still fail).
+    ``warn`` instead of being errors (type errors still are).
     """
     try:
         data = _parse_document(text)
@@ -569,11 +578,24 @@ def loads(
     decoder = _Decoder(strict)
     cfg = decoder.dataclass(KubeProxyConfiguration, data, "")
     errors.extend(decoder.errors)
-    if errors:
-        raise ConfigFileError(source, errors)
     if decoder.warnings and warn is not None:
         warn("Using lenient decoding as strict decoding failed: " + "; ".join(decoder.warnings))
-    return set_defaults(cfg)
+    return set_defaults(cfg), errors
+
+
+def loads(
+    text: str,
+    *,
+    source: str = "<config>",
+    strict: bool = True,
+    warn: Callable[[str], None] | None = None,
+) -> KubeProxyConfiguration:
+    """Decode a KubeProxyConfiguration document and apply upstream's defaults; raises
+    ConfigFileError listing every decode error (see :func:`decode`)."""
+    cfg, errors = decode(text, source=source, strict=strict, warn=warn)
+    if errors:
+        raise ConfigFileError(source, errors)
+    return cfg
 
 
 def load_config(

@@ -1,20 +1,40 @@
-"""Logging in klog's shape, so kube-proxy operators read kubeproxy logs the same way.
+"""Logging in kube-proxy's two formats (``--logging-format`` / ``logging.format``).
 
-``I1126 02:26:26.123456   12345 proxier.py:88] message`` — severity letter, month/day,
-time, pid, source file:line. ``--v`` works as in kube-proxy: 0 is the default, 2 adds
-per-sync detail, 4 and above is debug output.
+* ``text`` (the default) is klog's shape, so kube-proxy operators read kubeproxy logs
+  the same way: ``I1126 02:26:26.123456   12345 proxier.py:88] message`` — severity
+  letter, month/day, time, pid, source file:line (:class:`KlogFormatter`).
+* ``json`` is component-base's zap-based JSON logger (``logs/json``), one object per line
+  (:class:`JsonFormatter`)::
+
+      {"ts":1700000000123.456,"caller":"kubeproxy/app.py:88","msg":"Synced","v":0}
+      {"ts":1700000000124.789,"caller":"health/services.py:140","msg":"...","err":"..."}
+
+  ``ts`` is milliseconds since the epoch as a float (upstream's epochMillisTimeEncoder),
+  ``caller`` is the last directory and file:line (zap's ShortCallerEncoder), ``v`` the
+  verbosity of an info line, and an error line has no ``v`` but ``err`` (the
+  exception's text) when there is one, as zapr writes them. Structured key/values
+  passed as ``extra={...}`` follow, after ``v``. Ours: an exception's traceback goes in
+  ``stacktrace`` (upstream's Go errors carry none).
+
+``--v`` works as in kube-proxy: 0 is the default, 2 adds per-sync detail (:data:`V2`), 4
+and above is debug output. :func:`set_verbosity` changes it at run time (the metrics
+server's ``PUT /debug/flags/v``). Both formats write to stderr, as upstream's.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
 import time
+from typing import Any, TextIO
 
 # klog's V(2): routine per-sync detail, shown with --v=2 and above.
 V2 = 15
 logging.addLevelName(V2, "V2")
+
+FORMATS = ("text", "json")
 
 _LETTERS = {
     logging.DEBUG: "I",
@@ -23,6 +43,16 @@ _LETTERS = {
     logging.WARNING: "W",
     logging.ERROR: "E",
     logging.CRITICAL: "F",
+}
+
+# The klog verbosity a Python level stands for (what JSON's "v" says).
+_VERBOSITY = {V2: 2, logging.DEBUG: 4}
+
+# Attributes every LogRecord has; anything else on a record came from ``extra=``.
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
+    "message",
+    "asctime",
+    "taskName",
 }
 
 
@@ -42,16 +72,55 @@ class KlogFormatter(logging.Formatter):
         return text
 
 
-def setup(verbosity: int = 0, stream: object = None) -> None:
-    handler = logging.StreamHandler(stream or sys.stderr)  # type: ignore[arg-type]
-    handler.setFormatter(KlogFormatter())
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, in component-base's JSON log schema."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": record.created * 1000.0,
+            "caller": _short_caller(record.pathname, record.lineno),
+            "msg": record.getMessage(),
+        }
+        error = record.levelno >= logging.ERROR
+        if not error:
+            entry["v"] = _VERBOSITY.get(record.levelno, 0)
+        for key, value in vars(record).items():
+            if key not in _STANDARD and not key.startswith("_"):
+                entry[key] = value
+        if record.exc_info and record.exc_info[1] is not None:
+            entry.setdefault("err", str(record.exc_info[1]))
+            entry["stacktrace"] = self.formatException(record.exc_info)
+        err = entry.get("err")
+        if err is not None and not isinstance(err, str):
+            entry["err"] = str(err)  # an exception passed as extra={"err": exc}
+        return json.dumps(entry, ensure_ascii=False, default=str, separators=(",", ":"))
+
+
+def _short_caller(pathname: str, lineno: int) -> str:
+    """zap's ShortCallerEncoder: ``dir/file:line`` (the last directory only)."""
+    parent, name = os.path.split(pathname)
+    directory = os.path.basename(parent)
+    return f"{directory}/{name}:{lineno}" if directory else f"{name}:{lineno}"
+
+
+def setup(verbosity: int = 0, stream: TextIO | None = None, fmt: str = "text") -> None:
+    """Log to ``stream`` (stderr) in format ``fmt`` at klog verbosity ``verbosity``."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unsupported log format {fmt!r} (supported: {', '.join(FORMATS)})")
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else KlogFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
+    set_verbosity(verbosity)
+
+
+def set_verbosity(verbosity: int) -> None:
+    """klog's ``-v``: which records pass, from now on (handlers stay as they are)."""
     if verbosity >= 4:
-        root.setLevel(logging.DEBUG)
+        logging.getLogger().setLevel(logging.DEBUG)
     elif verbosity >= 2:
-        root.setLevel(V2)
+        logging.getLogger().setLevel(V2)
     else:
-        root.setLevel(logging.INFO)
+        logging.getLogger().setLevel(logging.INFO)
     # Third-party chatter (file watcher internals) only at high verbosity.
     logging.getLogger("watchfiles").setLevel(logging.DEBUG if verbosity >= 6 else logging.WARNING)

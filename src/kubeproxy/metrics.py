@@ -18,8 +18,25 @@ sync_proxy_rules_service_changes_pending / _total          gauge/ctr  pending / 
 sync_proxy_rules_no_local_endpoints_total{traffic_policy}  gauge      observe_sync
 sync_proxy_rules_nftables_sync_failures_total              counter    sync_failed
 sync_proxy_rules_nftables_cleanup_failures_total           counter    cleanup_failed
+conntrack_reconciler_sync_duration_seconds{ip_family}      histogram  conntrack_cleaned
+conntrack_reconciler_deleted_entries_total{ip_family}      counter    conntrack_cleaned
 proxy_healthz_total{code} / proxy_livez_total{code}        counter    count_healthz/_livez
 =========================================================  =========  ======================
+
+``nftables_cleanup_failures_total`` counts what upstream's does: failures of the
+transaction that deletes stale nftables chains. It stays registered (and 0) until the
+nftables backend reports such failures through :meth:`Metrics.cleanup_failed`; a failed
+*conntrack* cleanup is not one of them (upstream has no metric for it either: each one
+is logged on its own line by :func:`kubeproxy.dataplane.conntrack.apply`).
+
+The ``conntrack_reconciler_*`` pair is upstream's (1.33+) for clearing stale conntrack
+entries. Upstream's reconciler scans the table on every sync; kubeproxy deletes by filter
+after a sync that made UDP entries stale, so a histogram sample is one such cleanup (per
+family) and syncs with nothing stale add none.
+
+Process metrics, as upstream's Go registry has (``process_*``: CPU seconds, resident and
+virtual memory, start time, open and max fds), from prometheus_client's ProcessCollector;
+the Go runtime collectors' analogue is ``python_info`` and ``python_gc_*``.
 
 Ours (upstream's nftables mode has no count of what it programmed):
 ``kubeproxy_sync_proxy_rules_nftables_elements`` and ``..._nftables_chains`` (gauges,
@@ -29,13 +46,23 @@ Durations are observed for failed syncs too, as upstream does. Histogram buckets
 upstream's, including the leading 0 bucket its MergeBuckets helper adds to
 network_programming_duration_seconds.
 
-:class:`MetricsServer` serves ``/metrics`` (Prometheus text format), plus the small
-``/healthz`` ("ok") and ``/proxyMode`` pages upstream serves on metricsBindAddress.
+:class:`MetricsServer` serves what upstream's serveMetrics serves on metricsBindAddress:
+``/metrics`` (Prometheus text format), ``/healthz`` ("ok"), ``/proxyMode`` and ``/configz``
+(the effective configuration as JSON, under ``kubeproxy.config.k8s.io``; kubeproxy shows
+the v1alpha1 form, upstream its internal one, which has almost the same fields). With
+``enableProfiling`` also ``/debug/pprof/`` (:mod:`kubeproxy.profiling`: thread and task
+stacks, a CPU profile as collapsed stacks, tracemalloc's heap) and ``/debug/flags/v``
+(``PUT`` a number to change the log verbosity, as upstream); without it they are 404.
+Not served: ``/metrics/slis`` and the alpha ``/flagz`` and ``/statusz`` pages.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import asyncio
+import html
+import json
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from aiohttp import web
 from prometheus_client import (
@@ -43,14 +70,18 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    GCCollector,
     Histogram,
+    PlatformCollector,
+    ProcessCollector,
     generate_latest,
 )
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from kubeproxy import logs, profiling
 from kubeproxy.backends import SyncResult
-from kubeproxy.health.listener import BindAddress, HttpListener
+from kubeproxy.health.listener import BindAddress, HttpListener, json_response
 
 DEFAULT_METRICS_BIND_ADDRESS = "127.0.0.1:10249"
 
@@ -70,6 +101,11 @@ NETWORK_PROGRAMMING_BUCKETS = (
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        # Upstream's registry carries the process and Go runtime collectors; these are
+        # the Python equivalents, on this instance's registry (no global one).
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
             return Histogram(f"kubeproxy_{name}", doc, buckets=buckets, registry=self.registry)
@@ -133,6 +169,18 @@ class Metrics:
             "sync_proxy_rules_nftables_cleanup_failures_total",
             "Cumulative proxy nftables cleanup failures",
         )
+        self.conntrack_duration = Histogram(
+            "kubeproxy_conntrack_reconciler_sync_duration_seconds",
+            "ReconcileConntrackFlowsLatency latency in seconds",
+            ("ip_family",),
+            buckets=SYNC_DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        self.conntrack_deleted = counter(
+            "conntrack_reconciler_deleted_entries_total",
+            "Cumulative conntrack flows deleted by conntrack reconciler",
+            ("ip_family",),
+        )
         self.healthz = counter(
             "proxy_healthz_total", "Cumulative proxy healthz HTTP status", ("code",)
         )
@@ -195,7 +243,13 @@ class Metrics:
         self.sync_failures.inc()
 
     def cleanup_failed(self) -> None:
+        """The transaction deleting stale nftables chains failed (not conntrack)."""
         self.cleanup_failures.inc()
+
+    def conntrack_cleaned(self, family: str, seconds: float, deleted: int) -> None:
+        """Stale conntrack entries of ``family`` ("IPv4"/"IPv6") were cleared."""
+        self.conntrack_duration.labels(family).observe(seconds)
+        self.conntrack_deleted.labels(family).inc(deleted)
 
     def _observe_duration(self, seconds: float, *, full: bool) -> None:
         self.sync_duration.observe(seconds)
@@ -240,8 +294,16 @@ class MetricsServer(HttpListener):
         metrics: Metrics,
         address: str = DEFAULT_METRICS_BIND_ADDRESS,
         proxy_mode: str = "nftables",
+        *,
+        profiling: bool = False,
+        configz: Mapping[str, object] | None = None,
+        set_verbosity: Callable[[int], None] = logs.set_verbosity,
     ) -> None:
-        """Raises ValueError for a malformed ``address``; :meth:`start` raises OSError."""
+        """Raises ValueError for a malformed ``address``; :meth:`start` raises OSError.
+
+        ``profiling`` mounts ``/debug/pprof/`` and ``/debug/flags/v``; ``configz`` is the
+        configuration ``/configz`` shows.
+        """
         self.address = BindAddress.parse(address)
 
         async def serve_metrics(_: web.Request) -> web.Response:
@@ -249,20 +311,117 @@ class MetricsServer(HttpListener):
                 body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_PLAIN_0_0_4}
             )
 
-        def text(body: str) -> web.Response:
-            response = web.Response(text=body)
-            response.headers["X-Content-Type-Options"] = "nosniff"
-            return response
-
         async def serve_ok(_: web.Request) -> web.Response:
-            return text("ok")
+            return _text("ok")
 
         async def serve_mode(_: web.Request) -> web.Response:
-            return text(proxy_mode)
+            return _text(proxy_mode)
+
+        async def serve_configz(_: web.Request) -> web.Response:
+            return json_response(200, {CONFIGZ_NAME: configz or {}})
 
         app = web.Application()
         app.router.add_get("/metrics", serve_metrics)
         app.router.add_get("/healthz", serve_ok)
         app.router.add_get("/healthz/ping", serve_ok)
         app.router.add_get("/proxyMode", serve_mode)
+        app.router.add_route("*", "/configz", serve_configz)
+        if profiling:
+            _add_profiling(app, set_verbosity)
         super().__init__(app, [self.address.host], self.address.port)
+
+
+# configz.New(kubeproxyconfig.GroupName): the key /configz shows the configuration under.
+CONFIGZ_NAME = "kubeproxy.config.k8s.io"
+
+_PROFILES = {
+    "cmdline": "The command line invocation of the current program (NUL-separated)",
+    "goroutine": "Stack traces of all threads and asyncio tasks",
+    "heap": "The lines holding the most live memory (tracemalloc)",
+    "profile": "CPU profile as collapsed stacks; seconds=N (default 30), mode=wall for "
+    "every sample of every thread",
+}
+
+
+def _text(body: str, status: int = 200) -> web.Response:
+    response = web.Response(text=body, status=status)
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    return response
+
+
+def _add_profiling(app: web.Application, set_verbosity: Callable[[int], None]) -> None:
+    """Upstream's ``routes.Profiling`` and ``routes.DebugFlags`` (``v``), in Python terms."""
+    profiler = profiling.CpuProfiler()
+
+    async def redirect(_: web.Request) -> web.Response:
+        raise web.HTTPMovedPermanently("/debug/pprof/")
+
+    async def index(_: web.Request) -> web.Response:
+        rows = "".join(
+            f"<tr><td><a href='{name}'>{name}</a></td><td>{html.escape(what)}</td></tr>\n"
+            for name, what in _PROFILES.items()
+        )
+        body = (
+            "<html><head><title>/debug/pprof/</title></head><body>\n/debug/pprof/<br>\n"
+            f"<p>Profiles:</p>\n<table>\n{rows}</table>\n</body></html>\n"
+        )
+        return web.Response(text=body, content_type="text/html")
+
+    async def profile(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name == "goroutine":
+            return _text(profiling.goroutines())
+        if name == "heap":
+            top = _positive(request.query.get("top"), profiling.HEAP_TOP)
+            text = await asyncio.to_thread(profiling.heap, top)
+            if text is None:
+                return _text("tracemalloc is not tracing\n", 500)
+            return _text(text)
+        if name == "profile":
+            seconds = _positive(request.query.get("seconds"), profiling.DEFAULT_PROFILE_SECONDS)
+            try:
+                stacks = await profiler.profile(seconds, wall=request.query.get("mode") == "wall")
+            except profiling.ProfilerBusyError as err:
+                return _text(f"Could not enable CPU profiling: {err}\n", 500)
+            return _text(stacks)
+        if name == "cmdline":
+            return _text(profiling.cmdline())
+        return _text("Unknown profile\n", 404)
+
+    async def flags_index(_: web.Request) -> web.Response:
+        body = (
+            "<html><head><title>/debug/flags/</title></head><body>\n/debug/flags/<br>\n"
+            "<br>\nflags:<br>\n<table>\n<tr>v<br>\n</table>\n<br>\n"
+            "full flags configurable<br>\n</body></html>\n"
+        )
+        return web.Response(text=body, content_type="text/html")
+
+    async def put_verbosity(request: web.Request) -> web.Response:
+        # routes.StringFlagPutHandler(logs.GlogSetter): PUT the level as the body.
+        if request.method != "PUT":
+            return _text("unsupported http method\n", 406)
+        value = await request.text()
+        if not re.fullmatch(r"[+-]?[0-9]+", value) or not -(2**31) <= int(value) < 2**31:
+            return _text(
+                f"failed set klog.logging.verbosity {value}: strconv.ParseInt: "
+                f"parsing {json.dumps(value)}: invalid syntax\n",
+                400,
+            )
+        set_verbosity(int(value))
+        return _text(f"successfully set klog.logging.verbosity to {value}\n")
+
+    app.router.add_route("*", "/debug/pprof", redirect)
+    app.router.add_route("*", "/debug/pprof/", index)
+    app.router.add_route("*", "/debug/pprof/{name}", profile)
+    app.router.add_route("*", "/debug/flags", flags_index)
+    app.router.add_route("*", "/debug/flags/", flags_index)
+    app.router.add_route("*", "/debug/flags/v", put_verbosity)
+
+
+def _positive(text: str | None, default: int) -> int:
+    """Go's handlers: a missing, malformed or non-positive number means the default."""
+    try:
+        value = int(text or "")
+    except ValueError:
+        return default
+    return value if value > 0 else default

@@ -206,17 +206,18 @@ def test_write_config_to_and_config_file(lab: Lab, manifests: ManifestDir, tmp_p
     assert result.returncode == 0, result.stderr
     text = written.read_text()
     assert "kind: KubeProxyConfiguration" in text and "minSyncPeriod: 1s" in text
-    # Strict decoding: an unknown field is an error, reported with its path, and nothing
-    # is touched.
+    # Strict decoding: an unknown field is an error, reported with its path together with
+    # the invalid values of the rest of the file, and nothing is touched.
     bad = tmp_path / "bad.yaml"
     bad.write_text(
         "apiVersion: kubeproxy.config.k8s.io/v1alpha1\n"
-        "kind: KubeProxyConfiguration\nnftables:\n  minSyncPeriod: -1s\n"
+        "kind: KubeProxyConfiguration\nmode: nftables\nnftables:\n  minSyncPeriod: -1s\n"
         "  bogus: 1\n"
     )
     result = lab.sync_once(manifests.path, "--config", str(bad))
     assert result.returncode == 2
     assert "nftables.bogus" in result.stderr, result.stderr
+    assert "nftables.minSyncPeriod: Invalid value" in result.stderr, result.stderr
     # Every validation error at once, with its field path.
     bad.write_text(
         "apiVersion: kubeproxy.config.k8s.io/v1alpha1\n"

@@ -27,6 +27,7 @@ from kubeproxy.configfile import (
     add_arguments,
     apply_flags,
     complete,
+    decode,
     default_config,
     feature_flags,
     feature_gate_warnings,
@@ -274,6 +275,40 @@ def test_wrong_types_are_errors_and_all_are_reported_at_once() -> None:
         "featureGates.Foo: cannot unmarshal string into bool",
         "nodePortAddresses: cannot unmarshal string into array",
         "ipvs: cannot unmarshal array into object KubeProxyIPVSConfiguration",
+    ]
+
+
+def test_decode_keeps_what_it_could_decode_alongside_the_errors() -> None:
+    cfg, errors = decode(doc("bogus: 1\nmode: nftables\nnftables: {minSyncPeriod: -1s}\n"))
+    assert errors == ['unknown field "bogus"']
+    assert cfg.mode == "nftables"
+    assert cfg.nftables.min_sync_period == Duration.of_seconds(-1)
+    assert cfg.nftables.sync_period == seconds(30)  # defaults applied
+
+
+def test_a_file_with_unknown_fields_and_invalid_values_reports_both(tmp_path: Path) -> None:
+    from kubeproxy.cli import build_parser, load_configuration
+    from kubeproxy.config import ConfigError
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        doc(
+            "mode: nftables\n"
+            "nftables:\n  minSyncPeriod: -1s\n  bogus: 1\n"
+            "oomScoreAdj: 5000\n"
+            "bindAddressHardFail: maybe\n"
+        )
+    )
+    args = build_parser().parse_args(["run", "--config", str(bad)])
+    with pytest.raises(ConfigError) as caught:
+        load_configuration(args)
+    lines = str(caught.value).splitlines()
+    assert lines[0] == f"invalid configuration in {bad}:"
+    assert [line.strip() for line in lines[1:]] == [
+        'unknown field "nftables.bogus"',
+        "bindAddressHardFail: cannot unmarshal string into bool",
+        "oomScoreAdj: Invalid value: 5000: must be within the range [-1000, 1000]",
+        "nftables.minSyncPeriod: Invalid value: -1s: must be greater than or equal to 0",
     ]
 
 

@@ -138,7 +138,10 @@ def test_daemon_set_runs_kubeproxy_like_upstream_runs_kube_proxy() -> None:
     assert main["env"][0]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
     assert main["livenessProbe"]["httpGet"] == {"path": "/livez", "port": 10256}
     assert main["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": 10256}
-    assert main["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN"]}
+    assert main["securityContext"]["capabilities"] == {
+        "drop": ["ALL"],
+        "add": ["NET_ADMIN", "SYS_RESOURCE"],
+    }
     paths = {v["name"]: v.get("hostPath", {}).get("path") for v in spec["volumes"]}
     assert paths["xtables-lock"] == "/run/xtables.lock"
     assert paths["lib-modules"] == "/lib/modules"

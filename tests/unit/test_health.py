@@ -10,7 +10,7 @@ import asyncio
 import json
 import logging
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -28,7 +28,9 @@ from kubeproxy.health import (
     local_ready_endpoints,
 )
 from kubeproxy.health.proxy import format_time
+from kubeproxy.health.services import health_check_hosts, local_addresses
 from kubeproxy.metrics import Metrics
+from kubeproxy.model.nodeports import NodePortAddresses
 from kubeproxy.model.types import IPFamily, NamespacedName, TrafficPolicy
 from tests.unit.conftest import endpoint, port_name, service_port
 
@@ -59,12 +61,12 @@ class Reply:
         return json.loads(self.text)
 
 
-async def fetch(port: int, path: str = "/", method: str = "GET") -> Reply:
+async def fetch(port: int, path: str = "/", method: str = "GET", body: str | None = None) -> Reply:
     """One request on a fresh connection (a listener closed since must refuse it)."""
     connector = aiohttp.TCPConnector(force_close=True)
     async with (
         aiohttp.ClientSession(connector=connector) as session,
-        session.request(method, f"http://127.0.0.1:{port}{path}") as resp,
+        session.request(method, f"http://127.0.0.1:{port}{path}", data=body) as resp,
     ):
         return Reply(resp.status, dict(resp.headers), await resp.text())
 
@@ -273,8 +275,19 @@ def test_local_ready_endpoints_count_pods_on_this_node() -> None:
     assert local_ready_endpoints(endpoints, "node-a") == {A: 2, B: 1}
 
 
+def loopback_servers(healthy: Callable[[], bool], hostname: str = "") -> ServiceHealthServers:
+    """Health checks on 127.0.0.1 only (--nodeport-addresses 127.0.0.1/32, IPv4)."""
+    return ServiceHealthServers(
+        healthy,
+        hostname,
+        node_ports=NodePortAddresses.parse(["127.0.0.1/32"]),
+        families=(IPFamily.IPv4,),
+        list_addresses=lambda: ["127.0.0.1", "192.0.2.1"],
+    )
+
+
 def test_service_health_checks_open_and_close_as_services_come_and_go() -> None:
-    servers = ServiceHealthServers(lambda: True, ["127.0.0.1"], "node-a")
+    servers = loopback_servers(lambda: True, "node-a")
 
     async def scenario() -> None:
         try:
@@ -321,7 +334,7 @@ def test_service_health_checks_fail_while_the_proxy_is_unhealthy() -> None:
     clock = FakeClock()
     health = ProxyHealth(TIMEOUT, clock)
     health.updated()
-    servers = ServiceHealthServers(health.is_healthy, ["127.0.0.1"])
+    servers = loopback_servers(health.is_healthy)
 
     async def scenario() -> None:
         try:
@@ -346,7 +359,7 @@ def test_a_port_that_cannot_be_bound_is_reported_once_and_the_others_keep_workin
     blocker.bind(("127.0.0.1", 0))
     blocker.listen()
     taken: int = blocker.getsockname()[1]
-    servers = ServiceHealthServers(lambda: True, ["127.0.0.1"], "node-a")
+    servers = loopback_servers(lambda: True, "node-a")
 
     async def scenario() -> None:
         try:
@@ -374,3 +387,94 @@ def test_a_port_that_cannot_be_bound_is_reported_once_and_the_others_keep_workin
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1
     assert f'healthcheck "default/a" on port {taken}' in errors[0]
+
+
+# ------------------------------------------------- where health checks listen
+
+V4, V6 = IPFamily.IPv4, IPFamily.IPv6
+LOCAL = ["127.0.0.1", "::1", "10.0.0.5", "192.168.1.5", "fd00::5", "fe80::5%eth0", "10.0.0.6"]
+
+
+@pytest.mark.parametrize(
+    ("flag", "primary", "hosts"),
+    [
+        # primary: the node's primary IP of each family, if it is a local address.
+        (["primary"], {V4: "10.0.0.5", V6: "fd00::5"}, ("10.0.0.5", "fd00::5")),
+        (["primary"], {V4: "10.0.0.99"}, ("::",)),  # not local: nothing for IPv4
+        # No primary IP known for a family, or a loopback one: all of that family.
+        (["primary"], {V4: "10.0.0.5"}, ("10.0.0.5", "::")),
+        (["primary"], {V4: "127.0.0.1", V6: "::1"}, (None,)),
+        (["primary"], {}, (None,)),
+        # CIDRs: every local address inside; a family without CIDRs gets all of it.
+        (["10.0.0.0/24"], {}, ("10.0.0.5", "10.0.0.6", "::")),
+        (["10.0.0.0/24", "fe80::/10"], {}, ("10.0.0.5", "10.0.0.6", "fe80::5%eth0")),
+        (["0.0.0.0/0", "fd00::/64"], {}, ("0.0.0.0", "fd00::5")),
+        (["0.0.0.0/0", "::/0"], {V4: "10.0.0.5"}, (None,)),
+        (["127.0.0.0/8", "::1/128"], {}, ("127.0.0.1", "::1")),
+        (["172.16.0.0/12"], {}, ("::",)),
+    ],
+)
+def test_health_check_hosts_follow_nodeport_addresses(
+    flag: list[str], primary: dict[IPFamily, str], hosts: tuple[str | None, ...]
+) -> None:
+    node_ports = NodePortAddresses.parse(flag)
+    assert health_check_hosts(node_ports, (V4, V6), primary, LOCAL) == hosts
+
+
+def test_health_check_hosts_of_a_single_stack_proxy() -> None:
+    node_ports = NodePortAddresses.parse(["172.16.0.0/12"])
+    assert health_check_hosts(node_ports, (V4,), {}, LOCAL) == ()
+    assert health_check_hosts(NodePortAddresses(), (V4,), {V4: "10.0.0.5"}, LOCAL) == ("10.0.0.5",)
+
+
+def test_local_addresses_include_loopback() -> None:
+    assert "127.0.0.1" in local_addresses()
+
+
+def test_service_health_checks_listen_on_the_selected_addresses_only(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # All of 127/8 is local on Linux: 127.0.0.1 and 127.0.0.2 stand for two node
+    # addresses, of which --nodeport-addresses selects the ones in 127.0.0.2/31.
+    listed = ["127.0.0.1", "127.0.0.2"]
+    servers = ServiceHealthServers(
+        lambda: True,
+        "node-a",
+        node_ports=NodePortAddresses.parse(["127.0.0.2/31"]),
+        families=(IPFamily.IPv4,),
+        list_addresses=lambda: listed,
+    )
+    port = free_port()
+
+    async def ask(host: str) -> int:
+        connector = aiohttp.TCPConnector(force_close=True)
+        async with (
+            aiohttp.ClientSession(connector=connector) as session,
+            session.get(f"http://{host}:{port}/") as resp,
+        ):
+            return resp.status
+
+    async def scenario() -> None:
+        try:
+            await servers.sync({A: port}, {A: 1})
+            assert list(servers.hosts or ()) == ["127.0.0.2"]
+            assert await ask("127.0.0.2") == 200
+            with pytest.raises(aiohttp.ClientConnectionError):
+                await ask("127.0.0.1")
+            # A matching address appears on the node: the health check listens there too.
+            listed.append("127.0.0.3")
+            await servers.sync({A: port}, {A: 1})
+            assert list(servers.hosts or ()) == ["127.0.0.2", "127.0.0.3"]
+            assert await ask("127.0.0.3") == 200
+            # No matching address left: nothing listens, and a warning says so.
+            listed[:] = ["127.0.0.1"]
+            with caplog.at_level(logging.WARNING, logger="kubeproxy.health.services"):
+                assert await servers.sync({A: port}, {A: 1}) == []
+            assert not servers.hosts and servers.ports == {}
+            with pytest.raises(aiohttp.ClientConnectionError):
+                await ask("127.0.0.2")
+            assert "No local address matches --nodeport-addresses 127.0.0.2/31" in caplog.text
+        finally:
+            await servers.close()
+
+    asyncio.run(scenario())

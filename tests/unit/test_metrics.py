@@ -31,10 +31,23 @@ EXPECTED = {
     "kubeproxy_sync_proxy_rules_no_local_endpoints_total": "gauge",
     "kubeproxy_sync_proxy_rules_nftables_sync_failures_total": "counter",
     "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total": "counter",
+    "kubeproxy_conntrack_reconciler_sync_duration_seconds": "histogram",
+    "kubeproxy_conntrack_reconciler_deleted_entries_total": "counter",
     "kubeproxy_proxy_healthz_total": "counter",
     "kubeproxy_proxy_livez_total": "counter",
     "kubeproxy_sync_proxy_rules_nftables_elements": "gauge",
     "kubeproxy_sync_proxy_rules_nftables_chains": "gauge",
+    # Upstream's registry has the process collector (and Go's runtime ones; Python's here).
+    "process_cpu_seconds_total": "counter",
+    "process_resident_memory_bytes": "gauge",
+    "process_virtual_memory_bytes": "gauge",
+    "process_start_time_seconds": "gauge",
+    "process_open_fds": "gauge",
+    "process_max_fds": "gauge",
+    "python_info": "gauge",
+    "python_gc_objects_collected_total": "counter",
+    "python_gc_objects_uncollectable_total": "counter",
+    "python_gc_collections_total": "counter",
 }
 
 RESULT = SyncResult(full=True, elements=7, chains=3, no_local_internal=1, no_local_external=2)
@@ -46,6 +59,29 @@ def test_each_instance_has_its_own_registry() -> None:
     value = "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total"
     assert first.registry.get_sample_value(value) == 1
     assert second.registry.get_sample_value(value) == 0
+
+
+def test_process_metrics_are_on_each_instances_registry() -> None:
+    first, second = Metrics(), Metrics()
+    for metrics in (first, second):
+        value = metrics.registry.get_sample_value
+        assert (value("process_resident_memory_bytes") or 0) > 0
+        assert (value("process_open_fds") or 0) > 0
+        assert (value("process_start_time_seconds") or 0) > T0
+        assert value("process_cpu_seconds_total") is not None
+
+
+def test_conntrack_cleanups_are_counted_per_family() -> None:
+    metrics = Metrics()
+    value = metrics.registry.get_sample_value
+    metrics.conntrack_cleaned("IPv4", 0.003, 5)
+    metrics.conntrack_cleaned("IPv6", 0.001, 0)
+    deleted = "kubeproxy_conntrack_reconciler_deleted_entries_total"
+    assert value(deleted, {"ip_family": "IPv4"}) == 5
+    assert value(deleted, {"ip_family": "IPv6"}) == 0
+    duration = "kubeproxy_conntrack_reconciler_sync_duration_seconds"
+    assert value(f"{duration}_count", {"ip_family": "IPv4"}) == 1
+    assert value(f"{duration}_bucket", {"ip_family": "IPv4", "le": "0.004"}) == 1
 
 
 def test_buckets_are_upstreams() -> None:
@@ -154,3 +190,65 @@ def test_metrics_server_exposes_every_metric_with_its_type() -> None:
     assert 'kubeproxy_proxy_healthz_total{code="200"} 1.0' in text
     assert 'kubeproxy_proxy_livez_total{code="200"} 1.0' in text
     assert 'kubeproxy_network_programming_duration_seconds_bucket{le="0.0"} 0.0' in text
+
+
+def test_profiling_endpoints_are_404_unless_enabled() -> None:
+    async def scenario() -> None:
+        async with started(MetricsServer(Metrics(), "127.0.0.1:0")) as server:
+            for path in ("/debug/pprof/", "/debug/pprof/goroutine", "/debug/flags/v"):
+                assert (await fetch(server.port, path)).status == 404, path
+            assert (await fetch(server.port, "/debug/flags/v", method="PUT")).status == 404
+
+    asyncio.run(scenario())
+
+
+def test_profiling_endpoints(caplog: pytest.LogCaptureFixture) -> None:
+    levels: list[int] = []
+
+    async def scenario() -> None:
+        server = MetricsServer(
+            Metrics(), "127.0.0.1:0", profiling=True, set_verbosity=levels.append
+        )
+        async with started(server):
+            index = await fetch(server.port, "/debug/pprof/")
+            assert index.status == 200 and index.headers["Content-Type"].startswith("text/html")
+            for name in ("goroutine", "heap", "profile", "cmdline"):
+                assert f"href='{name}'" in index.text
+            assert (await fetch(server.port, "/debug/pprof")).text == index.text  # redirect
+            goroutine = await fetch(server.port, "/debug/pprof/goroutine")
+            assert goroutine.status == 200 and 'thread "MainThread"' in goroutine.text
+            assert 'task "' in goroutine.text  # the task serving this very request
+            # The event loop (MainThread here) keeps serving while the profile samples.
+            profile = await fetch(server.port, "/debug/pprof/profile?seconds=1&mode=wall")
+            assert profile.status == 200
+            assert any(line.startswith("MainThread;") for line in profile.text.splitlines())
+            # No tracemalloc in this process: say so rather than show an empty heap.
+            heap = await fetch(server.port, "/debug/pprof/heap")
+            assert heap.status == 500 and "not tracing" in heap.text
+            assert (await fetch(server.port, "/debug/pprof/mutex")).status == 404
+            cmdline = await fetch(server.port, "/debug/pprof/cmdline")
+            assert "pytest" in cmdline.text or "python" in cmdline.text
+
+            # /debug/flags/v: PUT the verbosity, as upstream's StringFlagPutHandler.
+            assert "flags:" in (await fetch(server.port, "/debug/flags/")).text
+            put = await fetch(server.port, "/debug/flags/v", method="PUT", body="4")
+            assert (put.status, put.text) == (200, "successfully set klog.logging.verbosity to 4\n")
+            bad = await fetch(server.port, "/debug/flags/v", method="PUT", body="loud")
+            assert bad.status == 400 and "invalid syntax" in bad.text
+            get = await fetch(server.port, "/debug/flags/v")
+            assert (get.status, get.text) == (406, "unsupported http method\n")
+
+    asyncio.run(scenario())
+    assert levels == [4]
+
+
+def test_configz_shows_the_configuration() -> None:
+    async def scenario() -> None:
+        server = MetricsServer(Metrics(), "127.0.0.1:0", configz={"mode": "nftables"})
+        async with started(server):
+            reply = await fetch(server.port, "/configz")
+            assert reply.status == 200
+            assert reply.headers["Content-Type"].startswith("application/json")
+            assert reply.json() == {"kubeproxy.config.k8s.io": {"mode": "nftables"}}
+
+    asyncio.run(scenario())

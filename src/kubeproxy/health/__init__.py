@@ -5,7 +5,8 @@
 * :mod:`~kubeproxy.health.server` — :class:`HealthServer`, those two endpoints over HTTP
   on healthzBindAddress, counting answers per status code.
 * :mod:`~kubeproxy.health.services` — :class:`ServiceHealthServers`, one listener per
-  ``healthCheckNodePort`` of an ``externalTrafficPolicy: Local`` Service.
+  ``healthCheckNodePort`` of an ``externalTrafficPolicy: Local`` Service, on the node
+  addresses ``--nodeport-addresses`` selects.
 * :mod:`~kubeproxy.health.listener` — bind-address parsing and the aiohttp listener the
   servers (and the metrics server) share.
 """

@@ -15,9 +15,17 @@ Services that went away, and reopens on a port change. A port that cannot be bou
 logged once and returned as a :class:`BindFailure` (for an event or metric); binding is
 retried on every later sync, like upstream, and the other listeners keep working.
 
-Upstream listens on the node IPs that match ``--nodeport-addresses`` (all addresses when
-it matches everything); the caller passes those as ``addresses`` (empty: all addresses
-of both families).
+Where they listen is upstream's ``nodePortAddresses.GetNodeIPs``: per IP family, when
+``--nodeport-addresses`` matches every address of the family (no CIDR of that family,
+``0.0.0.0/0``, or ``primary`` with no known primary IP) the wildcard address; otherwise one
+bind per local interface address inside the family's CIDRs (``primary``: the node's
+primary IP, if it is local). When every family matches everything, one wildcard bind
+serves both families, as Go's ``:port``. :func:`health_check_hosts` decides, purely, from
+the local addresses; :func:`local_addresses` lists those (psutil's ``net_if_addrs``,
+i.e. getifaddrs(3)) and is injectable. Unlike upstream, which lists the addresses once at
+start-up, the hosts are worked out again on every sync that has health checks, so a node
+IP that appears or changes later is picked up (the listeners move with it). When no local
+address matches, nothing listens, as upstream, and a warning says so.
 
 :func:`health_check_node_ports` and :func:`local_ready_endpoints` compute ``sync``'s two
 arguments from a snapshot's maps (upstream ``HealthCheckNodePorts`` and
@@ -26,14 +34,18 @@ arguments from a snapshot's maps (upstream ``HealthCheckNodePorts`` and
 
 from __future__ import annotations
 
+import ipaddress
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+import socket
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+import psutil
 from aiohttp import web
 
 from kubeproxy.health.listener import HttpListener, json_response
 from kubeproxy.logs import V2
+from kubeproxy.model.nodeports import NodePortAddresses
 from kubeproxy.model.types import (
     Endpoint,
     IPFamily,
@@ -77,6 +89,40 @@ def local_ready_endpoints(
     return {svc: max(map(len, by_family.values())) for svc, by_family in ips.items()}
 
 
+def local_addresses() -> list[str]:
+    """Every IPv4 and IPv6 address of every local interface (IPv6 link-local ones with
+    their ``%zone``, which binding them needs)."""
+    return [
+        addr.address
+        for addrs in psutil.net_if_addrs().values()
+        for addr in addrs
+        if addr.family in (socket.AF_INET, socket.AF_INET6)
+    ]
+
+
+def health_check_hosts(
+    node_ports: NodePortAddresses,
+    families: Iterable[IPFamily],
+    primary_ips: Mapping[IPFamily, str],
+    addresses: Iterable[str],
+) -> tuple[str | None, ...]:
+    """The hosts health checks bind: None is every address of both families, ``0.0.0.0``
+    / ``::`` every address of one family, anything else one local address."""
+    selected = {f: node_ports.for_family(f, primary_ips.get(f)) for f in families}
+    if all(s.match_all for s in selected.values()):
+        return (None,)
+    local = [(ipaddress.ip_address(a.partition("%")[0]), a) for a in addresses]
+    hosts: list[str | None] = []
+    for family, sel in selected.items():
+        if sel.match_all:
+            hosts.append("0.0.0.0" if family is IPFamily.IPv4 else "::")
+            continue
+        networks = [ipaddress.ip_network(r) for r in sel.ranges]
+        matched = {(ip, text) for ip, text in local if any(ip in net for net in networks)}
+        hosts += [text for _, text in sorted(matched)]
+    return tuple(hosts)
+
+
 @dataclass(frozen=True, slots=True)
 class BindFailure:
     service: NamespacedName
@@ -87,7 +133,9 @@ class BindFailure:
 @dataclass
 class _Instance:
     port: int
-    listener: HttpListener
+    hosts: tuple[str | None, ...]
+    # None when no local address matches: nothing listens (upstream: no nodeIPs).
+    listener: HttpListener | None
     endpoints: int = 0
 
 
@@ -95,20 +143,55 @@ class ServiceHealthServers:
     def __init__(
         self,
         proxy_healthy: Callable[[], bool],
-        addresses: Sequence[str] = (),
         hostname: str = "",
+        *,
+        node_ports: NodePortAddresses | None = None,
+        families: Sequence[IPFamily] = (IPFamily.IPv4, IPFamily.IPv6),
+        list_addresses: Callable[[], Iterable[str]] = local_addresses,
     ) -> None:
-        """``proxy_healthy``: e.g. :meth:`ProxyHealth.is_healthy`; ``hostname`` for messages."""
+        """``proxy_healthy``: e.g. :meth:`ProxyHealth.is_healthy`; ``hostname`` for
+        messages; ``node_ports`` (``--nodeport-addresses``, default ``primary``) and the
+        proxy's ``families`` choose the addresses, among ``list_addresses()``."""
         self._proxy_healthy = proxy_healthy
-        self._hosts = tuple(addresses)
         self._hostname = hostname
+        self._node_ports = node_ports or NodePortAddresses()
+        self._families = tuple(families)
+        self._list_addresses = list_addresses
+        self._hosts: tuple[str | None, ...] | None = None
         self._instances: dict[NamespacedName, _Instance] = {}
         self._failures: dict[NamespacedName, BindFailure] = {}
 
     @property
     def ports(self) -> dict[NamespacedName, int]:
         """The port each open health check is bound to."""
-        return {nsn: inst.listener.port for nsn, inst in self._instances.items()}
+        return {
+            nsn: inst.listener.port
+            for nsn, inst in self._instances.items()
+            if inst.listener is not None
+        }
+
+    @property
+    def hosts(self) -> tuple[str | None, ...] | None:
+        """Where health checks listen since the last sync that had any (None: not yet)."""
+        return self._hosts
+
+    def _resolve_hosts(self, primary_ips: Mapping[IPFamily, str]) -> tuple[str | None, ...]:
+        hosts = health_check_hosts(
+            self._node_ports, self._families, primary_ips, self._list_addresses()
+        )
+        if hosts != self._hosts:
+            if hosts:
+                shown = ", ".join("all addresses" if h is None else h for h in hosts)
+                log.log(V2, "Service health checks listen on %s", shown)
+            else:
+                log.warning(
+                    "No local address matches --nodeport-addresses %s (primary IPs: %s): "
+                    "Service health checks listen nowhere",
+                    self._node_ports,
+                    ", ".join(primary_ips.values()) or "none known",
+                )
+            self._hosts = hosts
+        return hosts
 
     @property
     def failures(self) -> dict[NamespacedName, BindFailure]:
@@ -116,18 +199,25 @@ class ServiceHealthServers:
         return dict(self._failures)
 
     async def sync(
-        self, desired: Mapping[NamespacedName, int], local_endpoints: Mapping[NamespacedName, int]
+        self,
+        desired: Mapping[NamespacedName, int],
+        local_endpoints: Mapping[NamespacedName, int],
+        primary_ips: Mapping[IPFamily, str] | None = None,
     ) -> list[BindFailure]:
         """Make ``desired`` (Service -> port) the open set; returns the *new* bind failures.
 
         ``local_endpoints`` counts are kept for open Services only; a Service missing
-        from it has none. Port 0 binds an ephemeral port (tests).
+        from it has none. ``primary_ips``: the node's, for ``--nodeport-addresses
+        primary``. Port 0 binds an ephemeral port (tests).
         """
+        # Only look at the interfaces when there is something to serve.
+        hosts = self._resolve_hosts(primary_ips or {}) if desired else ()
         for nsn, inst in list(self._instances.items()):
-            if desired.get(nsn) != inst.port:
+            if desired.get(nsn) != inst.port or inst.hosts != hosts:
                 log.log(V2, "Closing healthcheck for %s on port %d", nsn, inst.port)
                 del self._instances[nsn]
-                await inst.listener.stop()
+                if inst.listener is not None:
+                    await inst.listener.stop()
         self._failures = {
             nsn: failure
             for nsn, failure in self._failures.items()
@@ -138,9 +228,10 @@ class ServiceHealthServers:
         for nsn, port in sorted(desired.items()):
             if nsn in self._instances:
                 continue
-            listener = HttpListener(
-                web.Server(self._handler(nsn), access_log=None), self._hosts, port
-            )
+            if not hosts:
+                self._instances[nsn] = _Instance(port, hosts, None)
+                continue
+            listener = HttpListener(web.Server(self._handler(nsn), access_log=None), hosts, port)
             try:
                 await listener.start()
             except OSError as err:
@@ -158,7 +249,7 @@ class ServiceHealthServers:
             if self._failures.pop(nsn, None) is not None:
                 log.info("Healthcheck for %s is listening on port %d now", nsn, port)
             log.log(V2, "Opening healthcheck for %s on port %d", nsn, port)
-            self._instances[nsn] = _Instance(port, listener, local_endpoints.get(nsn, 0))
+            self._instances[nsn] = _Instance(port, hosts, listener, local_endpoints.get(nsn, 0))
         for nsn, inst in self._instances.items():
             inst.endpoints = local_endpoints.get(nsn, 0)
         return new_failures
@@ -167,7 +258,8 @@ class ServiceHealthServers:
         instances, self._instances = self._instances, {}
         self._failures = {}
         for inst in instances.values():
-            await inst.listener.stop()
+            if inst.listener is not None:
+                await inst.listener.stop()
 
     def _handler(
         self, nsn: NamespacedName

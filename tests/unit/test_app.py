@@ -1,0 +1,146 @@
+"""kubeproxy.app: what a sync reports (conntrack cleanup) and how the servers start.
+
+The backend is a fake that records syncs; conntrack is the in-memory fake, so no root.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+
+import pytest
+
+from kubeproxy.app import Proxy, ServerBindError
+from kubeproxy.backends import SyncResult
+from kubeproxy.config import ProxyConfig
+from kubeproxy.dataplane.conntrack import FakeConntrack, Filter
+from kubeproxy.metrics import Metrics
+from kubeproxy.model.state import ProxyState, Snapshot
+from kubeproxy.model.types import IPFamily, L4Protocol, ServicePortName
+from tests.unit.test_health import fetch
+
+
+class FakeBackend:
+    mode = "fake"
+
+    def __init__(self) -> None:
+        self.syncs = 0
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def check(self) -> str | None:
+        return None
+
+    def sync(self, snapshot: Snapshot, changed: set[ServicePortName] | None) -> SyncResult:
+        self.syncs += 1
+        return SyncResult(full=changed is None)
+
+    def render(self, snapshot: Snapshot) -> str:
+        return ""
+
+
+def config(**overrides: object) -> ProxyConfig:
+    base: dict[str, object] = {
+        "hostname": "node-a",
+        "families": (IPFamily.IPv4, IPFamily.IPv6),
+        "healthz_bind_address": "",
+        "metrics_bind_address": "",
+    }
+    base.update(overrides)
+    return ProxyConfig(**base)  # type: ignore[arg-type]
+
+
+def test_a_failed_conntrack_cleanup_is_logged_not_counted_as_an_nftables_cleanup_failure(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    refused = Filter.for_ip("10.96.0.10", L4Protocol.UDP, reason="service deleted")
+    ok = Filter.for_ip("fd00::10", L4Protocol.UDP, reason="service deleted")
+    conntrack = FakeConntrack(refuse={refused})
+    metrics = Metrics()
+    proxy = Proxy(config(), FakeBackend(), conntrack=conntrack, metrics=metrics)
+    snapshot, _ = ProxyState("node-a").collect()
+    proxy._stale = [refused, ok]
+    with caplog.at_level(logging.ERROR):
+        proxy._program(snapshot, None)
+    value = metrics.registry.get_sample_value
+    assert value("kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total") == 0
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "10.96.0.10" in errors[0], errors
+    # Upstream's conntrack metrics, per family.
+    duration = "kubeproxy_conntrack_reconciler_sync_duration_seconds_count"
+    assert value(duration, {"ip_family": "IPv4"}) == 1
+    assert value(duration, {"ip_family": "IPv6"}) == 1
+    assert conntrack.cleared == [ok]
+    assert proxy._stale == []
+
+
+def blocked_port() -> socket.socket:
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen()
+    return blocker
+
+
+def test_bind_address_hard_fail_makes_a_server_that_cannot_listen_fatal() -> None:
+    blocker = blocked_port()
+    taken = blocker.getsockname()[1]
+    proxy = Proxy(
+        config(
+            healthz_bind_address="127.0.0.1:0",
+            metrics_bind_address=f"127.0.0.1:{taken}",
+            bind_address_hard_fail=True,
+        ),
+        FakeBackend(),
+    )
+
+    async def scenario() -> None:
+        with pytest.raises(ServerBindError, match=r"^starting metrics server failed: .*in use"):
+            await proxy.start_servers()
+        # Nothing is left listening: the healthz server that did start was stopped.
+        assert proxy.servers.listeners == []
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        blocker.close()
+
+
+def test_without_hard_fail_a_server_that_cannot_listen_is_retried(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    blocker = blocked_port()
+    taken = blocker.getsockname()[1]
+    proxy = Proxy(
+        config(healthz_bind_address=f"127.0.0.1:{taken}", metrics_bind_address="127.0.0.1:0"),
+        FakeBackend(),
+    )
+    proxy.bind_retry_seconds = 0.05
+
+    async def scenario() -> None:
+        try:
+            await proxy.start_servers()
+            assert [type(s).__name__ for s in proxy.servers.listeners] == ["MetricsServer"]
+            await asyncio.sleep(0.2)
+            assert len(proxy.servers.listeners) == 1  # still taken
+            blocker.close()
+            for _ in range(100):
+                if len(proxy.servers.listeners) == 2:
+                    break
+                await asyncio.sleep(0.02)
+            assert (await fetch(taken, "/livez")).status == 200
+        finally:
+            await proxy.stop_servers()
+
+    with caplog.at_level(logging.INFO):
+        try:
+            asyncio.run(scenario())
+        finally:
+            blocker.close()
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and errors[0].startswith("healthz server failed: "), errors
+    assert any(r.getMessage() == f"Listening on 127.0.0.1:{taken} now" for r in caplog.records)
