@@ -222,7 +222,11 @@ def test_partial_syncs_match_a_full_sync(lab: Lab) -> None:
         suppress_health_check=list(HealthCheck),
     )(PartialVersusFull)
     machine.TestCase().runTest()
-    assert not [ns for ns in list_netns() if ns.endswith(("-partial", "-full"))]
+    assert not [
+        ns
+        for ns in list_netns()
+        if ns.startswith(f"{lab.prefix}-") and ns.endswith(("-partial", "-full"))
+    ]
 
 
 # ------------------------------------------------------------------- one change
