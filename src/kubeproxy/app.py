@@ -96,7 +96,7 @@ class Proxy:
         self.clock = clock or SystemClock()
         self.wall = wall
         self.conntrack = conntrack
-        self.metrics = metrics or Metrics()
+        self.metrics = metrics or Metrics(config.mode)
         self.health = ProxyHealth(2 * config.sync_period, wall, families=config.families)
         self.state = ProxyState(config.hostname, config.bind_ip())
         self.servers = Servers()

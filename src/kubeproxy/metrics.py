@@ -24,9 +24,10 @@ proxy_healthz_total{code} / proxy_livez_total{code}        counter    count_heal
 =========================================================  =========  ======================
 
 ``nftables_cleanup_failures_total`` counts what upstream's does: failures of the
-transaction that deletes stale nftables chains. It stays registered (and 0) until the
-nftables backend reports such failures through :meth:`Metrics.cleanup_failed`; a failed
-*conntrack* cleanup is not one of them (upstream has no metric for it either: each one
+transaction that deletes stale nftables chains. kubeproxy deletes stale chains inside the
+sync's own transaction (in reference order), so there is no separate cleanup to fail and
+it stays 0, registered for dashboards built for kube-proxy; a failed *conntrack* cleanup
+is not one of them (upstream has no metric for it either: each one
 is logged on its own line by :func:`kubeproxy.dataplane.conntrack.apply`).
 
 The ``conntrack_reconciler_*`` pair is upstream's (1.33+) for clearing stale conntrack
@@ -38,9 +39,15 @@ Process metrics, as upstream's Go registry has (``process_*``: CPU seconds, resi
 virtual memory, start time, open and max fds), from prometheus_client's ProcessCollector;
 the Go runtime collectors' analogue is ``python_info`` and ``python_gc_*``.
 
+The sync-failure counter is named per mode, as upstream (``..._nftables_sync_failures_total``
+in nftables mode, ``..._iptables_restore_failures_total`` in iptables and ipvs modes);
+the cleanup-failure counter exists in nftables mode only.
+
 Ours (upstream's nftables mode has no count of what it programmed):
 ``kubeproxy_sync_proxy_rules_nftables_elements`` and ``..._nftables_chains`` (gauges,
-after the last successful sync).
+after the last successful sync), and ``kubeproxy_sync_proxy_rules_isolated_service_ports``
+(gauge): Service ports left out because the kernel refused their rules (each is logged
+with its name; see the nftables proxier).
 
 Durations are observed for failed syncs too, as upstream does. Histogram buckets are
 upstream's, including the leading 0 bucket its MergeBuckets helper adds to
@@ -98,8 +105,19 @@ NETWORK_PROGRAMMING_BUCKETS = (
 )
 
 
+# Sync failures, named per proxy mode as upstream (only the active mode's is registered).
+SYNC_FAILURES = {
+    "nftables": ("sync_proxy_rules_nftables_sync_failures_total", "nftables sync failures"),
+    "iptables": ("sync_proxy_rules_iptables_restore_failures_total", "iptables restore failures"),
+    "ipvs": ("sync_proxy_rules_iptables_restore_failures_total", "iptables restore failures"),
+}
+
+
 class Metrics:
-    def __init__(self) -> None:
+    """The metrics of one proxy in ``mode`` (the mode decides a few names, as upstream)."""
+
+    def __init__(self, mode: str = "nftables") -> None:
+        self.mode = mode
         self.registry = CollectorRegistry(auto_describe=True)
         # Upstream's registry carries the process and Go runtime collectors; these are
         # the Python equivalents, on this instance's registry (no global one).
@@ -161,13 +179,21 @@ class Metrics:
             "Number of services with a Local traffic policy and no endpoints",
             ("traffic_policy",),
         )
-        self.sync_failures = counter(
-            "sync_proxy_rules_nftables_sync_failures_total",
-            "Cumulative proxy nftables sync failures",
+        failures, what = SYNC_FAILURES.get(
+            mode, (f"sync_proxy_rules_{mode}_sync_failures_total", f"{mode} sync failures")
         )
-        self.cleanup_failures = counter(
-            "sync_proxy_rules_nftables_cleanup_failures_total",
-            "Cumulative proxy nftables cleanup failures",
+        self.sync_failures = counter(failures, f"Cumulative proxy {what}")
+        self.cleanup_failures = (
+            counter(
+                "sync_proxy_rules_nftables_cleanup_failures_total",
+                "Cumulative proxy nftables cleanup failures",
+            )
+            if mode == "nftables"
+            else None
+        )
+        self.isolated = gauge(
+            "sync_proxy_rules_isolated_service_ports",
+            "Service ports left out of the rules because the kernel refused them",
         )
         self.conntrack_duration = Histogram(
             "kubeproxy_conntrack_reconciler_sync_duration_seconds",
@@ -185,14 +211,18 @@ class Metrics:
             "proxy_healthz_total", "Cumulative proxy healthz HTTP status", ("code",)
         )
         self.livez = counter("proxy_livez_total", "Cumulative proxy livez HTTP status", ("code",))
-        self.nftables_elements = gauge(
-            "sync_proxy_rules_nftables_elements",
-            "Number of nftables set and map elements programmed by kube-proxy",
-        )
-        self.nftables_chains = gauge(
-            "sync_proxy_rules_nftables_chains",
-            "Number of nftables chains programmed by kube-proxy",
-        )
+        # What the nftables backend programmed (ours; other modes count their own way).
+        self.nftables_elements: Gauge | None = None
+        self.nftables_chains: Gauge | None = None
+        if mode == "nftables":
+            self.nftables_elements = gauge(
+                "sync_proxy_rules_nftables_elements",
+                "Number of nftables set and map elements programmed by kube-proxy",
+            )
+            self.nftables_chains = gauge(
+                "sync_proxy_rules_nftables_chains",
+                "Number of nftables chains programmed by kube-proxy",
+            )
 
     # ------------------------------------------------------------ sync phases
 
@@ -234,8 +264,10 @@ class Metrics:
             self.network_programming.observe(now - trigger_time)
         self.no_local_endpoints.labels("internal").set(result.no_local_internal)
         self.no_local_endpoints.labels("external").set(result.no_local_external)
-        self.nftables_elements.set(result.elements)
-        self.nftables_chains.set(result.chains)
+        if self.nftables_elements is not None and self.nftables_chains is not None:
+            self.nftables_elements.set(result.elements)
+            self.nftables_chains.set(result.chains)
+        self.isolated.set(len(result.isolated))
 
     def sync_failed(self, seconds: float, *, full: bool) -> None:
         """The kernel refused the transaction (or rendering failed) after ``seconds``."""
@@ -244,6 +276,7 @@ class Metrics:
 
     def cleanup_failed(self) -> None:
         """The transaction deleting stale nftables chains failed (not conntrack)."""
+        assert self.cleanup_failures is not None, "nftables mode only"
         self.cleanup_failures.inc()
 
     def conntrack_cleaned(self, family: str, seconds: float, deleted: int) -> None:

@@ -37,6 +37,7 @@ EXPECTED = {
     "kubeproxy_proxy_livez_total": "counter",
     "kubeproxy_sync_proxy_rules_nftables_elements": "gauge",
     "kubeproxy_sync_proxy_rules_nftables_chains": "gauge",
+    "kubeproxy_sync_proxy_rules_isolated_service_ports": "gauge",
     # Upstream's registry has the process collector (and Go's runtime ones; Python's here).
     "process_cpu_seconds_total": "counter",
     "process_resident_memory_bytes": "gauge",
@@ -51,6 +52,16 @@ EXPECTED = {
 }
 
 RESULT = SyncResult(full=True, elements=7, chains=3, no_local_internal=1, no_local_external=2)
+
+
+def test_mode_specific_names_follow_upstream() -> None:
+    iptables = Metrics("iptables")
+    names = {m.name for m in iptables.registry.collect()}
+    assert "kubeproxy_sync_proxy_rules_iptables_restore_failures" in names
+    assert not any("nftables" in n for n in names)
+    assert "kubeproxy_sync_proxy_rules_nftables_sync_failures" in {
+        m.name for m in Metrics("nftables").registry.collect()
+    }
 
 
 def test_each_instance_has_its_own_registry() -> None:
