@@ -312,21 +312,13 @@ def plan_service_port(
     )
 
     frontends = [Frontend(FrontendKind.CLUSTER_IP, cluster_ip, svc.port)]
-    frontends.extend(
-        Frontend(FrontendKind.EXTERNAL_IP, ip, svc.port) for ip in svc.external_ips_of(fam.family)
-    )
-    ranges = _of_family(svc.load_balancer_source_ranges, fam.family)
-    node_in_ranges = fam.node_ip is not None and any(
-        ipaddress.ip_address(fam.node_ip) in ipaddress.ip_network(r) for r in ranges
-    )
-    for ip in sorted(set(svc.load_balancer_ips_of(fam.family))):
-        allowed: tuple[str, ...] = ()
-        if ranges:
-            # As upstream: a VIP-style load balancer that is also a local address makes
-            # node-to-VIP traffic loop back with the VIP as its source; let it through.
-            self_ip = [f"{ip}/{32 if fam.family is IPFamily.IPv4 else 128}"]
-            allowed = merge_cidrs([*ranges, *(self_ip if node_in_ranges else ())])
-        frontends.append(Frontend(FrontendKind.LOAD_BALANCER, ip, svc.port, allowed))
+    if svc.external_ips:  # (tested first: a full sync plans every ServicePort)
+        frontends.extend(
+            Frontend(FrontendKind.EXTERNAL_IP, ip, svc.port)
+            for ip in svc.external_ips_of(fam.family)
+        )
+    if svc.load_balancer_ips:
+        frontends.extend(_load_balancers(svc, fam))
     if svc.node_port and fam.node_ports.enabled:
         frontends.append(Frontend(FrontendKind.NODE_PORT, None, svc.node_port))
 
@@ -361,6 +353,23 @@ def plan_service_port(
         external=external,
         hairpin=tuple(sorted(hairpin)),
     )
+
+
+def _load_balancers(svc: ServicePort, fam: FamilyPlan) -> list[Frontend]:
+    ranges = _of_family(svc.load_balancer_source_ranges, fam.family)
+    node_in_ranges = fam.node_ip is not None and any(
+        ipaddress.ip_address(fam.node_ip) in ipaddress.ip_network(r) for r in ranges
+    )
+    out = []
+    for ip in sorted(set(svc.load_balancer_ips_of(fam.family))):
+        allowed: tuple[str, ...] = ()
+        if ranges:
+            # As upstream: a VIP-style load balancer that is also a local address makes
+            # node-to-VIP traffic loop back with the VIP as its source; let it through.
+            self_ip = [f"{ip}/{32 if fam.family is IPFamily.IPv4 else 128}"]
+            allowed = merge_cidrs([*ranges, *(self_ip if node_in_ranges else ())])
+        out.append(Frontend(FrontendKind.LOAD_BALANCER, ip, svc.port, allowed))
+    return out
 
 
 def plan_service_ports(

@@ -97,8 +97,19 @@ class TableIndex:
         self.no_local_external = 0
 
     @classmethod
-    def build(cls, fam: FamilyPlan, rules: Mapping[ServicePortName, PortRules]) -> TableIndex:
+    def build(
+        cls,
+        fam: FamilyPlan,
+        rules: Mapping[ServicePortName, PortRules],
+        contents: Contents | None = None,
+    ) -> TableIndex:
+        """The index of ``rules``; also fills ``contents`` (what :meth:`contents` gives)
+        in the same pass when one is passed, as a full sync needs both."""
         index = cls(fam)
+        elements = contents.elements if contents is not None else None
+        if elements is not None:
+            for set_name in ELEMENT_SETS:
+                elements.setdefault(set_name, {})
         for name in sorted(rules):
             port = rules[name]
             index.rules[name] = port
@@ -107,15 +118,30 @@ class TableIndex:
             index.no_local_external += port.no_local_external
             for dest in port.destinations:
                 cands = index.candidates.setdefault(dest.claim, set())
-                if not cands:
+                if not cands:  # names are in order: the first one owns the destination
                     index.elements += len(dest.elements)
                     if dest.chain is not None:
                         index.chain_refs[dest.chain.name] += 1
+                    if contents is not None and elements is not None:
+                        for set_name, key, value in dest.elements:
+                            elements[set_name][key] = value
+                        if dest.chain is not None and dest.chain.name not in contents.chains:
+                            contents.chains[dest.chain.name] = ChainDef(
+                                dest.chain.name, tuple(dest.chain.rules(fam))
+                            )
                 cands.add(name)
             for m, k, v in port.shared:
                 index.shared[(m, k)] += 1
                 index.shared_values[(m, k)] = v
+            if contents is not None:
+                for chain in port.chains:
+                    contents.chains[chain.name] = chain
+                for aff in port.sets:
+                    contents.sets[aff.name] = aff
         index.elements += len(index.shared)
+        if elements is not None:
+            for (set_name, key), value in index.shared_values.items():
+                elements[set_name][key] = value
         return index
 
     def owner(self, claim: Claim) -> ServicePortName | None:
@@ -128,33 +154,17 @@ class TableIndex:
         return len(self.chain_refs) + self.own_chains
 
     def conflicts(self) -> list[Conflict]:
+        contested = [(claim, cands) for claim, cands in self.candidates.items() if len(cands) > 1]
         return [
             Conflict(claim, min(cands), loser)
-            for claim, cands in sorted(self.candidates.items())
-            if len(cands) > 1
+            for claim, cands in sorted(contested)
             for loser in sorted(cands)[1:]
         ]
 
     def contents(self) -> Contents:
         """Everything the programmed rules put in the table (for a full sync)."""
-        out = Contents(elements={name: {} for name in ELEMENT_SETS})
-        for claim, cands in self.candidates.items():
-            owner = min(cands)
-            dest = _find(self.rules[owner], claim)
-            for set_name, key, value in dest.elements:
-                out.elements[set_name][key] = value
-            if dest.chain is not None and dest.chain.name not in out.chains:
-                out.chains[dest.chain.name] = ChainDef(
-                    dest.chain.name, tuple(dest.chain.rules(self.fam))
-                )
-        for (set_name, key), value in self.shared_values.items():
-            out.elements[set_name][key] = value
-        for name in sorted(self.rules):
-            port = self.rules[name]
-            for chain in port.chains:
-                out.chains[chain.name] = chain
-            for aff in port.sets:
-                out.sets[aff.name] = aff
+        out = Contents()
+        TableIndex.build(self.fam, self.rules, out)
         return out
 
     def change(self, updates: Mapping[ServicePortName, PortRules | None]) -> Change:

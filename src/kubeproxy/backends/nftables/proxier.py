@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from kubeproxy.backends import BackendError, SyncResult
-from kubeproxy.backends.nftables.index import Change, TableIndex, full_table
+from kubeproxy.backends.nftables.index import Change, Contents, TableIndex, full_table
 from kubeproxy.backends.nftables.render import PortRules, render_service_port
 from kubeproxy.backends.nftables.table import (
     SKELETON_CHAINS,
@@ -70,6 +70,15 @@ log = logging.getLogger(__name__)
 
 Key = tuple[IPFamily, ServicePortName]
 Updates = dict[IPFamily, dict[ServicePortName, PortRules | None]]
+
+
+# A full sync's index and the table contents it was built with (one pass for both).
+_Built = tuple[TableIndex, Contents]
+
+
+def _build(fam: FamilyPlan, rules: Mapping[ServicePortName, PortRules]) -> _Built:
+    contents = Contents()
+    return TableIndex.build(fam, rules, contents), contents
 
 
 def table_ref(family: IPFamily) -> TableRef:
@@ -128,13 +137,13 @@ class NftablesBackend:
         ServicePort that is gone from that family, or left out (isolated, unchanged)."""
         updates: Updates = {}
         rendered = 0
+        isolated = self._isolated.reasons if names is not None else {}
         for fam in fams:
             out: dict[ServicePortName, PortRules | None] = {}
             for name, plan in service_port_plans(snapshot, fam, names).items():
                 rules = render_service_port(plan, fam) if plan is not None else None
                 rendered += plan is not None
-                key = (fam.family, name)
-                if names is not None and key in self._isolated.reasons:
+                if isolated and (key := (fam.family, name)) in isolated:
                     # A full sync retries everything (and records what is refused).
                     if rules is not None and rules == self._isolated.rules.get(key):
                         rules = None  # still what the kernel refused
@@ -147,11 +156,10 @@ class NftablesBackend:
             updates[fam.family] = out
         return updates, rendered
 
-    def _full_tx(self, indexes: Mapping[IPFamily, TableIndex], *, replace: bool) -> Transaction:
+    def _full_tx(self, built: Mapping[IPFamily, _Built], *, replace: bool) -> Transaction:
         tx = Transaction()
-        for family, index in indexes.items():
+        for family, (index, contents) in built.items():
             t = table_ref(family)
-            contents = index.contents()
             table = full_table(index.fam, contents)
             if replace:
                 tx.add_table(t)
@@ -221,22 +229,22 @@ class NftablesBackend:
         }
         by_family = {f.family: f for f in fams}
 
-        def build(keep: Callable[[Key], bool]) -> dict[IPFamily, TableIndex]:
+        def build(keep: Callable[[Key], bool]) -> dict[IPFamily, _Built]:
             return {
-                family: TableIndex.build(
+                family: _build(
                     by_family[family], {n: r for n, r in rs.items() if keep((family, n))}
                 )
                 for family, rs in rules.items()
             }
 
-        indexes = build(lambda _: True)
+        built = build(lambda _: True)
         try:
-            operations = self._apply_full(indexes)
+            operations = self._apply_full(built)
         except NftError as err:
             refused = err
         else:
             self._record_isolated({}, rules)
-            return indexes, operations
+            return {family: index for family, (index, _) in built.items()}, operations
         candidates = [(family, n) for family, rs in rules.items() for n in sorted(rs)]
 
         def refusal(keys: list[Key]) -> str | None:
@@ -246,14 +254,14 @@ class NftablesBackend:
         if refusal([]) is not None:
             raise refused  # not a ServicePort's fault: keep the previous rules
         bad = _isolate(candidates, refusal, _first_line(refused))
-        indexes = build(lambda key: key not in bad)
-        operations = self._apply_full(indexes)
+        built = build(lambda key: key not in bad)
+        operations = self._apply_full(built)
         self._record_isolated(bad, rules)
-        return indexes, operations
+        return {family: index for family, (index, _) in built.items()}, operations
 
-    def _apply_full(self, indexes: dict[IPFamily, TableIndex]) -> int:
+    def _apply_full(self, built: dict[IPFamily, _Built]) -> int:
         """Apply a full sync (flush and re-add; replace if refused); the operation count."""
-        tx = self._full_tx(indexes, replace=False)
+        tx = self._full_tx(built, replace=False)
         try:
             self._apply(tx)
         except NftError as err:
@@ -262,7 +270,7 @@ class NftablesBackend:
                 "(session affinity memory is lost)",
                 _first_line(err),
             )
-            tx = self._full_tx(indexes, replace=True)
+            tx = self._full_tx(built, replace=True)
             self._apply(tx)
         return len(tx)
 
@@ -388,13 +396,11 @@ class NftablesBackend:
         fams = family_plans(self.config, snapshot)
         updates, _ = self._render(snapshot, None, fams)
         by_family = {f.family: f for f in fams}
-        indexes = {
-            family: TableIndex.build(
-                by_family[family], {n: r for n, r in by_name.items() if r is not None}
-            )
+        built = {
+            family: _build(by_family[family], {n: r for n, r in by_name.items() if r is not None})
             for family, by_name in updates.items()
         }
-        return str(self._full_tx(indexes, replace=True))
+        return str(self._full_tx(built, replace=True))
 
     def _report(
         self,

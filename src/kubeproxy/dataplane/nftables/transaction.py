@@ -306,6 +306,9 @@ class Transaction:
 
     def __init__(self) -> None:
         self.ops: list[Operation] = []
+        # The printed script, and how many operations it covers (printing a full sync of
+        # a large cluster costs ~0.1 s; the runner and the caller's log both want it).
+        self._text = ("", 0)
 
     def __iter__(self) -> Iterator[Operation]:
         return iter(self.ops)
@@ -381,7 +384,11 @@ class Transaction:
         return bool(self.ops)
 
     def __str__(self) -> str:
-        out: list[str] = []
-        for op in self.ops:
-            op.render(out)
-        return "\n".join(out) + ("\n" if out else "")
+        text, covered = self._text
+        if covered != len(self.ops) or not covered:
+            out: list[str] = []
+            for op in self.ops:
+                op.render(out)
+            text = "\n".join(out) + ("\n" if out else "")
+            self._text = (text, len(self.ops))
+        return text
