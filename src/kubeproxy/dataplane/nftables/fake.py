@@ -477,7 +477,8 @@ class FakeSet:
     # their first component when it is a single value (None: a prefix or range), so an
     # overlap check looks at one group plus the wide elements, not at the whole set.
     bounds: dict[str, tuple[Bounds, ...]] = field(default_factory=dict)
-    groups: dict[Bounds | None, list[str]] = field(default_factory=dict)
+    # Groups are tuples, replaced rather than changed, so a clone copies only the dict.
+    groups: dict[Bounds | None, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def interval(self) -> bool:
@@ -498,7 +499,7 @@ class FakeSet:
             dict(self.elements),
             owner,
             dict(self.bounds),
-            {k: list(v) for k, v in self.groups.items()},
+            dict(self.groups),
         )
 
     def same_definition(self, other: FakeSet) -> bool:
@@ -530,12 +531,18 @@ class FakeSet:
         self.elements[key] = value
         if self.interval:
             self.bounds[key] = bounds
-            self.groups.setdefault(_group(bounds), []).append(key)
+            group = _group(bounds)
+            self.groups[group] = (*self.groups.get(group, ()), key)
 
     def remove(self, key: str) -> str | None:
         value = self.elements.pop(key)
         if self.interval:
-            self.groups[_group(self.bounds.pop(key))].remove(key)
+            group = _group(self.bounds.pop(key))
+            rest = tuple(k for k in self.groups[group] if k != key)
+            if rest:
+                self.groups[group] = rest
+            else:
+                del self.groups[group]
         return value
 
     def clear(self) -> None:
