@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hypothesis import strategies as st
+
 from kubeproxy.dataplane.nftables.transaction import (
     AddChain,
     AddElements,
@@ -766,3 +768,124 @@ NFT_CACHE = [
 ]
 
 CASES: list[Case] = [*TABLES, *CHAINS, *SETS, *ELEMENTS, *INTERVALS, *NFT_CACHE]
+
+
+# ------------------------------------------------------------------- random batches
+
+# A small world for random transactions: few names, so operations keep meeting each
+# other (a jump to a chain another operation deletes, an interval inside another...).
+RANDOM_CHAINS = ("a", "b", "c")
+RANDOM_SETS = {
+    "s": Set("s", "ipv4_addr"),
+    "i": Set("i", "ipv4_addr", ("interval",)),
+    "m": Set.map("m", ADDR_PORT_MAP),
+    "d": Set("d", "ipv4_addr", ("dynamic", "timeout"), timeout=60),
+    "backends": Set.map("backends", BACKENDS),
+    "np": Set.map("np", "typeof meta l4proto . th dport : ip daddr"),
+}
+RANDOM_RULES = (
+    "counter",
+    "jump a",
+    "goto b",
+    "jump c",
+    "jump in",
+    "ip saddr @s drop",
+    "ip daddr @i accept",
+    "ip daddr . meta l4proto . th dport vmap @m",
+    "update @d { ip saddr }",
+    DNAT,
+    "dnat ip to meta l4proto . th dport map @np",
+)
+RANDOM_KEYS = {
+    "s": ("1.1.1.1", "1.1.1.2", "1.1.1.3"),
+    "d": ("1.1.1.1", "1.1.1.2"),
+    "i": (
+        "10.0.0.0/8",
+        "10.1.0.0/16",
+        "10.1.0.0/24",
+        "10.1.2.3",
+        "10.2.0.0/16",
+        "10.0.0.0-10.0.255.255",
+        "11.0.0.0/8",
+    ),
+    "m": ("1.2.3.4 . tcp . 80", "1.2.3.4 . udp . 80", "1.2.3.5 . 6 . 80"),
+    "backends": ("1.2.3.4 . tcp . 80 . 0", "1.2.3.4 . tcp . 80 . 1"),
+    "np": ("tcp . 30000", "udp . 30000"),
+}
+RANDOM_VALUES = {
+    "m": ("drop", "accept", "goto a", "jump b", "goto c", "jump in"),
+    "backends": ("10.0.0.1 . 80", "10.0.0.2 . 81"),
+    "np": ("10.0.0.1", "10.0.0.2"),
+}
+
+
+def random_setup() -> Transaction:
+    tx = Transaction()
+    tx.add_table(T)
+    tx.add_chain(T, "in", ["counter"], base("input", "0"))
+    for name in RANDOM_CHAINS:
+        tx.add_chain(T, name)
+    for s in RANDOM_SETS.values():
+        tx.add_set(T, s)
+    return tx
+
+
+def _random_element(name: str) -> st.SearchStrategy[tuple[str, str | None]]:
+    values = RANDOM_VALUES.get(name)
+    return st.tuples(
+        st.sampled_from(RANDOM_KEYS[name]),
+        st.sampled_from(values) if values else st.none(),
+    )
+
+
+def _random_elements(name: str) -> st.SearchStrategy[AddElements]:
+    items = st.lists(_random_element(name), min_size=1, max_size=3).map(tuple)
+    return items.map(lambda es: AddElements(T, name, es))
+
+
+def _random_deletes(name: str) -> st.SearchStrategy[DeleteElements]:
+    keys = st.lists(st.sampled_from(RANDOM_KEYS[name]), min_size=1, max_size=2).map(tuple)
+    return keys.map(lambda ks: DeleteElements(T, name, ks))
+
+
+_chain_names = st.sampled_from(RANDOM_CHAINS)
+_set_names = st.sampled_from(sorted(RANDOM_SETS))
+_rules = st.lists(st.sampled_from(RANDOM_RULES), max_size=2).map(tuple)
+
+
+@st.composite
+def _random_definition(draw: st.DrawFn) -> DefineTable:
+    parts: list[Chain | Set] = [
+        Chain(name, list(draw(_rules)))
+        for name in draw(st.lists(_chain_names, max_size=3, unique=True))
+    ]
+    for name in draw(st.lists(_set_names, max_size=2, unique=True)):
+        s = RANDOM_SETS[name]
+        elements = draw(st.lists(_random_element(name), max_size=2))
+        parts.append(Set(s.name, s.type, s.flags, elements, keyword=s.keyword, timeout=s.timeout))
+    return define(*parts)
+
+
+random_operations: st.SearchStrategy[Operation] = st.one_of(
+    st.builds(AddTable, st.just(T)),
+    st.builds(FlushTable, st.just(T)),
+    st.builds(AddChain, st.just(T), _chain_names, _rules),
+    st.builds(FlushChain, st.just(T), _chain_names),
+    st.builds(DeleteChain, st.just(T), _chain_names),
+    _set_names.map(lambda n: AddSet(T, RANDOM_SETS[n])),
+    _set_names.map(lambda n: FlushSet(T, RANDOM_SETS[n].keyword, n)),
+    _set_names.map(lambda n: DeleteSet(T, RANDOM_SETS[n].keyword, n)),
+    _set_names.flatmap(_random_elements),
+    _set_names.flatmap(_random_elements),
+    _set_names.flatmap(_random_deletes),
+    _random_definition(),
+)
+
+
+def _batch(ops: list[Operation]) -> Transaction:
+    return _tx(tuple(ops))
+
+
+random_batches = st.lists(
+    st.lists(random_operations, min_size=1, max_size=5).map(_batch), min_size=1, max_size=8
+)

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import re
 import time
+from collections import Counter
 
 import pytest
+from hypothesis import given, settings
 
 from kubeproxy.dataplane.nftables.fake import (
     BaseSpec,
@@ -19,6 +21,7 @@ from kubeproxy.dataplane.nftables.fake import (
     canonical_key,
     parse_priority,
     parse_set_type,
+    rule_references,
 )
 from kubeproxy.dataplane.nftables.runner import NftError
 from kubeproxy.dataplane.nftables.transaction import (
@@ -45,6 +48,8 @@ from tests.nft_fake_cases import (
     dset,
     elems,
     ok,
+    random_batches,
+    random_setup,
 )
 
 
@@ -74,6 +79,48 @@ def test_case(case: Case) -> None:
         assert fake.tables is before, f"step {i} changed the state"
         assert fake.dump() == dump, f"step {i} changed committed objects"
     assert fake.applied + fake.refused == len(case.steps)
+
+
+def _recounted(fake: FakeNftables) -> dict[tuple[str, str], tuple[Counter[str], Counter[str]]]:
+    """Every table's references counted from scratch."""
+    out = {}
+    for key, t in fake.tables.items():
+        chains: Counter[str] = Counter()
+        sets: Counter[str] = Counter()
+        for c in t.chains.values():
+            for rule in c.rules:
+                refs = rule_references(rule)
+                chains.update(refs.chains)
+                sets.update(refs.sets)
+        for s in t.sets.values():
+            if s.type.is_verdict_map:
+                chains.update(str(v).split()[1] for v in s.elements.values() if " " in str(v))
+        out[key] = (chains, sets)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(batches=random_batches)
+def test_random_batches_are_all_or_nothing(batches: list[Transaction]) -> None:
+    """Refused batches change nothing, check() agrees with apply(), and the reference
+    counts kept along the way match a recount."""
+    fake = applied(random_setup())
+    for tx in batches:
+        before, dump = fake.tables, fake.dump()
+        try:
+            fake.check(tx)
+        except NftError as err:
+            with pytest.raises(NftError) as again:
+                fake.apply(tx)
+            assert str(again.value) == str(err)
+            assert fake.tables is before
+            assert fake.dump() == dump
+            continue
+        fake.apply(tx)
+        for key, (chains, sets) in _recounted(fake).items():
+            t = fake.tables[key]
+            assert +t.chain_refs == +chains
+            assert +t.set_refs == +sets
 
 
 # --------------------------------------------------------------------------- state

@@ -420,7 +420,7 @@ def parse_priority(text: str) -> int:
 
 
 @dataclass(frozen=True, slots=True)
-class _RuleRefs:
+class RuleRefs:
     chains: tuple[str, ...]  # one entry per jump/goto (counts matter)
     sets: tuple[str, ...]  # one entry per @name
 
@@ -430,10 +430,11 @@ _RULE_REF = re.compile(rf"(?<![\w.-])(?:jump|goto)\s+({_NAME})|@({_NAME})")
 
 
 @lru_cache(maxsize=8192)
-def _rule_refs(rule: str) -> _RuleRefs:
+def rule_references(rule: str) -> RuleRefs:
+    """The chains a rule jumps to and the sets it uses, as the kernel counts them."""
     # Quoted strings (comments) are data, not references.
     found = _RULE_REF.findall(_QUOTED.sub('""', rule))
-    return _RuleRefs(tuple(c for c, _ in found if c), tuple(s for _, s in found if s))
+    return RuleRefs(tuple(c for c, _ in found if c), tuple(s for _, s in found if s))
 
 
 # ----------------------------------------------------------------------------- state
@@ -732,7 +733,7 @@ class _Batch:
         raise _kernel(EOPNOTSUPP, f"chain {name} exists as {existing.base}")
 
     def _add_rule(self, table: FakeTable, chain_name: str, rule: str) -> None:
-        refs = _rule_refs(rule)
+        refs = rule_references(rule)
         for target in refs.chains:
             self._check_jump(table, target)
         tkey = (table.family, table.name)
@@ -763,7 +764,7 @@ class _Batch:
 
     def _flush_rules(self, table: FakeTable, chain: FakeChain) -> None:
         for rule in chain.rules:
-            refs = _rule_refs(rule)
+            refs = rule_references(rule)
             table.chain_refs.subtract(refs.chains)
             table.set_refs.subtract(refs.sets)
         chain.rules.clear()
@@ -1008,9 +1009,11 @@ __all__ = [
     "FakeNftables",
     "FakeSet",
     "FakeTable",
+    "RuleRefs",
     "SetType",
     "canonical_key",
     "canonical_value",
     "parse_priority",
     "parse_set_type",
+    "rule_references",
 ]
