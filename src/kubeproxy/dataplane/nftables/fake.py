@@ -458,8 +458,9 @@ class FakeChain:
     comment: str | None = None
     owner: int = 0  # token of the batch allowed to change it
 
-    def clone(self, owner: int) -> FakeChain:
-        return FakeChain(self.name, self.base, list(self.rules), self.comment, owner)
+    def clone(self, owner: int, *, rules: bool = True) -> FakeChain:
+        kept = list(self.rules) if rules else []
+        return FakeChain(self.name, self.base, kept, self.comment, owner)
 
 
 @dataclass(eq=False, slots=True)
@@ -489,7 +490,7 @@ class FakeSet:
     def is_map(self) -> bool:
         return self.type.data is not None
 
-    def clone(self, owner: int) -> FakeSet:
+    def clone(self, owner: int, *, elements: bool = True) -> FakeSet:
         return FakeSet(
             self.name,
             self.keyword,
@@ -497,10 +498,10 @@ class FakeSet:
             self.flags,
             self.timeout,
             self.comment,
-            dict(self.elements),
+            dict(self.elements) if elements else {},
             owner,
-            dict(self.bounds),
-            dict(self.groups),
+            dict(self.bounds) if elements else {},
+            dict(self.groups) if elements else {},
         )
 
     def same_definition(self, other: FakeSet) -> bool:
@@ -545,11 +546,6 @@ class FakeSet:
             else:
                 del self.groups[group]
         return value
-
-    def clear(self) -> None:
-        self.elements.clear()
-        self.bounds.clear()
-        self.groups.clear()
 
     def header(self) -> list[str]:
         spec = self.type.spec
@@ -631,21 +627,23 @@ class _Batch:
             table = self.tables[key] = table.clone(self.token)
         return table
 
-    def _chain(self, table: FakeTable, name: str) -> FakeChain:
+    def _chain(self, table: FakeTable, name: str, *, writable: bool = True) -> FakeChain:
         chain = table.chains.get(name)
         if chain is None:
             raise _kernel(ENOENT, f"no chain {name} in table {table.family} {table.name}")
-        if chain.owner != self.token:
+        if writable and chain.owner != self.token:
             chain = table.chains[name] = chain.clone(self.token)
         return chain
 
-    def _set(self, table: FakeTable, name: str, keyword: str | None = None) -> FakeSet:
+    def _set(
+        self, table: FakeTable, name: str, keyword: str | None = None, *, writable: bool = True
+    ) -> FakeSet:
         s = table.sets.get(name)
         if s is None or (keyword is not None and s.keyword != keyword):
             raise _kernel(
-                ENOENT, f"no {keyword or 'set'} {name} in table {table.family} {table.name}"
+                ENOENT, f"no {keyword or 'set or map'} {name} in table {table.family} {table.name}"
             )
-        if s.owner != self.token:
+        if writable and s.owner != self.token:
             s = table.sets[name] = s.clone(self.token)
         return s
 
@@ -657,9 +655,9 @@ class _Batch:
                 self._add_table(op.table, op.comment)
             case FlushTable():
                 table = self._table(op.table)
-                for name, chain in table.chains.items():
+                for chain in list(table.chains.values()):
                     if chain.rules:
-                        self._flush_rules(table, self._chain(table, name))
+                        self._flush_chain(table, chain)
             case DeleteTable():
                 if self.tables.pop((op.table.family, op.table.name), None) is None:
                     raise _kernel(ENOENT, f"no table {op.table}")
@@ -672,14 +670,17 @@ class _Batch:
                     self._add_rule(table, op.name, rule)
             case FlushChain():
                 table = self._table(op.table)
-                self._flush_rules(table, self._chain(table, op.name))
+                self._flush_chain(table, self._chain(table, op.name, writable=False))
             case DeleteChain():
                 self._delete_chain(self._table(op.table), op.name)
             case AddSet():
                 self._ensure_set(self._table(op.table), op.set)
             case FlushSet():
                 table = self._table(op.table)
-                self._flush_elements(table, self._set(table, op.name, op.keyword))
+                s = self._set(table, op.name, op.keyword, writable=False)
+                self._release_elements(table, s)
+                # A new empty set rather than a copy emptied: flushing a big map is cheap.
+                table.sets[op.name] = s.clone(self.token, elements=False)
             case DeleteSet():
                 self._delete_set(self._table(op.table), op.name)
             case AddElements():
@@ -762,23 +763,24 @@ class _Batch:
         if chain.base is not None:
             raise _kernel(EOPNOTSUPP, f"jump/goto to base chain {target}")
 
-    def _flush_rules(self, table: FakeTable, chain: FakeChain) -> None:
+    def _release_rules(self, table: FakeTable, chain: FakeChain) -> None:
         for rule in chain.rules:
             refs = rule_references(rule)
             table.chain_refs.subtract(refs.chains)
             table.set_refs.subtract(refs.sets)
-        chain.rules.clear()
+
+    def _flush_chain(self, table: FakeTable, chain: FakeChain) -> None:
+        self._release_rules(table, chain)
+        table.chains[chain.name] = chain.clone(self.token, rules=False)
 
     def _delete_chain(self, table: FakeTable, name: str) -> None:
-        chain = table.chains.get(name)
-        if chain is None:
-            raise _kernel(ENOENT, f"no chain {name} in table {table.family} {table.name}")
+        chain = self._chain(table, name, writable=False)
         # Self-jumps count: the kernel drops the chain's own rules but not their hold on it.
         if table.chain_refs[name] > 0:
             raise _kernel(
                 EBUSY, f"chain {name} is still referred to {table.chain_refs[name]} times"
             )
-        self._flush_rules(table, self._chain(table, name))
+        self._release_rules(table, chain)
         del table.chains[name]
 
     def _ensure_set(self, table: FakeTable, s: Set) -> None:
@@ -806,18 +808,16 @@ class _Batch:
                 f"{existing.keyword} {s.name} exists as {'; '.join(existing.header())}",
             )
 
-    def _flush_elements(self, table: FakeTable, s: FakeSet) -> None:
+    def _release_elements(self, table: FakeTable, s: FakeSet) -> None:
         if s.type.is_verdict_map:
             table.chain_refs.subtract(_jump_targets(s.elements.values()))
-        s.clear()
 
     def _delete_set(self, table: FakeTable, name: str) -> None:
-        s = table.sets.get(name)
-        if s is None:
-            raise _kernel(ENOENT, f"no set or map {name} in table {table.family} {table.name}")
+        # The kernel does not tell sets from maps here: "delete map" removes a set too.
+        s = self._set(table, name, writable=False)
         if table.set_refs[name] > 0:
             raise _kernel(EBUSY, f"{s.keyword} {name} is used by {table.set_refs[name]} rules")
-        self._flush_elements(table, self._set(table, name))
+        self._release_elements(table, s)
         del table.sets[name]
 
     def _add_element(self, table: FakeTable, s: FakeSet, key: str, value: str | None) -> None:
