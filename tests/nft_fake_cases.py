@@ -57,6 +57,7 @@ class Step:
     tx: Transaction
     error: str | None = None  # None: accepted
     kernel_accepts: str | None = None  # why the fake refuses what the kernel accepts
+    kernel_error: str | None = None  # the kernel's wording, where it differs from error
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,10 @@ def ok(*items: Operation) -> Step:
 
 def refused(error: str, *items: Operation) -> Step:
     return Step(_tx(items), error)
+
+
+def refused_as(error: str, kernel_error: str, *items: Operation) -> Step:
+    return Step(_tx(items), error, kernel_error=kernel_error)
 
 
 def stricter(reason: str, error: str, *items: Operation) -> Step:
@@ -164,6 +169,24 @@ TABLES = [
         "add table twice is a no-op; the first comment stays",
         ok(AddTable(T, "first"), AddTable(T)),
         ok(AddTable(T, "second")),
+    ),
+    case(
+        "comments of tables, chains and sets are set at creation only",
+        ok(
+            define(
+                Set("s", "ipv4_addr", comment="set 1"),
+                Chain("c", comment="chain 1"),
+                comment="table 1",
+            )
+        ),
+        ok(
+            define(
+                Set("s", "ipv4_addr", comment="set 2"),
+                Chain("c", comment="chain 2"),
+                comment="table 2",
+            ),
+            add_set("s", "ipv4_addr", comment="set 3"),
+        ),
     ),
     case("delete a missing table", refused(ENOENT, DeleteTable(T))),
     case("flush a missing table", refused(ENOENT, FlushTable(T))),
@@ -596,6 +619,134 @@ INTERVALS = [
         ok(AddTable(T), add_set("i", "ipv4_addr", "interval"), elems("i", "10.96.0.0/24")),
         ok(delete_elems("i", "10.96.0.0/24"), elems("i", "10.96.0.0/28")),
         ok(FlushSet(T, "set", "i"), elems("i", "10.0.0.0/8"), elems("i", "10.0.0.0/8")),
+    ),
+    case(
+        "intervals: replaced in one batch, either order",
+        ok(AddTable(T), add_set("i", "ipv4_addr", "interval"), elems("i", "10.0.0.0/8")),
+        ok(delete_elems("i", "10.0.0.0/8"), elems("i", "10.0.0.0/8")),
+        ok(elems("i", "10.0.0.0/8"), delete_elems("i", "10.0.0.0/8")),
+        ok(elems("i", "10.0.0.0/8"), elems("i", "10.0.0.0/8"), delete_elems("i", "10.0.0.0/8")),
+        ok(elems("i", "10.0.0.0/8"), delete_elems("i", "10.0.0.0/8"), elems("i", "10.0.0.0/8")),
+        ok(delete_elems("i", "10.0.0.0/8"), elems("i", "10.0.0.0/8"), elems("i", "10.0.0.0/8")),
+        ok(
+            delete_elems("i", "10.0.0.0/8"),
+            elems("i", "10.1.0.0/16"),
+            delete_elems("i", "10.1.0.0/16"),
+        ),
+    ),
+    case(
+        "intervals: deleted, added and deleted again in one batch",
+        ok(AddTable(T), add_set("i", "ipv4_addr", "interval"), elems("i", "10.0.0.0/8")),
+        refused(
+            ENOENT,
+            delete_elems("i", "10.0.0.0/8"),
+            elems("i", "10.0.0.0/8"),
+            delete_elems("i", "10.0.0.0/8"),
+        ),
+    ),
+    case(
+        "intervals: a batch that flushes the set cannot delete what was in it",
+        ok(AddTable(T), add_set("i", "ipv4_addr", "interval"), elems("i", "10.0.0.0/8")),
+        refused("element does not exist", delete_elems("i", "10.0.0.0/8"), FlushSet(T, "set", "i")),
+        refused(
+            ENOENT,
+            FlushSet(T, "set", "i"),
+            elems("i", "10.0.0.0/8"),
+            delete_elems("i", "10.0.0.0/8"),
+        ),
+        ok(FlushSet(T, "set", "i"), elems("i", "10.1.0.0/16"), delete_elems("i", "10.1.0.0/16")),
+        ok(elems("i", "10.0.0.0/8")),
+        refused(
+            ENOENT,
+            elems("i", "11.1.0.0/16"),
+            FlushSet(T, "set", "i"),
+            elems("i", "11.0.0.0/8"),
+            delete_elems("i", "11.0.0.0/8"),
+        ),
+        # nft leaves the overlap check to the kernel when it has not loaded the elements.
+        refused_as("overlaps", EEXIST, elems("i", "10.1.0.0/16"), FlushSet(T, "set", "i")),
+        ok(elems("i", "10.0.0.0/8"), delete_elems("i", "10.0.0.0/8"), FlushSet(T, "set", "i")),
+        ok(elems("i", "12.0.0.0/8")),
+        ok(FlushSet(T, "set", "i"), elems("i", "10.0.0.0/8"), delete_elems("i", "10.0.0.0/8")),
+        ok(FlushSet(T, "set", "i"), elems("i", "10.1.0.0/16"), FlushSet(T, "set", "i")),
+        ok(elems("i", "10.1.0.0/16"), delete_elems("i", "10.1.0.0/16"), FlushSet(T, "set", "i")),
+        ok(
+            elems("i", "10.1.0.0/16"),
+            delete_elems("i", "10.1.0.0/16"),
+            FlushSet(T, "set", "i"),
+            elems("i", "10.1.0.0/24"),
+        ),
+    ),
+    case(
+        "a set created and flushed by one batch: elements declared with it are not checked",
+        ok(AddTable(T)),
+        ok(
+            define(dset("m", "ipv4_addr : verdict", "1.1.1.1 : drop", "1.1.1.1 : accept")),
+            define(dset("m", "ipv4_addr : verdict", "1.1.1.2 : drop")),
+            elems("m", "1.1.1.1 : accept"),
+            FlushSet(T, "map", "m"),
+            elems("m", "1.1.1.3 : drop"),
+        ),
+        refused(
+            ENOENT,
+            define(dset("n", "ipv4_addr : verdict")),
+            elems("n", "1.1.1.2 : goto nope"),
+            FlushSet(T, "map", "n"),
+        ),
+        refused(
+            ENOENT,
+            define(dset("n", "ipv4_addr : verdict")),
+            define(dset("n", "ipv4_addr : verdict", "1.1.1.2 : goto nope")),
+            FlushSet(T, "map", "n"),
+        ),
+        refused(
+            EEXIST,
+            define(dset("n", "ipv4_addr : verdict", "1.1.1.1 : drop")),
+            FlushSet(T, "map", "n"),
+            elems("n", "1.1.1.1 : drop", "1.1.1.1 : accept"),
+        ),
+        refused(
+            EEXIST,
+            define(dset("m", "ipv4_addr : verdict", "1.1.1.3 : accept")),
+            FlushSet(T, "map", "m"),
+        ),
+    ),
+    case(
+        "other sets: delete elements and flush in one batch",
+        SETUP,
+        ok(
+            add_set("f", FIREWALL, "interval"),
+            elems("f", "1.2.3.4 . tcp . 80 . 10.0.0.0/8"),
+        ),
+        ok(
+            delete_elems("s", "1.1.1.1"),
+            FlushSet(T, "set", "s"),
+            delete_elems("f", "1.2.3.4 . tcp . 80 . 10.0.0.0/8"),
+            FlushSet(T, "set", "f"),
+        ),
+    ),
+    case(
+        "intervals: re-added, deleted, and a part of it added in one batch",
+        ok(AddTable(T), add_set("i", "ipv4_addr", "interval"), elems("i", "10.0.0.0/8")),
+        refused(
+            "interval overlaps with an existing one",
+            elems("i", "10.0.0.0/8"),
+            delete_elems("i", "10.0.0.0/8"),
+            elems("i", "10.1.0.0/16"),
+        ),
+        ok(elems("i", "12.0.0.0/8"), delete_elems("i", "12.0.0.0/8"), elems("i", "12.1.0.0/16")),
+        ok(elems("i", "10.0.0.0/8"), delete_elems("i", "10.0.0.0/8"), elems("i", "10.0.0.0/8")),
+    ),
+    case(
+        "intervals: a part of an interval added and deleted, in a set of the same batch",
+        refused(
+            EEXIST,
+            AddTable(T),
+            add_set("i", "ipv4_addr", "interval"),
+            elems("i", "10.0.0.0/8"),
+            delete_elems("i", "10.0.0.0/8"),
+            elems("i", "10.1.0.0/16"),
+        ),
     ),
     case(
         "concatenated intervals overlapping in one command",

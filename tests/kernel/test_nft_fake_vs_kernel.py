@@ -243,11 +243,12 @@ def test_fake_agrees_with_kernel(case: Case, netns: str) -> None:
         assert (from_fake is None) == (step.error is None), where
         if step.error is not None:
             assert from_kernel is not None
-            assert step.error in from_kernel, where
+            assert (step.kernel_error or step.error) in from_kernel, where
         assert kernel_state(netns) == fake_state(fake), where
 
 
-@settings(max_examples=40, deadline=None)
+# Derandomized: the same batches every run (more: raise max_examples locally).
+@settings(max_examples=40, deadline=None, derandomize=True)
 @given(batches=random_batches)
 def test_random_batches_agree_with_kernel(netns: str, batches: list[Transaction]) -> None:
     """Random transactions over a few names, so they keep running into each other."""

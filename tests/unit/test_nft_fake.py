@@ -145,13 +145,8 @@ def test_declarative_table_appends_rules_and_adds_elements() -> None:
 
 
 def test_comments_are_set_at_creation_only() -> None:
-    first = define(
-        Set("s", "ipv4_addr", comment="set 1"), Chain("c", comment="chain 1"), comment="table 1"
-    )
-    second = define(
-        Set("s", "ipv4_addr", comment="set 2"), Chain("c", comment="chain 2"), comment="table 2"
-    )
-    t = applied(ok(first).tx, ok(second).tx).tables[("ip", "t")]
+    (case,) = [c for c in CASES if c.name.startswith("comments of tables")]
+    t = applied(*(step.tx for step in case.steps)).tables[("ip", "t")]
     assert (t.comment, t.chains["c"].comment, t.sets["s"].comment) == (
         "table 1",
         "chain 1",
