@@ -1,0 +1,490 @@
+"""The strict nftables fake, without root.
+
+Every case of ``tests/nft_fake_cases.py`` (the same ones the kernel comparison runs) is
+checked here for its outcome and for all-or-nothing: a refused step leaves the state
+exactly as it was. The other tests look at the resulting state, the runner interface,
+the inspection helpers and speed.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+
+from kubeproxy.dataplane.nftables.fake import (
+    BaseSpec,
+    FakeNftables,
+    canonical_key,
+    parse_priority,
+    parse_set_type,
+    rule_references,
+)
+from kubeproxy.dataplane.nftables.runner import NftError
+from kubeproxy.dataplane.nftables.transaction import (
+    BaseChain,
+    Chain,
+    DeleteChain,
+    Element,
+    FlushTable,
+    Set,
+    Table,
+    Transaction,
+)
+from tests.nft_fake_cases import (
+    ADDR_PORT_MAP,
+    BACKENDS,
+    CASES,
+    FIREWALL,
+    SETUP,
+    Case,
+    T,
+    chain,
+    define,
+    delete_elems,
+    dset,
+    elems,
+    ok,
+    random_batches,
+    random_setup,
+)
+
+
+def _slug(case: Case) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", case.name.lower()).strip("-")
+
+
+def applied(*steps: Transaction) -> FakeNftables:
+    fake = FakeNftables()
+    for tx in steps:
+        fake.apply(tx)
+    return fake
+
+
+@pytest.mark.parametrize("case", CASES, ids=_slug)
+def test_case(case: Case) -> None:
+    fake = FakeNftables()
+    for i, step in enumerate(case.steps):
+        before, dump = fake.tables, fake.dump()
+        if step.error is None:
+            fake.apply(step.tx)
+            continue
+        with pytest.raises(NftError) as err:
+            fake.apply(step.tx)
+        assert step.error in str(err.value), f"step {i}"
+        assert err.value.script == str(step.tx)
+        assert fake.tables is before, f"step {i} changed the state"
+        assert fake.dump() == dump, f"step {i} changed committed objects"
+    assert fake.applied + fake.refused == len(case.steps)
+
+
+def _recounted(fake: FakeNftables) -> dict[tuple[str, str], tuple[Counter[str], Counter[str]]]:
+    """Every table's references counted from scratch."""
+    out = {}
+    for key, t in fake.tables.items():
+        chains: Counter[str] = Counter()
+        sets: Counter[str] = Counter()
+        for c in t.chains.values():
+            for rule in c.rules:
+                refs = rule_references(rule)
+                chains.update(refs.chains)
+                sets.update(refs.sets)
+        for s in t.sets.values():
+            if s.type.is_verdict_map:
+                chains.update(str(v).split()[1] for v in s.elements.values() if " " in str(v))
+        out[key] = (chains, sets)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(batches=random_batches)
+def test_random_batches_are_all_or_nothing(batches: list[Transaction]) -> None:
+    """Refused batches change nothing, check() agrees with apply(), and the reference
+    counts kept along the way match a recount."""
+    fake = applied(random_setup())
+    for tx in batches:
+        before, dump = fake.tables, fake.dump()
+        try:
+            fake.check(tx)
+        except NftError as err:
+            with pytest.raises(NftError) as again:
+                fake.apply(tx)
+            assert str(again.value) == str(err)
+            assert fake.tables is before
+            assert fake.dump() == dump
+            continue
+        fake.apply(tx)
+        for key, (chains, sets) in _recounted(fake).items():
+            t = fake.tables[key]
+            assert +t.chain_refs == +chains
+            assert +t.set_refs == +sets
+
+
+# --------------------------------------------------------------------------- state
+
+
+def test_flush_table_keeps_chains_sets_and_elements() -> None:
+    fake = applied(SETUP.tx, ok(FlushTable(T)).tx)
+    t = fake.tables[("ip", "t")]
+    assert {name: c.rules for name, c in t.chains.items()} == {"x": [], "c": [], "in": []}
+    assert t.chains["in"].base == BaseSpec("filter", "input", -110)
+    assert t.sets["s"].elements == {"1.1.1.1": None}
+    assert t.sets["m"].elements == {"10.96.0.1 . tcp . 80": "goto x"}
+
+
+def test_declarative_table_appends_rules_and_adds_elements() -> None:
+    again = define(dset("s", "ipv4_addr", "1.1.1.2"), Chain("c", ["counter"]), Chain("y"))
+    fake = applied(SETUP.tx, ok(again).tx)
+    t = fake.tables[("ip", "t")]
+    assert t.chains["c"].rules == ["ip saddr @s drop", "counter", "counter"]
+    assert t.chains["y"].rules == []
+    assert t.sets["s"].elements == {"1.1.1.1": None, "1.1.1.2": None}
+
+
+def test_comments_are_set_at_creation_only() -> None:
+    (case,) = [c for c in CASES if c.name.startswith("comments of tables")]
+    t = applied(*(step.tx for step in case.steps)).tables[("ip", "t")]
+    assert (t.comment, t.chains["c"].comment, t.sets["s"].comment) == (
+        "table 1",
+        "chain 1",
+        "set 1",
+    )
+
+
+def test_replace_chain_leaves_exactly_the_new_rules() -> None:
+    tx = Transaction()
+    tx.replace_chain(T, "c", ["counter", "drop"])
+    fake = applied(SETUP.tx, tx)
+    assert fake.tables[("ip", "t")].chains["c"].rules == ["counter", "drop"]
+    fake.apply(tx)  # idempotent: what the backend relies on when retrying
+    assert fake.tables[("ip", "t")].chains["c"].rules == ["counter", "drop"]
+
+
+def test_elements_are_stored_as_nft_prints_them() -> None:
+    fake = applied(
+        SETUP.tx,
+        ok(
+            define(
+                dset("i", "ipv4_addr", "10.0.0.1/24", "10.1.0.0-10.1.0.255", flags=("interval",)),
+                dset("p", "inet_proto . inet_service", "6 . 80", "58 . 0", "ipv6-icmp . 1"),
+                dset("v6", "ipv6_addr", "FD00:0::0:1"),
+                dset("b", BACKENDS, "10.96.0.1 . 17 . 53 . 0 : 10.244.0.1 . 53"),
+            )
+        ).tx,
+    )
+    sets = fake.tables[("ip", "t")].sets
+    assert sets["i"].elements == {"10.0.0.0/24": None, "10.1.0.0/24": None}
+    assert sets["p"].elements == {"tcp . 80": None, "ipv6-icmp . 0": None, "ipv6-icmp . 1": None}
+    assert sets["v6"].elements == {"fd00::1": None}
+    assert sets["b"].elements == {"10.96.0.1 . udp . 53 . 0": "10.244.0.1 . 53"}
+
+
+def test_a_refused_batch_leaves_earlier_committed_objects_untouched() -> None:
+    """Copy-on-write: objects a test held on to stay as they were committed."""
+    fake = applied(SETUP.tx)
+    t = fake.tables[("ip", "t")]
+    s, c = t.sets["s"], t.chains["c"]
+    tx = Transaction()
+    tx.add_elements(T, "s", [("2.2.2.2", None)])
+    tx.add_chain(T, "c", ["counter"])
+    fake.apply(tx)
+    assert s.elements == {"1.1.1.1": None}
+    assert c.rules == ["ip saddr @s drop", "counter"]
+    new = fake.tables[("ip", "t")]
+    assert new.sets["s"].elements == {"1.1.1.1": None, "2.2.2.2": None}
+    assert new.chains["c"].rules == ["ip saddr @s drop", "counter", "counter"]
+
+
+def test_reference_counts_follow_every_removal_path() -> None:
+    fake = applied(SETUP.tx)
+    t = fake.tables[("ip", "t")]
+    assert (t.chain_refs["x"], t.set_refs["s"], t.set_refs["m"]) == (1, 1, 1)
+    tx = Transaction()
+    tx.flush_table(T)
+    tx.flush_set(T, "map", "m")
+    fake.apply(tx)
+    t = fake.tables[("ip", "t")]
+    assert (t.chain_refs["x"], t.set_refs["s"], t.set_refs["m"]) == (0, 0, 0)
+
+
+# -------------------------------------------------------------------------- runner
+
+
+def test_list_tables_and_objects() -> None:
+    fake = applied(SETUP.tx)
+    assert fake.list_tables() == [("ip", "t")]
+    assert fake.list_objects("ip", "t") == {"chain": {"x", "c", "in"}, "set": {"s"}, "map": {"m"}}
+    assert fake.list_objects("ip6", "t") == {"chain": set(), "set": set(), "map": set()}
+
+
+def test_check_validates_without_changing_anything() -> None:
+    fake = applied(SETUP.tx)
+    dump = fake.dump()
+    tx = Transaction()
+    tx.delete_chain(T, "c")
+    fake.check(tx)
+    assert fake.dump() == dump
+    tx.delete_chain(T, "x")  # still in the verdict map
+    with pytest.raises(NftError, match="Device or resource busy"):
+        fake.check(tx)
+    assert fake.dump() == dump
+    assert (fake.applied, fake.refused, fake.checked) == (1, 0, 1)
+
+
+def test_empty_transactions_reach_nothing() -> None:
+    fake = FakeNftables()
+    fake.fail_next = NftError("boom", "")
+    fake.apply(Transaction())
+    fake.check(Transaction())
+    assert (fake.applied, fake.refused, fake.checked) == (0, 0, 0)
+    assert fake.fail_next is not None
+
+
+def test_fail_next_refuses_one_transaction() -> None:
+    fake = FakeNftables()
+    injected = NftError("nft: Error: Could not process rule: Cannot allocate memory", "")
+    fake.fail_next = injected
+    with pytest.raises(NftError) as err:
+        fake.apply(SETUP.tx)
+    assert err.value is injected
+    assert fake.tables == {}
+    fake.apply(SETUP.tx)
+    assert (fake.applied, fake.refused, fake.last_error) == (1, 1, injected)
+
+
+def test_refuse_predicate_sees_every_transaction() -> None:
+    fake = FakeNftables()
+    seen: list[int] = []
+
+    def refuse(tx: Transaction) -> str | None:
+        seen.append(len(tx))
+        return "injected" if any(isinstance(op, DeleteChain) for op in tx) else None
+
+    fake.refuse = refuse
+    fake.apply(SETUP.tx)
+    tx = Transaction()
+    tx.delete_chain(T, "c")
+    with pytest.raises(NftError, match="injected"):
+        fake.check(tx)
+    with pytest.raises(NftError, match="injected"):
+        fake.apply(tx)
+    assert seen == [1, 1, 1]
+    assert "c" in fake.tables[("ip", "t")].chains
+    assert (fake.applied, fake.refused) == (1, 1)
+
+
+def test_clones_are_independent() -> None:
+    fake = applied(SETUP.tx)
+    other = fake.clone()
+    tx = Transaction()
+    tx.add_elements(T, "s", [("2.2.2.2", None)])
+    other.apply(tx)
+    assert fake.tables[("ip", "t")].sets["s"].elements == {"1.1.1.1": None}
+    assert other.tables[("ip", "t")].sets["s"].elements == {"1.1.1.1": None, "2.2.2.2": None}
+
+
+def test_error_names_the_operation() -> None:
+    tx = Transaction()
+    tx.add_table(T)
+    tx.add_chain(T, "a", ["jump b"])
+    with pytest.raises(NftError) as err:
+        FakeNftables().apply(tx)
+    assert str(err.value) == (
+        "nft: Error: Could not process rule: No such file or directory "
+        "(jump/goto to missing chain b)\nadd chain ip t a { jump b; }"
+    )
+
+
+# ------------------------------------------------------------------------ inspection
+
+
+def test_dump_is_sorted_and_independent_of_order() -> None:
+    def build(reverse: bool) -> FakeNftables:
+        parts: list[Chain | Set] = [
+            dset("s", "ipv4_addr", "10.0.0.2", "10.0.0.1", "10.0.0.10"),
+            Chain("b", ["counter", "jump a"]),
+            Chain("a"),
+            Set("d", "ipv4_addr", ("timeout", "dynamic"), timeout=60, comment="affinity"),
+        ]
+        return applied(ok(define(*(reversed(parts) if reverse else parts), comment="golden")).tx)
+
+    assert build(False).dump() == build(True).dump()
+    assert build(False).dump() == (
+        "table ip t {\n"
+        '\tcomment "golden"\n'
+        "\tchain a {\n"
+        "\t}\n"
+        "\tchain b {\n"
+        "\t\tcounter\n"
+        "\t\tjump a\n"
+        "\t}\n"
+        "\tset d {\n"
+        "\t\ttype ipv4_addr\n"
+        "\t\tflags dynamic,timeout\n"
+        "\t\ttimeout 60s\n"
+        '\t\tcomment "affinity"\n'
+        "\t}\n"
+        "\tset s {\n"
+        "\t\ttype ipv4_addr\n"
+        "\t\telements = {\n"
+        "\t\t\t10.0.0.1\n"
+        "\t\t\t10.0.0.10\n"
+        "\t\t\t10.0.0.2\n"
+        "\t\t}\n"
+        "\t}\n"
+        "}\n"
+    )
+
+
+def test_dump_of_base_chains_and_maps() -> None:
+    assert applied(SETUP.tx).dump().splitlines()[5:12] == [
+        "\tchain in {",
+        "\t\ttype filter hook input priority -110; policy accept;",
+        "\t\tip daddr . meta l4proto . th dport vmap @m",
+        "\t}",
+        "\tchain x {",
+        "\t\tcounter",
+        "\t}",
+    ]
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("0", 0), ("-110", -110), ("dstnat", -100), ("srcnat", 100), ("filter - 10", -10)],
+)
+def test_parse_priority(text: str, value: int) -> None:
+    assert parse_priority(text) == value
+
+
+def test_parse_priority_refuses_unknown_names() -> None:
+    with pytest.raises(ValueError, match="unknown chain priority"):
+        parse_priority("early")
+
+
+def test_parse_set_type() -> None:
+    backends = parse_set_type(BACKENDS, "map")
+    assert backends.key == ("ipv4_addr", "inet_proto", "inet_service", "integer")
+    assert backends.data == ("ipv4_addr", "inet_service")
+    assert backends.unreadable_typeof
+    nodeports = parse_set_type("typeof meta l4proto . th dport : ip daddr", "map")
+    assert not nodeports.unreadable_typeof
+    assert (
+        parse_set_type(FIREWALL).key
+        == parse_set_type("typeof ip daddr . meta l4proto . th dport . ip saddr").key
+    )
+    assert parse_set_type("ipv6_addr . inet_service : verdict", "map").is_verdict_map
+    for bad, keyword in [
+        ("ipv4_addr", "map"),
+        ("ipv4_addr : verdict", "set"),
+        ("integer", "set"),
+        ("typeof ip dscp", "set"),
+    ]:
+        with pytest.raises(ValueError):
+            parse_set_type(bad, keyword)
+
+
+def test_canonical_key_bounds() -> None:
+    stype = parse_set_type(FIREWALL)
+    key, bounds = canonical_key(stype, "1.2.3.4  .  tcp . 80-90 . 10.0.0.0/8", True)
+    assert key == "1.2.3.4 . tcp . 80-90 . 10.0.0.0/8"
+    assert bounds == ((0x01020304, 0x01020304), (6, 6), (80, 90), (0x0A000000, 0x0AFFFFFF))
+
+
+# ------------------------------------------------------------------------------ speed
+
+
+def _big_table(services: int) -> Table:
+    """Roughly what a full sync of ``services`` Services with 3 ports and 4 endpoints is."""
+    ips: list[Element] = []
+    backends: list[Element] = []
+    allow: list[Element] = []
+    for i in range(services):
+        ip = f"10.96.{i // 256}.{i % 256}"
+        allow.append((f"{ip} . tcp . 80 . 192.168.{i % 256}.0/24", None))
+        allow.append((f"{ip} . tcp . 80 . 172.16.0.0/12", None))
+        for port in (80, 443, 8080):
+            ips.append((f"{ip} . tcp . {port}", f"goto cluster-ip-{i % 4 + 1}"))
+            for e in range(4):
+                n = i * 4 + e
+                endpoint = f"10.244.{n // 256 % 256}.{n % 256} . 8080"
+                backends.append((f"{ip} . tcp . {port} . {e}", endpoint))
+    dnat = "dnat ip to ip daddr . meta l4proto . th dport . numgen random mod {} map @ip-backends"
+    return Table(
+        "ip",
+        "kube-proxy",
+        chains=[
+            *(Chain(f"cluster-ip-{k}", [dnat.format(k)]) for k in range(1, 5)),
+            Chain("services", ["ip daddr . meta l4proto . th dport vmap @service-ips"]),
+            Chain("nat-prerouting", ["jump services"], BaseChain("nat", "prerouting", "-100")),
+        ],
+        sets=[
+            Set("service-ips", ADDR_PORT_MAP, elements=ips, keyword="map"),
+            Set("ip-backends", BACKENDS, elements=backends, keyword="map"),
+            Set("firewall-allow", FIREWALL, ("interval",), allow),
+        ],
+    )
+
+
+def test_a_large_full_sync_is_fast_enough() -> None:
+    """10,000 Services: ~150,000 elements in one declarative table, twice (the second
+    time over a flushed table, as a resync does); then a partial sync."""
+    table = _big_table(10_000)
+    first = Transaction()
+    first.add_table(table.ref)
+    first.define_table(table)
+    again = Transaction()
+    again.add_table(table.ref)
+    again.flush_table(table.ref)
+    again.flush_set(table.ref, "map", "service-ips")
+    again.flush_set(table.ref, "set", "firewall-allow")
+    again.delete_set(table.ref, "map", "ip-backends")
+    again.define_table(table)
+    partial = Transaction()
+    partial.delete_elements(table.ref, "service-ips", ["10.96.0.1 . tcp . 80"])
+    partial.add_elements(table.ref, "service-ips", [("10.96.0.1 . tcp . 80", "goto cluster-ip-3")])
+    partial.add_elements(table.ref, "firewall-allow", [("10.96.0.1 . tcp . 80 . 10.0.0.0/8", None)])
+
+    fake = FakeNftables()
+    start = time.perf_counter()
+    fake.apply(first)
+    fake.apply(again)
+    fake.apply(partial)
+    elapsed = time.perf_counter() - start
+    sets = fake.tables[("ip", "kube-proxy")].sets
+    assert len(sets["ip-backends"].elements) == 120_000
+    assert len(sets["firewall-allow"].elements) == 20_001
+    # About 3 s here; the bound only catches a blow-up (a quadratic interval check).
+    assert elapsed < 30
+
+
+def test_interval_checks_do_not_scan_the_whole_set() -> None:
+    """A wide element in the first component is compared with everything, but elements
+    whose first component is one value only meet their own group."""
+    items = [f"10.96.{i // 256}.{i % 256} . tcp . 80 . 10.0.0.0/8" for i in range(20_000)]
+    fake = applied(ok(define(dset("f", FIREWALL, *items, flags=("interval",)))).tx)
+    start = time.perf_counter()
+    for i in range(200):
+        tx = Transaction()
+        tx.add_elements(T, "f", [(f"10.96.{i // 256}.{i % 256} . tcp . 80 . 11.0.0.0/8", None)])
+        fake.apply(tx)
+    assert time.perf_counter() - start < 10
+    tx = Transaction()
+    tx.add_elements(T, "f", [("10.96.0.0/16 . tcp . 80 . 10.1.0.0/16", None)])
+    with pytest.raises(NftError, match="File exists"):
+        fake.apply(tx)
+
+
+def test_delete_elements_of_a_typeof_map_by_equivalent_keys() -> None:
+    fake = applied(
+        SETUP.tx,
+        ok(define(dset("b", BACKENDS, "10.96.0.1 . tcp . 80 . 0 : 10.244.0.1 . 80"))).tx,
+    )
+    fake.apply(ok(delete_elems("b", "10.96.0.1 . 6 . 80 . 0")).tx)
+    assert fake.tables[("ip", "t")].sets["b"].elements == {}
+    fake.apply(ok(elems("b", "10.96.0.1 . tcp . 80 . 1 : 10.244.0.1 . 80"), chain("z")).tx)
