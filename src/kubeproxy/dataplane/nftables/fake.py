@@ -23,7 +23,8 @@ Map of the module:
 * **Batches** -- :class:`_Batch` applies one transaction: every object it changes is
   cloned first (owned by the batch's token), so a refused batch is simply dropped.
   Reference counts (rules and verdict-map elements -> chains, rules -> sets) are kept per
-  table so busy checks are O(1).
+  table so busy checks are O(1). :class:`_Churn` follows what a batch does to each set
+  of intervals, for nft 1.0.6's bookkeeping of those.
 * **Runner** -- :class:`FakeNftables`: ``apply``/``check``/``list_tables``/
   ``list_objects``, ``dump()`` (sorted, deterministic text), counters, ``clone()`` and
   fault injection (``fail_next``, ``refuse``).
