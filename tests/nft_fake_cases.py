@@ -11,6 +11,7 @@ the two states differ afterwards.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from hypothesis import strategies as st
@@ -66,7 +67,8 @@ class Case:
     steps: tuple[Step, ...]
 
     def __str__(self) -> str:
-        return self.name
+        """A test id: the name in lower case, with dashes."""
+        return re.sub(r"[^a-z0-9]+", "-", self.name.lower()).strip("-")
 
 
 # ------------------------------------------------------------------------- builders

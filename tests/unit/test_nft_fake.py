@@ -8,7 +8,6 @@ the inspection helpers and speed.
 
 from __future__ import annotations
 
-import re
 import time
 from collections import Counter
 
@@ -53,10 +52,6 @@ from tests.nft_fake_cases import (
 )
 
 
-def _slug(case: Case) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", case.name.lower()).strip("-")
-
-
 def applied(*steps: Transaction) -> FakeNftables:
     fake = FakeNftables()
     for tx in steps:
@@ -64,7 +59,7 @@ def applied(*steps: Transaction) -> FakeNftables:
     return fake
 
 
-@pytest.mark.parametrize("case", CASES, ids=_slug)
+@pytest.mark.parametrize("case", CASES, ids=str)
 def test_case(case: Case) -> None:
     fake = FakeNftables()
     for i, step in enumerate(case.steps):
