@@ -1,47 +1,37 @@
 """Partial syncs: small transactions that end exactly where a full sync would.
 
-The central check is a Hypothesis state machine: random Service/endpoint changes are
-applied with partial syncs to one network namespace, while a fresh backend does a full
-sync of the same snapshot into a second, empty namespace; after every step both kernels
-must hold the same tables (compared from nft's JSON listing, element order ignored).
+The central check is the Hypothesis state machine of tests/partial_sync_machine.py:
+random Service/endpoint changes are applied with partial syncs to one network namespace,
+while a fresh backend does a full sync of the same snapshot into a second, empty
+namespace; after every step both kernels must hold the same tables (compared from nft's
+JSON listing, element order ignored). Every transaction is also applied to the strict
+fake, which must accept and refuse exactly what the kernel does and end in the same
+state.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
-from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
-from kubeproxy.backends.nftables.proxier import NftablesBackend, cleanup
-from kubeproxy.config import ProxyConfig
-from kubeproxy.dataplane.nftables.runner import NftCommand
+from kubeproxy.backends.nftables.proxier import NftablesBackend
+from kubeproxy.dataplane.nftables.fake import FakeNftables
+from kubeproxy.dataplane.nftables.runner import NftCommand, NftError, NftRunner
+from kubeproxy.dataplane.nftables.transaction import Transaction
 from kubeproxy.lab.cluster import Lab
 from kubeproxy.lab.echo import tcp_ask
 from kubeproxy.lab.netns import add_netns, delete_netns, list_netns, ns_exec
-from kubeproxy.model.state import NodeState, Snapshot
+from kubeproxy.model.state import Snapshot
 from kubeproxy.model.types import (
     Endpoint,
-    IPFamily,
-    L4Protocol,
-    NamespacedName,
     ServicePort,
-    ServicePortName,
-    TrafficPolicy,
 )
 from tests.kernel.conftest import ip
-
-CONFIG = ProxyConfig(
-    hostname="node-a",
-    families=(IPFamily.IPv4, IPFamily.IPv6),
-    cluster_cidrs=("10.244.0.0/16", "fd00:10:244::/56"),
-    service_cidrs=("10.96.0.0/16",),
-)
-NODE = NodeState("node-a", "zone-a", {IPFamily.IPv4: "192.168.50.1", IPFamily.IPv6: "fd00:50::1"})
+from tests.kernel.test_nft_fake_vs_kernel import fake_state, kernel_state
+from tests.partial_sync_machine import CONFIG, NODE, PartialVersusFull, port_name
 
 
 def normalized(ns: str) -> dict[str, Any]:
@@ -63,164 +53,72 @@ def normalized(ns: str) -> dict[str, Any]:
     return out
 
 
-def port_name(i: int, proto: L4Protocol = L4Protocol.TCP) -> ServicePortName:
-    return ServicePortName(NamespacedName("default", f"s{i}"), "p", proto)
+class TeeRunner:
+    """The kernel of a namespace, with the strict fake applying every transaction too:
+    both must accept or both refuse (so the fake stays honest under the real workload)."""
+
+    def __init__(self, ns: str) -> None:
+        self.ns = ns
+        self.kernel = NftCommand(netns=ns)
+        self.fake = FakeNftables()
+
+    def apply(self, tx: Transaction) -> None:
+        try:
+            self.fake.apply(tx)
+        except NftError as err:
+            fake_error: NftError | None = err
+        else:
+            fake_error = None
+        try:
+            self.kernel.apply(tx)
+        except NftError as err:
+            assert fake_error is not None, f"only the kernel refused: {err}\n{tx}"
+            raise
+        assert fake_error is None, f"only the fake refused: {fake_error}\n{tx}"
+
+    def check(self, tx: Transaction) -> None:
+        self.kernel.check(tx)
+
+    def list_tables(self) -> list[tuple[str, str]]:
+        return self.kernel.list_tables()
+
+    def list_objects(self, family: str, table: str) -> dict[str, set[str]]:
+        return self.kernel.list_objects(family, table)
 
 
-services = st.builds(
-    lambda vip, port, np, etp, itp, aff, ext, lb, ranges, v6: {
-        "cluster_ips": (f"10.96.0.{vip}", f"fd00:10:96::{vip}") if v6 else (f"10.96.0.{vip}",),
-        "port": port,
-        "node_port": np,
-        "external_traffic_policy": etp,
-        "internal_traffic_policy": itp,
-        "affinity_timeout": aff,
-        "external_ips": ext,
-        "load_balancer_ips": lb,
-        "load_balancer_source_ranges": ranges,
-    },
-    st.integers(1, 4),
-    st.sampled_from([80, 443]),
-    st.sampled_from([0, 30001, 30002]),
-    st.sampled_from(list(TrafficPolicy)),
-    st.sampled_from(list(TrafficPolicy)),
-    st.sampled_from([None, None, 60, 120]),
-    st.sampled_from([(), ("203.0.113.1",)]),
-    st.sampled_from([(), ("198.51.100.1",)]),
-    st.sampled_from([(), ("10.0.0.0/8", "10.1.0.0/16"), ("192.168.50.0/24",)]),
-    st.booleans(),
-)
-endpoint = st.builds(
-    lambda i, node, ready, term, port: Endpoint(
-        ip=f"10.244.{1 if node == 'node-a' else 2}.{i}",
-        port=port,
-        node_name=node,
-        ready=ready,
-        serving=True,
-        terminating=term,
-    ),
-    st.integers(1, 6),
-    st.sampled_from(["node-a", "node-b"]),
-    st.booleans(),
-    st.booleans(),
-    st.sampled_from([8080, 9090]),
-)
-
-
-class PartialVersusFull(RuleBasedStateMachine):
+class OnTheKernel(PartialVersusFull):
     lab: Lab  # set by the test
 
-    @initialize()
-    def start(self) -> None:
-        self.partial_ns = f"{self.lab.prefix}-partial"
-        self.full_ns = f"{self.lab.prefix}-full"
-        for ns in (self.partial_ns, self.full_ns):
-            delete_netns(ns)
-            add_netns(ns)
-        self.backend = NftablesBackend(CONFIG, NftCommand(netns=self.partial_ns))
-        self.services: dict[ServicePortName, ServicePort] = {}
-        self.endpoints: dict[ServicePortName, tuple[Endpoint, ...]] = {}
-        self.synced = False
+    def runner(self, role: str) -> NftRunner:
+        ns = f"{self.lab.prefix}-{role}"
+        delete_netns(ns)
+        add_netns(ns)
+        return TeeRunner(ns) if role == "partial" else NftCommand(netns=ns)
+
+    def state(self, runner: NftRunner) -> object:
+        assert isinstance(runner, TeeRunner | NftCommand)
+        ns = runner.ns if isinstance(runner, TeeRunner) else runner.netns
+        assert ns is not None
+        return normalized(ns)
+
+    def after_step(self) -> None:
+        tee = self.backend.runner
+        assert isinstance(tee, TeeRunner)
+        assert kernel_state(tee.ns) == fake_state(tee.fake)
 
     def teardown(self) -> None:
-        for ns in (getattr(self, "partial_ns", None), getattr(self, "full_ns", None)):
-            if ns:
-                delete_netns(ns)
-
-    def _sync(self, changed: set[ServicePortName]) -> None:
-        snap = Snapshot(dict(self.services), dict(self.endpoints), NODE)
-        result = self.backend.sync(snap, changed if self.synced else None)
-        # A partial sync must never need the full-sync fallback.
-        assert result.full is not self.synced, self.backend.last_transaction
-        self.synced = True
-        fresh = NftablesBackend(CONFIG, NftCommand(netns=self.full_ns))
-        cleanup(fresh.runner)
-        fresh.sync(snap, None)
-        assert normalized(self.partial_ns) == normalized(self.full_ns)
-
-    @rule(
-        i=st.integers(0, 5), proto=st.sampled_from([L4Protocol.TCP, L4Protocol.UDP]), spec=services
-    )
-    def put_service(self, i: int, proto: L4Protocol, spec: dict[str, Any]) -> None:
-        name = port_name(i, proto)
-        self.services[name] = ServicePort(name=name, **spec)
-        self._sync({name})
-
-    @rule(
-        changes=st.lists(
-            st.tuples(
-                st.integers(0, 5), st.sampled_from([L4Protocol.TCP, L4Protocol.UDP]), services
-            ),
-            min_size=2,
-            max_size=4,
-            unique_by=lambda c: (c[0], c[1]),
-        ),
-        drop=st.sets(st.integers(0, 5), max_size=2),
-    )
-    def change_several(
-        self, changes: list[tuple[int, L4Protocol, dict[str, Any]]], drop: set[int]
-    ) -> None:
-        # Several ServicePorts in one partial sync: two of them may now claim (or stop
-        # claiming) the same destination, a new one may win a destination from an
-        # existing one.
-        changed = set()
-        for i, proto, spec in changes:
-            name = port_name(i, proto)
-            self.services[name] = ServicePort(name=name, **spec)
-            changed.add(name)
-        for i in drop:
-            name = port_name(i)
-            self.services.pop(name, None)
-            self.endpoints.pop(name, None)
-            changed.add(name)
-        self._sync(changed)
-
-    @rule(i=st.integers(0, 5), proto=st.sampled_from([L4Protocol.TCP, L4Protocol.UDP]))
-    def delete_service(self, i: int, proto: L4Protocol) -> None:
-        name = port_name(i, proto)
-        self.services.pop(name, None)
-        self.endpoints.pop(name, None)
-        self._sync({name})
-
-    @rule(
-        i=st.integers(0, 5),
-        proto=st.sampled_from([L4Protocol.TCP, L4Protocol.UDP]),
-        eps=st.lists(endpoint, max_size=4, unique_by=lambda e: (e.ip, e.port)),
-    )
-    def set_endpoints(self, i: int, proto: L4Protocol, eps: list[Endpoint]) -> None:
-        name = port_name(i, proto)
-        self.endpoints[name] = tuple(eps)
-        self._sync({name})
-
-    @rule()
-    def periodic_full_resync(self) -> None:
-        # A full sync over a live table (flush + re-add) must land on the same state too.
-        snap = Snapshot(dict(self.services), dict(self.endpoints), NODE)
-        assert self.backend.sync(snap, None).full
-        # The flush-and-re-add path, not the fallback that replaces the table.
-        assert "delete table" not in self.backend.last_transaction
-        fresh = NftablesBackend(CONFIG, NftCommand(netns=self.full_ns))
-        cleanup(fresh.runner)
-        fresh.sync(snap, None)
-        assert normalized(self.partial_ns) == normalized(self.full_ns)
-
-    @rule(i=st.integers(0, 5), proto=st.sampled_from([L4Protocol.TCP, L4Protocol.UDP]))
-    def move_to_other_address(self, i: int, proto: L4Protocol) -> None:
-        name = port_name(i, proto)
-        if name in self.services:
-            svc = self.services[name]
-            self.services[name] = replace(svc, cluster_ips=(f"10.96.1.{i}",))
-            self._sync({name})
+        for role in ("partial", "full"):
+            delete_netns(f"{self.lab.prefix}-{role}")
 
 
-def test_partial_syncs_match_a_full_sync(lab: Lab) -> None:
-    PartialVersusFull.lab = lab
+def test_partial_syncs_match_a_full_sync_and_the_fake(lab: Lab) -> None:
+    OnTheKernel.lab = lab
     machine = settings(
         max_examples=25,
         stateful_step_count=12,
         deadline=None,
         suppress_health_check=list(HealthCheck),
-    )(PartialVersusFull)
+    )(OnTheKernel)
     machine.TestCase().runTest()
     assert not [
         ns
@@ -317,6 +215,21 @@ def test_removing_an_affinity_service_is_one_partial_sync(scratch: str) -> None:
     assert not result.full
     listing = ns_exec(scratch, "nft", "list", "table", "ip", "kube-proxy")
     assert "chain aff" not in listing and "set affset-" not in listing
+
+
+def test_adding_an_endpoint_to_an_affinity_service_is_one_partial_sync(scratch: str) -> None:
+    """With only remote endpoints nothing but the affinity chains changes; nft 1.0.6
+    refused the rewritten chain's reference to an existing affinity set."""
+    sticky = ServicePort(
+        name=port_name(0), cluster_ips=("10.96.0.21",), port=80, affinity_timeout=60
+    )
+    first = Endpoint(ip("remote-1"), 8080, "node-b")
+    backend = NftablesBackend(CONFIG, NftCommand(netns=scratch))
+    backend.sync(Snapshot({sticky.name: sticky}, {sticky.name: (first,)}, NODE), None)
+    more = (first, Endpoint(ip("remote-2"), 8080, "node-b"))
+    assert not backend.sync(
+        Snapshot({sticky.name: sticky}, {sticky.name: more}, NODE), {sticky.name}
+    ).full
 
 
 def test_full_sync_restores_what_someone_deleted(scratch: str) -> None:

@@ -316,11 +316,15 @@ class Change:
                 new_sets[a.name] = a
         # 1. New sets, then new or changed chains (a ServicePort lists its chains with
         #    callees first, so each one exists before a rule jumps to it).
-        for set_name in sorted(new_sets.keys() - old_sets.keys()):
+        replaced = [c for c in new_chains.values() if old_chains.get(c.name) != c]
+        # Existing sets are declared again (a no-op for the kernel) when chains using
+        # them are rewritten: nft 1.0.6 resolves "@set" in "add chain" rules only from
+        # sets earlier in the script unless something else makes it load the kernel's.
+        declare = new_sets.keys() if replaced else new_sets.keys() - old_sets.keys()
+        for set_name in sorted(declare):
             tx.add_set(table, affinity_set(self.index.fam.family, new_sets[set_name]))
-        for chain in new_chains.values():
-            if old_chains.get(chain.name) != chain:
-                tx.replace_chain(table, chain.name, chain.rules)
+        for chain in replaced:
+            tx.replace_chain(table, chain.name, chain.rules)
         # 2. Elements: deletions first (a map key whose value changes is deleted and
         #    added again: nft refuses to add a key that exists with another value).
         deletes: dict[str, list[str]] = {}

@@ -92,6 +92,7 @@ class NftCommand:
         found = binary or shutil.which("nft") or "/usr/sbin/nft"
         self.binary = found
         self.timeout = timeout
+        self.netns = netns
         self._prefix = ["ip", "netns", "exec", netns] if netns else []
 
     def _run(self, args: list[str], script: str | None = None) -> str:
