@@ -17,7 +17,7 @@ import pytest
 
 from kubeproxy.lab.cluster import NODE, NODE_IP, NODE_IP6, REMOTE_NODE, Lab
 from kubeproxy.lab.netns import list_netns
-from kubeproxy.lab.objects import ManifestDir, node
+from kubeproxy.lab.objects import Ep, ManifestDir, node
 from tests.conftest import IS_ROOT, require_tool
 
 # name -> (node, IPv4, IPv6)
@@ -85,3 +85,27 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
 def ip(pod: str, family: int = 4) -> str:
     _, v4, v6 = PODS[pod]
     return v4 if family == 4 else v6
+
+
+HTTP = {"name": "http", "port": 80}
+
+
+def sync(lab: Lab, manifests: ManifestDir, *extra: str) -> str:
+    """``kubeproxy run --once`` on node-a with these manifests; must succeed. Its log."""
+    result = lab.sync_once(manifests.path, *extra)
+    assert result.returncode == 0, result.stderr
+    return result.stderr
+
+
+def eps(
+    *pods: str,
+    family: int = 4,
+    ready: bool | None = None,
+    serving: bool | None = None,
+    terminating: bool | None = None,
+) -> list[Ep]:
+    """Endpoints for lab Pods (on their own nodes), with these conditions."""
+    return [
+        Ep(ip(p, family), node=PODS[p][0], ready=ready, serving=serving, terminating=terminating)
+        for p in pods
+    ]

@@ -15,7 +15,7 @@ from kubeproxy.lab.cluster import NODE, NODE_IP, NODE_IP6, POD_CIDRS, Lab
 from kubeproxy.lab.echo import tcp_ask
 from kubeproxy.lab.netns import ns_exec
 from kubeproxy.lab.objects import Ep, ManifestDir, endpoint_slice, node, service
-from tests.kernel.conftest import PODS, ip
+from tests.kernel.conftest import PODS, ip, sync
 
 CLUSTER_IP = "10.96.40.1"
 
@@ -42,11 +42,6 @@ def setup(lab: Lab, manifests: ManifestDir) -> ManifestDir:
         endpoint_slice("local-check", [Ep(ip("local-1"), node=PODS["local-1"][0])]),
     )
     return manifests
-
-
-def sync(lab: Lab, manifests: ManifestDir, *flags: str) -> None:
-    result = lab.sync_once(manifests.path, *flags)
-    assert result.returncode == 0, result.stderr
 
 
 def test_cluster_cidr_counts_every_pod_of_the_cluster(lab: Lab, setup: ManifestDir) -> None:

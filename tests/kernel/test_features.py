@@ -19,21 +19,9 @@ from kubeproxy.lab.cluster import (
     Lab,
 )
 from kubeproxy.lab.echo import Reply, tally, tcp_ask, udp_ask
-from kubeproxy.lab.objects import Ep, ManifestDir, endpoint_slice, service
+from kubeproxy.lab.objects import ManifestDir, endpoint_slice, service
 from kubeproxy.lab.sctp import capture, send_init
-from tests.kernel.conftest import PODS, ip
-
-HTTP = {"name": "http", "port": 80}
-
-
-def sync(lab: Lab, manifests: ManifestDir, *extra: str) -> str:
-    result = lab.sync_once(manifests.path, *extra)
-    assert result.returncode == 0, result.stderr
-    return result.stderr
-
-
-def eps(*pods: str, family: int = 4) -> list[Ep]:
-    return [Ep(ip(p, family), node=PODS[p][0]) for p in pods]
+from tests.kernel.conftest import HTTP, PODS, eps, ip, sync
 
 
 def load_balancer(

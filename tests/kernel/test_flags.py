@@ -7,10 +7,8 @@ on one interface. HTTP requests come from threads inside that namespace.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -22,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from kubeproxy.lab.cluster import stop_process
 from kubeproxy.lab.netns import NetnsExecutor, add_netns, delete_netns, list_netns, ns_exec
 from kubeproxy.lab.objects import Ep, ManifestDir, endpoint_slice, node, service
 from tests.kernel.conftest import wait_for
@@ -78,15 +77,7 @@ class Node:
 
     def stop_all(self) -> None:
         for proc in self.procs:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(5)
+            stop_process(proc)
         self.procs.clear()
 
 

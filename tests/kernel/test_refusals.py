@@ -15,7 +15,7 @@ from kubeproxy.dataplane.nftables.runner import NftCommand
 from kubeproxy.lab.cluster import CLIENT_IP6, NODE_IP, Lab
 from kubeproxy.lab.echo import tally, tcp_ask
 from kubeproxy.lab.netns import ns_exec
-from kubeproxy.lab.objects import Ep, ManifestDir, endpoint_slice, service
+from kubeproxy.lab.objects import ManifestDir, endpoint_slice, service
 from kubeproxy.model.state import NodeState, Snapshot
 from kubeproxy.model.types import (
     Endpoint,
@@ -25,19 +25,7 @@ from kubeproxy.model.types import (
     ServicePort,
     ServicePortName,
 )
-from tests.kernel.conftest import PODS, ip
-
-HTTP = {"name": "http", "port": 80}
-
-
-def sync(lab: Lab, manifests: ManifestDir, *extra: str) -> str:
-    result = lab.sync_once(manifests.path, *extra)
-    assert result.returncode == 0, result.stderr
-    return result.stderr
-
-
-def eps(*pods: str, family: int = 4) -> list[Ep]:
-    return [Ep(ip(p, family), node=PODS[p][0]) for p in pods]
+from tests.kernel.conftest import HTTP, eps, ip, sync
 
 
 def outside(lab: Lab, addr: str, port: int = 80, count: int = 5) -> dict[str, int]:

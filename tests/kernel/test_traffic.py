@@ -24,33 +24,13 @@ from kubeproxy.lab.cluster import (
 from kubeproxy.lab.echo import Reply, tally, tcp_ask, udp_ask
 from kubeproxy.lab.netns import ns_exec
 from kubeproxy.lab.objects import Ep, ManifestDir, endpoint_slice, service
-from tests.kernel.conftest import PODS, ip, wait_for
+from tests.kernel.conftest import HTTP, eps, ip, sync, wait_for
 
-HTTP = {"name": "http", "port": 80}
 TARGET = {"name": "http", "port": 8080}
 
 
 def nodeport(name: str, cluster_ip: str, node_port: int, **spec: Any) -> dict[str, Any]:
     return service(name, cluster_ip, [{**HTTP, "nodePort": node_port}], type="NodePort", **spec)
-
-
-def sync(lab: Lab, manifests: ManifestDir, *extra: str) -> str:
-    result = lab.sync_once(manifests.path, *extra)
-    assert result.returncode == 0, result.stderr
-    return result.stderr
-
-
-def eps(
-    *pods: str,
-    family: int = 4,
-    ready: bool | None = None,
-    serving: bool | None = None,
-    terminating: bool | None = None,
-) -> list[Ep]:
-    return [
-        Ep(ip(p, family), node=PODS[p][0], ready=ready, serving=serving, terminating=terminating)
-        for p in pods
-    ]
 
 
 def from_client_pod(

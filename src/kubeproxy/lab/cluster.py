@@ -239,15 +239,7 @@ class Lab:
 
     def close(self) -> None:
         for proc in self._procs:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(5)
+            stop_process(proc)
         for pod in self.pods.values():
             pod.server.stop()
         for ex in self._executors.values():
@@ -270,6 +262,20 @@ class Lab:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def stop_process(proc: subprocess.Popen[str]) -> None:
+    """SIGTERM a process started in its own session (and its children), then SIGKILL."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(5)
 
 
 def _env() -> dict[str, str]:

@@ -78,7 +78,23 @@ def _missing_table(message: str) -> bool:
     return "No such file or directory" in message
 
 
-class NftCommand:
+class _ScriptRunner:
+    """A transaction is applied (or checked) as its script."""
+
+    def apply(self, tx: Transaction) -> None:
+        self.apply_script(str(tx))
+
+    def check(self, tx: Transaction) -> None:
+        self.check_script(str(tx))
+
+    def apply_script(self, script: str) -> None:
+        raise NotImplementedError
+
+    def check_script(self, script: str) -> None:
+        raise NotImplementedError
+
+
+class NftCommand(_ScriptRunner):
     """Runs the ``nft`` binary (in another network namespace when ``netns`` is given).
 
     A process that takes longer than ``timeout`` seconds is killed and the call fails
@@ -126,12 +142,6 @@ class NftCommand:
             return str(err)
         return None
 
-    def apply(self, tx: Transaction) -> None:
-        self.apply_script(str(tx))
-
-    def check(self, tx: Transaction) -> None:
-        self.check_script(str(tx))
-
     def apply_script(self, script: str) -> None:
         if script:
             self._run(["-f", "-"], script)
@@ -157,7 +167,7 @@ _OUTPUT_JSON = 1 << 4
 _OUTPUT_TERSE = 1 << 11
 
 
-class LibNftables:
+class LibNftables(_ScriptRunner):
     """libnftables through ctypes: one long-lived context, one call per transaction."""
 
     def __init__(self, library: str | None = None) -> None:
@@ -201,12 +211,6 @@ class LibNftables:
         if rc != 0:
             raise NftError(_summarise(err), script)
         return out
-
-    def apply(self, tx: Transaction) -> None:
-        self.apply_script(str(tx))
-
-    def check(self, tx: Transaction) -> None:
-        self.check_script(str(tx))
 
     def apply_script(self, script: str) -> None:
         if script:
