@@ -69,6 +69,7 @@ from kubeproxy.model.types import IPFamily, ServicePortName
 log = logging.getLogger(__name__)
 
 Key = tuple[IPFamily, ServicePortName]
+LAST_TRANSACTION_LIMIT = 64 * 1024
 Updates = dict[IPFamily, dict[ServicePortName, PortRules | None]]
 
 
@@ -190,9 +191,14 @@ class NftablesBackend:
         return tx
 
     def _apply(self, *txs: Transaction) -> None:
-        # Everything a sync applied (several transactions when a partial sync adds a
-        # shared chain, or when the kernel refused one), for tests and debugging.
-        self.last_transaction += "".join(str(tx) for tx in txs)
+        # What a sync applied (several transactions when a partial sync adds a shared
+        # chain, or when the kernel refused one), for tests and debugging; only the
+        # start of a big one (a full sync of a large cluster is tens of MB of text).
+        if len(self.last_transaction) < LAST_TRANSACTION_LIMIT:
+            text = self.last_transaction + "".join(str(tx) for tx in txs)
+            if len(text) > LAST_TRANSACTION_LIMIT:
+                text = text[:LAST_TRANSACTION_LIMIT] + f"\n... ({len(text)} bytes in all)\n"
+            self.last_transaction = text
         started = time.perf_counter()
         try:
             for tx in txs:
