@@ -1,0 +1,123 @@
+"""An ``iptables-restore`` input as plain data, printed as the text the command reads.
+
+One :class:`Restore` holds, per table (``filter``, ``nat``, ``mangle``), in the order
+iptables-restore applies them:
+
+* chain lines (``:KUBE-SVC-X - [0:0]``): create the chain, or flush it if it exists
+  (with ``--noflush``, only the chains named here are touched);
+* rules (``-A CHAIN args...``), appended in order;
+* deletions (``-X CHAIN``) of chains that must go (declared above first, so flushed).
+
+Each table ends with ``COMMIT``: iptables-restore applies a table's part atomically
+(legacy: one table blob; nft: one transaction). Rules are tuples of arguments written by
+the backends from validated model data and our own chain names; :func:`quote` makes an
+argument with spaces (a comment) one word for the restore parser, and refuses what could
+break out of it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+# iptables' limit is 28 characters (XT_EXTENSION_MAXNAMELEN - 1); names are ours.
+_CHAIN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,27}$")
+TABLES = ("raw", "mangle", "filter", "nat")
+BUILTIN_CHAINS = {
+    "raw": ("PREROUTING", "OUTPUT"),
+    "mangle": ("PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"),
+    "filter": ("INPUT", "FORWARD", "OUTPUT"),
+    "nat": ("PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"),
+}
+
+
+class RestoreError(ValueError):
+    """Something iptables-restore would refuse, found while building the input."""
+
+
+def check_chain(name: str) -> str:
+    if not _CHAIN.match(name):
+        raise RestoreError(f"invalid iptables chain name {name!r}")
+    return name
+
+
+def quote(arg: str) -> str:
+    """One restore-input word: quoted when it holds spaces (comments are the only such
+    arguments we write); quotes, backslashes and newlines are refused outright."""
+    if any(c in arg for c in '"\\\n\r'):
+        raise RestoreError(f"argument cannot be written safely: {arg!r}")
+    if not arg:
+        return '""'
+    return f'"{arg}"' if any(c.isspace() for c in arg) else arg
+
+
+Rule = tuple[str, tuple[str, ...]]  # (chain, arguments after "-A chain")
+
+
+@dataclass
+class TableInput:
+    """One table's part of a restore input."""
+
+    chains: list[str] = field(default_factory=list)
+    rules: list[Rule] = field(default_factory=list)
+    deletes: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.chains or self.rules or self.deletes)
+
+
+class Restore:
+    """A whole ``iptables-restore --noflush`` input, built table by table."""
+
+    def __init__(self) -> None:
+        self.tables: dict[str, TableInput] = {}
+
+    def table(self, name: str) -> TableInput:
+        if name not in TABLES:
+            raise RestoreError(f"unknown table {name!r}")
+        return self.tables.setdefault(name, TableInput())
+
+    def chain(self, table: str, name: str) -> None:
+        """Declare ``name``: created if missing, flushed if it exists."""
+        self.table(table).chains.append(check_chain(name))
+
+    def rule(self, table: str, chain: str, *args: str) -> None:
+        self.table(table).rules.append((check_chain(chain), args))
+
+    def rules(self, table: str, chain: str, rules: Iterable[tuple[str, ...]]) -> None:
+        t = self.table(table)
+        check_chain(chain)
+        t.rules.extend((chain, args) for args in rules)
+
+    def delete(self, table: str, name: str) -> None:
+        """Delete ``name`` (declared first, so it is flushed before it goes)."""
+        t = self.table(table)
+        t.chains.append(check_chain(name))
+        t.deletes.append(name)
+
+    def __iter__(self) -> Iterator[tuple[str, TableInput]]:
+        for name in TABLES:
+            t = self.tables.get(name)
+            if t:
+                yield name, t
+
+    def __bool__(self) -> bool:
+        return any(self.tables.values())
+
+    @property
+    def rule_count(self) -> int:
+        return sum(len(t.rules) for t in self.tables.values())
+
+    def __str__(self) -> str:
+        out: list[str] = []
+        for name, t in self:
+            out.append(f"*{name}")
+            out.extend(f":{c} - [0:0]" for c in dict.fromkeys(t.chains))
+            out.extend(
+                f"-A {chain} {' '.join(quote(a) for a in args)}" if args else f"-A {chain}"
+                for chain, args in t.rules
+            )
+            out.extend(f"-X {c}" for c in t.deletes)
+            out.append("COMMIT")
+        return "\n".join(out) + ("\n" if out else "")
