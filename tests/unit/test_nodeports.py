@@ -13,9 +13,10 @@ V4, V6 = IPFamily.IPv4, IPFamily.IPv6
 @pytest.mark.parametrize(
     ("values", "cidrs", "primary"),
     [
-        # nftables mode: unset means "primary"
-        ([], (), True),
-        ([""], (), True),
+        # Unset means every address (nftables mode's "primary" default comes from the
+        # configuration, as upstream's platformApplyDefaults).
+        ([], (), False),
+        ([""], (), False),
         (["primary"], (), True),
         (["10.0.0.0/8"], ("10.0.0.0/8",), False),
         # both the repeated-flag and the comma-separated spellings
@@ -85,12 +86,12 @@ def test_parse_rejects(bad: str) -> None:
 @pytest.mark.parametrize(
     ("values", "family", "primary_ip", "expected"),
     [
-        ([], V4, "10.0.0.1", FamilyNodePorts(False, ("10.0.0.1/32",))),
-        ([], V6, "fd00::1", FamilyNodePorts(False, ("fd00::1/128",))),
+        (["primary"], V4, "10.0.0.1", FamilyNodePorts(False, ("10.0.0.1/32",))),
+        (["primary"], V6, "fd00::1", FamilyNodePorts(False, ("fd00::1/128",))),
         # No primary IP of that family (or only loopback): upstream's fallback to the
         # whole family, i.e. every local address.
-        ([], V6, None, FamilyNodePorts(True, ())),
-        ([], V4, "127.0.0.1", FamilyNodePorts(True, ())),
+        (["primary"], V6, None, FamilyNodePorts(True, ())),
+        (["primary"], V4, "127.0.0.1", FamilyNodePorts(True, ())),
         (["10.0.0.0/8"], V4, "10.0.0.1", FamilyNodePorts(False, ("10.0.0.0/8",))),
         # A family the list does not mention: every local address, as upstream.
         (["10.0.0.0/8"], V6, "fd00::1", FamilyNodePorts(True, ())),
@@ -141,6 +142,10 @@ def test_str_round_trips(values: list[str]) -> None:
     assert NodePortAddresses.parse([str(npa)]) == npa
 
 
-def test_default_is_primary() -> None:
-    assert NodePortAddresses() == NodePortAddresses.parse([])
+def test_default_is_primary_and_an_empty_flag_every_address() -> None:
+    assert NodePortAddresses() == NodePortAddresses.parse(["primary"])
     assert str(NodePortAddresses()) == "primary"
+    # Nothing given (iptables and ipvs modes' default): every local address.
+    every = NodePortAddresses.parse([])
+    assert every.for_family(IPFamily.IPv4, "10.0.0.1").match_all
+    assert every.for_family(IPFamily.IPv6, None).match_all

@@ -234,7 +234,7 @@ def test_nodeport_addresses_flag() -> None:
     assert NodePortAddresses.parse(["0.0.0.0/0"]).for_family(IPFamily.IPv4, None).match_all
     # As upstream: a family the list does not mention accepts NodePorts everywhere.
     assert NodePortAddresses.parse(["0.0.0.0/0"]).for_family(IPFamily.IPv6, "fd00::1").match_all
-    primary = NodePortAddresses.parse([])
+    primary = NodePortAddresses.parse(["primary"])
     assert primary.for_family(IPFamily.IPv4, "10.1.2.3").ranges == ("10.1.2.3/32",)
     assert primary.for_family(IPFamily.IPv6, None).match_all
     with pytest.raises(ValueError, match="both 'primary' and CIDRs"):

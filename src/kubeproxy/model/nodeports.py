@@ -3,7 +3,8 @@
 Values follow upstream kube-proxy exactly:
 
 * a list of CIDRs, or the single word ``primary`` (the node's primary IP of each family;
-  the default in nftables mode); mixing the two is an error;
+  the default in nftables mode); mixing the two is an error; nothing at all means every
+  local address (the default in iptables and ipvs modes);
 * per family, only the CIDRs of that family count; when none is left — a family the list
   does not mention, or ``primary`` with no known primary IP of that family — NodePorts
   are accepted on every local address of that family (upstream falls back to
@@ -51,8 +52,8 @@ class NodePortAddresses:
                     ) from None
         if primary and cidrs:
             raise ValueError("--nodeport-addresses: can't use both 'primary' and CIDRs")
-        if not cidrs:
-            primary = True
+        # Nothing given: every local address (upstream's default in iptables and ipvs
+        # modes; nftables mode's default of "primary" is filled in by the config).
         return cls(tuple(dict.fromkeys(cidrs)), primary)
 
     def for_family(self, family: IPFamily, primary_ip: str | None) -> FamilyNodePorts:
