@@ -34,6 +34,10 @@ class ProxyConfig:
     nodeport_addresses: NodePortAddresses = field(default_factory=NodePortAddresses)
     masquerade_all: bool = False
     masquerade_bit: int = 14
+    # iptables mode: NodePorts on 127.0.0.1 (iptables.localhostNodePorts), and which
+    # iptables to drive ("auto": the one the node's other rules use, as upstream's image).
+    localhost_nodeports: bool = True
+    iptables_backend: str = "auto"
     bind_address: str | None = None
     families: tuple[IPFamily, ...] = (IPFamily.IPv4,)
     min_sync_period: float = 1.0

@@ -63,6 +63,7 @@ def family_plans(
                 masquerade_all=config.masquerade_all,
                 masquerade_mark=config.masquerade_mark,
                 flags=config.features,
+                localhost_nodeports=config.mode == "iptables" and config.localhost_nodeports,
             )
         )
     return plans

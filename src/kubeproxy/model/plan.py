@@ -145,6 +145,9 @@ class FamilyPlan:
     service_cidrs: tuple[str, ...] = ()
     # This node's primary IP of this family (loadBalancerSourceRanges "allow from node").
     node_ip: str | None = None
+    # NodePorts also answer on 127.0.0.1 (iptables mode's localhostNodePorts, IPv4 only,
+    # and only when the NodePort addresses include loopback).
+    localhost_nodeports: bool = False
 
 
 def plan_family(
@@ -160,8 +163,18 @@ def plan_family(
     masquerade_all: bool = False,
     masquerade_mark: int = DEFAULT_MASQUERADE_MARK,
     flags: FeatureFlags | None = None,
+    localhost_nodeports: bool = False,
 ) -> FamilyPlan:
     node_ports = nodeport_addresses.for_family(family, primary_ip)
+    loopback = ipaddress.ip_address("127.0.0.1")
+    localhost_nodeports = (
+        localhost_nodeports
+        and family is IPFamily.IPv4
+        and (
+            node_ports.match_all
+            or any(loopback in ipaddress.ip_network(r) for r in node_ports.ranges)
+        )
+    )
     if node_ports.ranges:
         node_ports = FamilyNodePorts(node_ports.match_all, merge_cidrs(node_ports.ranges))
     return FamilyPlan(
@@ -174,6 +187,7 @@ def plan_family(
         flags=flags or FeatureFlags(),
         service_cidrs=merge_cidrs(_of_family(service_cidrs, family)),
         node_ip=primary_ip,
+        localhost_nodeports=localhost_nodeports,
     )
 
 
@@ -401,6 +415,7 @@ def describe_family(fam: FamilyPlan) -> dict[str, Any]:
         "localTraffic": fam.local.describe(),
         "masqueradeAll": fam.masquerade_all,
         "masqueradeMark": f"{fam.masquerade_mark:#x}",
+        "localhostNodePorts": fam.localhost_nodeports,
         "serviceCIDRs": list(fam.service_cidrs),
     }
 
