@@ -38,7 +38,7 @@ from kubeproxy.model.nodeports import NodePortAddresses
 from kubeproxy.model.plan import DetectLocal, LocalMode
 from kubeproxy.model.state import ProxyState
 from kubeproxy.oom import apply_oom_score_adj
-from kubeproxy.options import OptionsError, split_config
+from kubeproxy.options import IPTABLES_BACKENDS, OptionsError, split_config
 from kubeproxy.profiling import start_heap_tracing
 from kubeproxy.sources import Source, initial_state
 from kubeproxy.sources.events import dispatch
@@ -47,7 +47,15 @@ from kubeproxy.sources.manifests import ManifestSource
 log = logging.getLogger("kubeproxy")
 
 # Flags of ours (not upstream's), handled here rather than through the config file.
-_OURS = ("manifests", "once", "service-cluster-ip-range", "config", "write-config-to", "cleanup")
+_OURS = (
+    "manifests",
+    "once",
+    "service-cluster-ip-range",
+    "iptables-backend",
+    "config",
+    "write-config-to",
+    "cleanup",
+)
 
 
 def _add_proxy_flags(p: argparse.ArgumentParser) -> None:
@@ -71,6 +79,12 @@ def _add_proxy_flags(p: argparse.ArgumentParser) -> None:
         help="ClusterIP range(s), one per IP family (repeat or comma-separate): "
         "unallocated addresses in them are dropped, unused ports of "
         "allocated ClusterIPs rejected (ServiceCIDR objects add to these)",
+    )
+    p.add_argument(
+        "--iptables-backend",
+        choices=IPTABLES_BACKENDS,
+        help="iptables mode: which iptables to drive; auto (default) uses the one the "
+        "node's other rules use, as the upstream image's iptables-wrapper",
     )
 
 
@@ -127,6 +141,8 @@ def load_configuration(args: argparse.Namespace) -> configfile.KubeProxyConfigur
                 args.manifests = options.manifests
             if not args.service_cluster_ip_range:
                 args.service_cluster_ip_range = list(options.service_cluster_ip_ranges)
+            if args.iptables_backend is None:
+                args.iptables_backend = options.iptables_backend
         else:
             cfg = configfile.default_config()
         cfg = configfile.apply_flags(
@@ -174,6 +190,8 @@ def proxy_config(cfg: configfile.KubeProxyConfiguration, args: argparse.Namespac
         nodeport_addresses=nodeports,
         masquerade_all=ms.masquerade_all,
         masquerade_bit=ms.masquerade_bit,
+        localhost_nodeports=bool(cfg.iptables.localhost_node_ports),
+        iptables_backend=getattr(args, "iptables_backend", None) or "auto",
         bind_address=cfg.bind_address or None,
         families=detect_families(),
         min_sync_period=ms.min_sync_period.seconds,

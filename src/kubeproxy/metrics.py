@@ -39,6 +39,12 @@ Process metrics, as upstream's Go registry has (``process_*``: CPU seconds, resi
 virtual memory, start time, open and max fds), from prometheus_client's ProcessCollector;
 the Go runtime collectors' analogue is ``python_info`` and ``python_gc_*``.
 
+In iptables mode also upstream's ``sync_proxy_rules_iptables_total{table}``,
+``..._iptables_last{table}`` (rules written by the last sync) and
+``..._iptables_partial_restore_failures_total``. Not provided: upstream's nfacct-based
+``..._iptables_localhost_nodeports_accepted_packets_total`` and
+``..._iptables_ct_state_invalid_dropped_packets_total`` (they need nfacct objects).
+
 The sync-failure counter is named per mode, as upstream (``..._nftables_sync_failures_total``
 in nftables mode, ``..._iptables_restore_failures_total`` in iptables and ipvs modes);
 the cleanup-failure counter exists in nftables mode only.
@@ -211,6 +217,26 @@ class Metrics:
             "proxy_healthz_total", "Cumulative proxy healthz HTTP status", ("code",)
         )
         self.livez = counter("proxy_livez_total", "Cumulative proxy livez HTTP status", ("code",))
+        # iptables mode (upstream's names): rules per table, written by the last sync, and
+        # partial restores refused (each followed by a full one).
+        self.iptables_rules: Gauge | None = None
+        self.iptables_rules_last: Gauge | None = None
+        self.iptables_partial_failures: Counter | None = None
+        if mode == "iptables":
+            self.iptables_rules = gauge(
+                "sync_proxy_rules_iptables_total",
+                "Total number of iptables rules owned by kube-proxy",
+                ("table",),
+            )
+            self.iptables_rules_last = gauge(
+                "sync_proxy_rules_iptables_last",
+                "Number of iptables rules written by kube-proxy in last sync",
+                ("table",),
+            )
+            self.iptables_partial_failures = counter(
+                "sync_proxy_rules_iptables_partial_restore_failures_total",
+                "Cumulative proxy iptables partial restore failures",
+            )
         # What the nftables backend programmed (ours; other modes count their own way).
         self.nftables_elements: Gauge | None = None
         self.nftables_chains: Gauge | None = None
@@ -268,6 +294,13 @@ class Metrics:
             self.nftables_elements.set(result.elements)
             self.nftables_chains.set(result.chains)
         self.isolated.set(len(result.isolated))
+        if self.iptables_rules is not None and self.iptables_rules_last is not None:
+            for table, count in result.table_rules.items():
+                self.iptables_rules.labels(table).set(count)
+            for table, count in result.table_rules_written.items():
+                self.iptables_rules_last.labels(table).set(count)
+        if self.iptables_partial_failures is not None and result.partial_failures:
+            self.iptables_partial_failures.inc(result.partial_failures)
 
     def sync_failed(self, seconds: float, *, full: bool) -> None:
         """The kernel refused the transaction (or rendering failed) after ``seconds``."""

@@ -12,8 +12,10 @@ of our own kind, so the upstream document never needs unknown fields::
     kind: KubeproxyOptions
     manifests: .                 # read objects from this directory (relative to the file)
     serviceClusterIPRanges: [10.96.0.0/12]
+    iptablesBackend: auto        # iptables mode: auto (as upstream's image), nft or legacy
 
-Flags (``--manifests``, ``--service-cluster-ip-range``) win over these fields.
+Flags (``--manifests``, ``--service-cluster-ip-range``, ``--iptables-backend``) win over
+these fields.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from typing import Any
 import yaml
 
 API_VERSION = "kubeproxy.dev/v1alpha1"
+# Which iptables iptables mode drives: "auto" picks the one the node's rules use.
+IPTABLES_BACKENDS = ("auto", "nft", "legacy")
 KIND = "KubeproxyOptions"
 
 
@@ -36,6 +40,7 @@ class OptionsError(ValueError):
 class KubeproxyOptions:
     manifests: Path | None = None
     service_cluster_ip_ranges: tuple[str, ...] = ()
+    iptables_backend: str | None = None
 
 
 def split_config(text: str, source: str) -> tuple[str, KubeproxyOptions]:
@@ -60,7 +65,8 @@ def _options(doc: dict[str, Any], source: str) -> KubeproxyOptions:
     errors = []
     if doc.get("apiVersion") != API_VERSION:
         errors.append(f"apiVersion: must be {API_VERSION}")
-    unknown = set(doc) - {"apiVersion", "kind", "manifests", "serviceClusterIPRanges"}
+    known = {"apiVersion", "kind", "manifests", "serviceClusterIPRanges", "iptablesBackend"}
+    unknown = set(doc) - known
     errors.extend(f"{name}: unknown field" for name in sorted(unknown))
     manifests = doc.get("manifests")
     if manifests is not None and not isinstance(manifests, str):
@@ -68,10 +74,14 @@ def _options(doc: dict[str, Any], source: str) -> KubeproxyOptions:
     ranges = doc.get("serviceClusterIPRanges") or []
     if not isinstance(ranges, list) or not all(isinstance(r, str) for r in ranges):
         errors.append("serviceClusterIPRanges: must be a list of CIDRs")
+    backend = doc.get("iptablesBackend")
+    if backend is not None and backend not in IPTABLES_BACKENDS:
+        errors.append(f"iptablesBackend: must be one of {', '.join(IPTABLES_BACKENDS)}")
     if errors:
         raise OptionsError(f"{source} ({KIND}): " + "; ".join(errors))
     base = Path(source).parent
     return KubeproxyOptions(
         manifests=(base / manifests) if isinstance(manifests, str) else None,
         service_cluster_ip_ranges=tuple(ranges),
+        iptables_backend=backend,
     )

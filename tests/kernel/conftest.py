@@ -49,11 +49,29 @@ def _kernel_tools() -> None:
         require_tool(tool)
 
 
+# The data planes a packet test can run against: a module lists those it runs in
+# (``PROXY_MODES = ALL_MODES``); a test limited to some carries
+# ``@pytest.mark.proxy_modes("nftables")``. The default is nftables only.
+ALL_MODES = ("nftables", "iptables-nft", "iptables-legacy")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "lab" not in metafunc.fixturenames:
+        return
+    modes = getattr(metafunc.module, "PROXY_MODES", ("nftables",))
+    marker = metafunc.definition.get_closest_marker("proxy_modes")
+    if marker is not None:
+        modes = tuple(m for m in modes if m in marker.args)
+    metafunc.parametrize("lab", modes, indirect=True, scope="module")
+
+
 @pytest.fixture(scope="module")
 def lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
-    # Unique per process and module, so parallel runs never share a namespace name.
-    prefix = f"kpt{os.getpid() % 100000}{abs(hash(request.module.__name__)) % 1000}"
-    with Lab(prefix) as built:
+    mode = getattr(request, "param", "nftables")
+    # Unique per process, module and mode, so parallel runs never share a namespace name.
+    module = abs(hash((request.module.__name__, mode))) % 1000
+    prefix = f"kpt{os.getpid() % 100000}{module}"
+    with Lab(prefix, mode=mode) as built:
         for name, (where, v4, v6) in PODS.items():
             built.add_pod(name, where, [v4, v6], ports=(8080, 9090))
         yield built

@@ -351,7 +351,7 @@ def test_endpoint_changes_take_effect_on_the_next_sync(lab: Lab, manifests: Mani
         proc.terminate()
         proc.wait(10)
     # SIGTERM leaves the rules in place (as upstream: traffic flows across restarts).
-    assert "kube-proxy" in ns_exec(lab.node_ns, "nft", "list", "tables")
+    assert lab.rules_present()
 
 
 def test_remote_node_address_is_not_a_nodeport(lab: Lab, manifests: ManifestDir) -> None:

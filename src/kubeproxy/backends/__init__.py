@@ -56,6 +56,11 @@ class SyncResult:
     conflicts: list[str] = field(default_factory=list)
     # ServicePorts whose rules the kernel refused: left out, everything else applied.
     isolated: list[str] = field(default_factory=list)
+    # A partial sync the kernel refused, repaired by a full sync in the same call.
+    partial_failures: int = 0
+    # Rules per table: all that are programmed, and those written by this sync (iptables).
+    table_rules: dict[str, int] = field(default_factory=dict)
+    table_rules_written: dict[str, int] = field(default_factory=dict)
 
 
 class Backend(Protocol):
@@ -86,14 +91,28 @@ def _cleanup_nftables() -> list[str]:
     return cleanup(open_runner())
 
 
+def _iptables(config: ProxyConfig) -> Backend:
+    from kubeproxy.backends.iptables.proxier import IptablesBackend, open_runners
+
+    return IptablesBackend(config, open_runners(config))
+
+
+def _cleanup_iptables() -> list[str]:
+    from kubeproxy.backends.iptables.proxier import cleanup
+
+    return cleanup()
+
+
 BACKENDS: dict[str, Callable[[ProxyConfig], Backend]] = {
     "nftables": _nftables,
+    "iptables": _iptables,
 }
 
-# Every mode that can leave state behind, implemented or not yet: cleanup must also
-# remove what another mode (or upstream kube-proxy in that mode) left.
+# Every mode that can leave state behind: cleanup also removes what another mode (or
+# upstream kube-proxy in that mode) left.
 CLEANUPS: dict[str, Callable[[], list[str]]] = {
     "nftables": _cleanup_nftables,
+    "iptables": _cleanup_iptables,
 }
 
 

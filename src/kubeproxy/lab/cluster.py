@@ -70,9 +70,18 @@ class Pod:
     server: EchoServer
 
 
+# How kubeproxy runs in the lab: the nftables mode, or iptables mode on either iptables.
+MODE_FLAGS = {
+    "nftables": ("--proxy-mode", "nftables"),
+    "iptables-nft": ("--proxy-mode", "iptables", "--iptables-backend", "nft"),
+    "iptables-legacy": ("--proxy-mode", "iptables", "--iptables-backend", "legacy"),
+}
+
+
 @dataclass
 class Lab:
     prefix: str
+    mode: str = "nftables"
     pods: dict[str, Pod] = field(default_factory=dict)
     _namespaces: list[str] = field(default_factory=list)
     _executors: dict[str, NetnsExecutor] = field(default_factory=dict)
@@ -196,6 +205,7 @@ class Lab:
             NODE,
             "--cluster-cidr",
             ",".join(CLUSTER_CIDRS),
+            *MODE_FLAGS[self.mode],
             *extra,
             prefix=prefix,
         )
@@ -227,13 +237,20 @@ class Lab:
         self._procs.append(proc)
         return proc
 
+    def rules_present(self) -> bool:
+        """Whether kubeproxy's rules are in node-a's kernel (in the lab's mode)."""
+        if self.mode == "nftables":
+            return "kube-proxy" in ns_exec(self.node_ns, "nft", "list", "tables", check=False)
+        save = "iptables-legacy-save" if self.mode == "iptables-legacy" else "iptables-nft-save"
+        return ":KUBE-SERVICES" in ns_exec(self.node_ns, save, "-t", "nat", check=False)
+
     def wait_for_table(self, timeout: float = 20) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if "kube-proxy" in ns_exec(self.node_ns, "nft", "list", "tables", check=False):
+            if self.rules_present():
                 return
             time.sleep(0.05)
-        raise TimeoutError("kubeproxy did not program the kube-proxy table")
+        raise TimeoutError("kubeproxy did not program its rules")
 
     # --------------------------------------------------------------- cleanup
 

@@ -114,6 +114,7 @@ class DispatchTree:
         self.keys: list[int] = []  # distinct keys, sorted
         self.entries: dict[int, dict[EntryId, Args]] = {}
         self.nodes: dict[Prefix, Node] = {}  # as programmed
+        self.rule_count = 0  # rules in all node chains (kept up to date)
 
     @property
     def root_chain(self) -> str:
@@ -121,10 +122,6 @@ class DispatchTree:
 
     def chain(self, prefix: Prefix) -> str:
         return dispatch_chain(self.tree_id, f"{prefix[0]:x}/{prefix[1]}")
-
-    @property
-    def rule_count(self) -> int:
-        return sum(len(n.rules) for n in self.nodes.values())
 
     # ---------------------------------------------------------------- entries
 
@@ -204,6 +201,7 @@ class DispatchTree:
             node = self._node(prefix) if self.keys or prefix != ROOT else Node(self.chain(ROOT), ())
             self.nodes[prefix] = node
             stack.extend(node.children)
+        self.rule_count = sum(len(n.rules) for n in self.nodes.values())
         return {n.chain: n.rules for n in self.nodes.values()}
 
     def update(
@@ -250,11 +248,15 @@ class DispatchTree:
             for child in old.children if old is not None else ():
                 self._collect_gone(child, new, kept, gone, seen)
         for prefix, node in new.items():
-            if self.nodes.get(prefix) != node:
+            old_node = self.nodes.get(prefix)
+            if old_node != node:
                 change.write[node.chain] = node.rules
+                self.rule_count += len(node.rules) - (len(old_node.rules) if old_node else 0)
             self.nodes[prefix] = node
         for prefix in gone:
-            change.delete.append(self.nodes.pop(prefix).chain)
+            old_node = self.nodes.pop(prefix)
+            self.rule_count -= len(old_node.rules)
+            change.delete.append(old_node.chain)
         return change
 
     def _collect_gone(

@@ -1,0 +1,461 @@
+"""The iptables backend: translate the service plan into upstream's iptables layout.
+
+``sync`` runs named phases, per IP family (iptables and ip6tables are separate):
+
+1. ``_plan`` / ``_render`` — family plans and ServicePort plans (shared with every
+   backend), each plan to its :class:`~.render.PortRules` (pure);
+2. ``_full`` or ``_partial`` — build one ``iptables-restore --noflush`` input
+   (:class:`~kubeproxy.dataplane.iptables.restore.Restore`) and apply it;
+3. commit what is programmed, and ``_report``.
+
+**Full sync** (at start, after a failure, about hourly, when node-level settings change):
+make sure the jump rules from the built-in chains and the canary chains exist (one
+``iptables -C``/``-I`` per rule, as upstream, since a restore cannot "ensure" a rule in a
+chain it does not own), then one restore that declares (so flushes) and fills every chain
+of ours and deletes the generated chains no longer wanted (``KUBE-SVC-``, ``KUBE-SEP-``,
+... found by listing the table).
+
+**Partial sync**: only the changed ServicePorts' own chains, and the dispatch-tree chains
+on the paths of the destinations they added or removed (:mod:`.dispatch`), are declared
+and refilled; chains nothing uses any more are deleted. Upstream rewrites the whole of
+``KUBE-SERVICES`` on every sync; here a change costs O(its own rules + tree depth x 16).
+
+A refused restore changes nothing in the table that failed (iptables-restore commits a
+table at a time); our picture of the kernel may be stale, so the next sync is full. The
+canary check between changes looks for ``KUBE-PROXY-CANARY`` in mangle, nat and filter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kubeproxy.dataplane.iptables.cleanup import cleanup_chains
+from kubeproxy.dataplane.iptables.runner import (
+    FLAVORS,
+    Flavor,
+    Iptables,
+    IptablesCommand,
+    IptablesError,
+    detect_flavor,
+)
+
+from kubeproxy.backends import BackendError, SyncResult
+from kubeproxy.backends.iptables.dispatch import Args, DispatchTree, EntryId
+from kubeproxy.backends.iptables.names import (
+    KUBE_FIREWALL,
+    KUBE_PROXY_CANARY,
+    is_generated,
+)
+from kubeproxy.backends.iptables.render import (
+    JUMPS,
+    KUBELET_JUMPS,
+    TREES,
+    FixedChains,
+    PortRules,
+    Settings,
+    fixed_chains,
+    jump_args,
+    render_service_port,
+)
+from kubeproxy.backends.planning import family_plans, service_port_plans
+from kubeproxy.config import ProxyConfig
+from kubeproxy.dataplane.iptables.restore import Restore
+from kubeproxy.model.plan import FamilyPlan
+from kubeproxy.model.state import Snapshot
+from kubeproxy.model.types import IPFamily, ServicePortName
+
+log = logging.getLogger(__name__)
+
+# Upstream's largeClusterEndpointsThreshold: above it, SVC/SEP rules lose their comments.
+LARGE_CLUSTER_ENDPOINTS = 1000
+CANARY_TABLES = ("mangle", "nat", "filter")
+Updates = dict[ServicePortName, PortRules | None]
+
+
+@dataclass
+class _Family:
+    """What one family's tables hold, as far as ServicePorts are concerned."""
+
+    plan: FamilyPlan
+    settings: Settings
+    rules: dict[ServicePortName, PortRules] = field(default_factory=dict)
+    trees: dict[str, DispatchTree] = field(default_factory=dict)
+    valid: bool = True  # False: unknown (a restore failed), the next sync must be full
+    fixed_rules: dict[str, int] = field(default_factory=dict)  # per table
+    own_rules: int = 0  # the ServicePorts' own (nat) chains
+
+    @property
+    def rules_per_table(self) -> dict[str, int]:
+        counts = dict(self.fixed_rules)
+        counts["nat"] = counts.get("nat", 0) + self.own_rules
+        for tree in TREES:
+            counts[tree.table] = counts.get(tree.table, 0) + self.trees[tree.id].rule_count
+        return counts
+
+    no_local_internal: int = 0
+    no_local_external: int = 0
+
+
+class IptablesBackend:
+    """Programs upstream's iptables layout (``KUBE-SERVICES``, ``KUBE-SVC-...``) per family."""
+
+    mode = "iptables"
+
+    def __init__(
+        self,
+        config: ProxyConfig,
+        runners: Mapping[IPFamily, Iptables],
+        *,
+        tcp_be_liberal: bool = False,
+        proc: Path = Path("/proc"),
+    ) -> None:
+        self.config = config
+        self.runners = dict(runners)
+        self.tcp_be_liberal = tcp_be_liberal
+        self.proc = proc
+        self._families: dict[IPFamily, _Family] = {}
+        self._warned_no_node_ip: set[IPFamily] = set()
+        self.last_restore = ""
+        self._kernel_seconds = 0.0
+        self._written: dict[str, int] = {}
+
+    # -------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        for family, runner in self.runners.items():
+            reason = runner.available()
+            if reason is not None:
+                raise BackendError(f"iptables mode cannot run ({family.value}): {reason}")
+        # As upstream: with nf_conntrack_tcp_be_liberal set, no DROP of INVALID packets.
+        liberal = self.proc / "sys/net/netfilter/nf_conntrack_tcp_be_liberal"
+        with contextlib.suppress(OSError, ValueError):
+            self.tcp_be_liberal = self.tcp_be_liberal or int(liberal.read_text()) != 0
+        if IPFamily.IPv4 in self.runners and self._localhost_nodeports():
+            # NodePorts on 127.0.0.1 need route_localnet (upstream sets it, and fails
+            # to start when it cannot).
+            log.info(
+                "Setting route_localnet=1 to allow NodePorts on localhost; to change this "
+                "set iptables.localhostNodePorts to false or --nodeport-addresses to "
+                "exclude loopback"
+            )
+            path = self.proc / "sys/net/ipv4/conf/all/route_localnet"
+            try:
+                if path.read_text().strip() != "1":
+                    path.write_text("1")
+            except OSError as err:
+                raise BackendError(f"cannot set {path}: {err.strerror or err}") from None
+
+    def _localhost_nodeports(self) -> bool:
+        npa = self.config.nodeport_addresses
+        if not self.config.localhost_nodeports or npa.primary:
+            return False
+        v4 = [ipaddress.ip_network(c) for c in npa.cidrs if ":" not in c]
+        loopback = ipaddress.ip_address("127.0.0.1")
+        return not v4 or any(loopback in n for n in v4)
+
+    def stop(self) -> None:
+        """Nothing to release: the rules stay, so traffic flows across a restart."""
+
+    # ----------------------------------------------------------------- phases
+
+    def _plan(self, snapshot: Snapshot) -> list[FamilyPlan]:
+        warned = self._warned_no_node_ip if not self._families else None
+        return [f for f in family_plans(self.config, snapshot, warned) if f.family in self.runners]
+
+    def _render(
+        self,
+        snapshot: Snapshot,
+        fam: FamilyPlan,
+        settings: Settings,
+        names: Iterable[ServicePortName] | None,
+    ) -> Updates:
+        return {
+            name: render_service_port(plan, fam, settings) if plan is not None else None
+            for name, plan in service_port_plans(snapshot, fam, names).items()
+        }
+
+    def _settings(self, snapshot: Snapshot, fam: FamilyPlan) -> Settings:
+        endpoints = sum(len(eps) for eps in snapshot.endpoints.values())
+        runner = self.runners[fam.family]
+        return Settings(
+            comments=endpoints <= LARGE_CLUSTER_ENDPOINTS,
+            random_fully=runner.has_random_fully,
+        )
+
+    def _apply(self, runner: Iptables, restore: Restore) -> None:
+        for table, part in restore:
+            self._written[table] = self._written.get(table, 0) + len(part.rules)
+        text = str(restore)
+        if len(self.last_restore) < 64 * 1024:
+            self.last_restore += text[: 64 * 1024]
+        started = time.perf_counter()
+        try:
+            runner.restore(restore)
+        finally:
+            self._kernel_seconds += time.perf_counter() - started
+
+    # ------------------------------------------------------------- full sync
+
+    def _ensure_jumps(self, runner: Iptables, fam: FamilyPlan) -> None:
+        started = time.perf_counter()
+        try:
+            for table in CANARY_TABLES:
+                runner.ensure_chain(table, KUBE_PROXY_CANARY)
+            jumps = list(JUMPS)
+            if fam.localhost_nodeports:
+                jumps.extend(KUBELET_JUMPS)
+            for table, builtin, chain, comment, extra in jumps:
+                runner.ensure_chain(table, chain)
+                runner.ensure_rule(table, builtin, jump_args(comment, extra, chain))
+        finally:
+            self._kernel_seconds += time.perf_counter() - started
+
+    def _build(
+        self, snapshot: Snapshot, fam: FamilyPlan
+    ) -> tuple[_Family, Restore, dict[str, set[str]]]:
+        """Everything of one family: its state, the restore input, the chains per table."""
+        settings = self._settings(snapshot, fam)
+        rules = {
+            n: r for n, r in self._render(snapshot, fam, settings, None).items() if r is not None
+        }
+        state = _Family(fam, settings, rules)
+        for r in rules.values():
+            state.no_local_internal += r.no_local_internal
+            state.no_local_external += r.no_local_external
+        per_tree: dict[str, list[tuple[int, EntryId, Args]]] = {t.id: [] for t in TREES}
+        for name, port in rules.items():
+            for i, entry in enumerate(port.entries):
+                per_tree[entry.tree].append((entry.key, (name, i), entry.args))
+        restore = Restore()
+        wanted: dict[str, set[str]] = {"filter": set(), "nat": set()}
+
+        def fill(table: str, chain: str, chain_rules: Iterable[Args]) -> None:
+            restore.chain(table, chain)
+            restore.rules(table, chain, chain_rules)
+            wanted[table].add(chain)
+
+        for tree in TREES:
+            dt = DispatchTree(tree.id, tree.space(fam.family))
+            state.trees[tree.id] = dt
+            for chain, chain_rules in dt.build(per_tree[tree.id]).items():
+                fill(tree.table, chain, chain_rules)
+        fixed = self._fixed(fam, settings, state)
+        for table, chains in (("filter", fixed.filter), ("nat", fixed.nat)):
+            for chain, chain_rules in chains.items():
+                fill(table, chain, chain_rules)
+        for port in rules.values():
+            for chain, chain_rules in port.chains:
+                fill("nat", chain, chain_rules)
+        state.fixed_rules = {
+            "filter": sum(len(r) for r in fixed.filter.values()),
+            "nat": sum(len(r) for r in fixed.nat.values()),
+        }
+        state.own_rules = sum(len(r) for port in rules.values() for _, r in port.chains)
+        return state, restore, wanted
+
+    def _full(self, snapshot: Snapshot, fam: FamilyPlan) -> _Family:
+        runner = self.runners[fam.family]
+        state, restore, wanted = self._build(snapshot, fam)
+        self._ensure_jumps(runner, fam)
+        for table in ("filter", "nat"):
+            for chain in sorted(self._chains(runner, table) - wanted[table]):
+                if is_generated(chain):
+                    restore.delete(table, chain)
+        self._apply(runner, restore)
+        return state
+
+    def _fixed(self, fam: FamilyPlan, settings: Settings, state: _Family) -> FixedChains:
+        roots = {tree_id: dt.root_chain for tree_id, dt in state.trees.items()}
+        return fixed_chains(fam, settings, roots, tcp_be_liberal=self.tcp_be_liberal)
+
+    def _chains(self, runner: Iptables, table: str) -> set[str]:
+        started = time.perf_counter()
+        try:
+            return runner.chains(table)
+        finally:
+            self._kernel_seconds += time.perf_counter() - started
+
+    # ---------------------------------------------------------- partial sync
+
+    def _partial(self, state: _Family, updates: Updates) -> int:
+        restore = Restore()
+        removed: dict[str, list[tuple[int, EntryId]]] = {t.id: [] for t in TREES}
+        added: dict[str, list[tuple[int, EntryId, Args]]] = {t.id: [] for t in TREES}
+        write: dict[str, tuple[Args, ...]] = {}
+        delete: set[str] = set()
+        own_delta = 0
+        for name, new in updates.items():
+            old = state.rules.get(name)
+            if old == new:
+                continue
+            old_entries = old.entries if old is not None else ()
+            new_entries = new.entries if new is not None else ()
+            for i in range(max(len(old_entries), len(new_entries))):
+                before = old_entries[i] if i < len(old_entries) else None
+                after = new_entries[i] if i < len(new_entries) else None
+                if before == after:
+                    continue
+                if before is not None:
+                    removed[before.tree].append((before.key, (name, i)))
+                if after is not None:
+                    added[after.tree].append((after.key, (name, i), after.args))
+            old_chains = dict(old.chains) if old is not None else {}
+            new_chains = dict(new.chains) if new is not None else {}
+            for chain, chain_rules in new_chains.items():
+                if old_chains.get(chain) != chain_rules:
+                    write[chain] = chain_rules
+            delete.update(old_chains.keys() - new_chains.keys())
+            own_delta += sum(len(r) for r in new_chains.values())
+            own_delta -= sum(len(r) for r in old_chains.values())
+        for chain, chain_rules in write.items():
+            restore.chain("nat", chain)
+            restore.rules("nat", chain, chain_rules)
+        for chain in sorted(delete - write.keys()):
+            restore.delete("nat", chain)
+        for tree in TREES:
+            change = state.trees[tree.id].update(removed[tree.id], added[tree.id])
+            for chain, chain_rules in change.write.items():
+                restore.chain(tree.table, chain)
+                restore.rules(tree.table, chain, chain_rules)
+            for chain in change.delete:
+                restore.delete(tree.table, chain)
+        if restore:
+            self._apply(self.runners[state.plan.family], restore)
+        state.own_rules += own_delta
+        for name, new in updates.items():
+            old = state.rules.pop(name, None)
+            if old is not None:
+                state.no_local_internal -= old.no_local_internal
+                state.no_local_external -= old.no_local_external
+            if new is not None:
+                state.rules[name] = new
+                state.no_local_internal += new.no_local_internal
+                state.no_local_external += new.no_local_external
+        return restore.rule_count
+
+    # ----------------------------------------------------------------- public
+
+    def sync(self, snapshot: Snapshot, changed: set[ServicePortName] | None) -> SyncResult:
+        """Bring the kernel in line with ``snapshot``. ``changed=None`` forces a full sync."""
+        started = time.perf_counter()
+        self._kernel_seconds = 0.0
+        self.last_restore = ""
+        self._written = {"filter": 0, "nat": 0}
+        result = SyncResult(full=False, service_ports=len(snapshot.services))
+        for fam in self._plan(snapshot):
+            state = self._families.get(fam.family)
+            full = changed is None or state is None or not state.valid or state.plan != fam
+            try:
+                if not full and state is not None:
+                    updates = self._render(snapshot, fam, state.settings, changed)
+                    result.rendered += sum(r is not None for r in updates.values())
+                    try:
+                        result.operations += self._partial(state, updates)
+                        continue
+                    except IptablesError as err:
+                        # Our picture of the kernel may be stale: rebuild everything now.
+                        log.warning(
+                            "Partial sync refused (%s); doing a full sync",
+                            str(err).splitlines()[0],
+                        )
+                        result.partial_failures += 1
+                self._families[fam.family] = self._full(snapshot, fam)
+                result.rendered += len(self._families[fam.family].rules)
+                result.full = True
+            except Exception:
+                for s in self._families.values():
+                    s.valid = False
+                raise
+        for state in self._families.values():
+            for table, count in state.rules_per_table.items():
+                result.table_rules[table] = result.table_rules.get(table, 0) + count
+            result.elements += sum(state.rules_per_table.values())
+            result.chains += sum(len(t.nodes) for t in state.trees.values())
+            result.no_local_internal += state.no_local_internal
+            result.no_local_external += state.no_local_external
+        result.table_rules_written = dict(self._written)
+        result.apply_seconds = self._kernel_seconds
+        result.render_seconds = time.perf_counter() - started - self._kernel_seconds
+        return result
+
+    def check(self) -> str | None:
+        """The canary: ``KUBE-PROXY-CANARY`` still exists in mangle, nat and filter."""
+        for family, runner in self.runners.items():
+            if family not in self._families:
+                continue
+            for table in CANARY_TABLES:
+                try:
+                    present = runner.chain_exists(table, KUBE_PROXY_CANARY)
+                except IptablesError as err:
+                    return str(err).splitlines()[0]
+                if not present:
+                    return f"{family.value} {table} table lost {KUBE_PROXY_CANARY}"
+        return None
+
+    def render(self, snapshot: Snapshot) -> str:
+        """The ``iptables-restore`` input a full sync applies, per family."""
+        out: list[str] = []
+        for fam in self._plan(snapshot):
+            _, restore, _ = self._build(snapshot, fam)
+            tool = "iptables-restore" if fam.family is IPFamily.IPv4 else "ip6tables-restore"
+            out.append(f"# {tool} --noflush ({fam.family.value})\n{restore}")
+        return "".join(out)
+
+
+def open_runners(config: ProxyConfig, netns: str | None = None) -> dict[IPFamily, Iptables]:
+    """One runner per family the proxy serves, in the configured (or detected) flavour."""
+    flavor = config.iptables_backend
+    chosen: Flavor = (
+        detect_flavor(netns) if flavor == "auto" else ("legacy" if flavor == "legacy" else "nft")
+    )
+    return {f: IptablesCommand(f, chosen, netns=netns) for f in config.families}
+
+
+def cleanup(netns: str | None = None) -> list[str]:
+    """Remove what iptables mode (ours, or upstream kube-proxy's) created, in both
+    flavours and both families; kubelet's chains stay, as upstream."""
+    removed: list[str] = []
+    errors: list[str] = []
+    jumps = [
+        (table, builtin, jump_args(comment, extra, chain))
+        for table, builtin, chain, comment, extra in JUMPS
+    ]
+    for flavor in FLAVORS:
+        for family in IPFamily:
+            runner = IptablesCommand(family, flavor, netns=netns)
+            if runner.available() is not None:
+                continue
+            try:
+                found = cleanup_chains(runner, cleanup_is_ours, jumps)
+            except IptablesError as err:
+                errors.append(f"{runner}: {err}")
+                continue
+            removed.extend(f"{runner}: {item}" for item in found)
+    if errors:
+        raise IptablesError("; ".join(errors), "")
+    return removed
+
+
+def cleanup_is_ours(chain: str) -> bool:
+    """Chains iptables mode creates (``kubeproxy cleanup`` deletes them; not kubelet's
+    KUBE-FIREWALL, as upstream)."""
+    return chain != KUBE_FIREWALL and (
+        is_generated(chain)
+        or chain
+        in {
+            "KUBE-SERVICES",
+            "KUBE-EXTERNAL-SERVICES",
+            "KUBE-NODEPORTS",
+            "KUBE-POSTROUTING",
+            "KUBE-MARK-MASQ",
+            "KUBE-FORWARD",
+            "KUBE-PROXY-FIREWALL",
+            "KUBE-PROXY-CANARY",
+        }
+    )
