@@ -148,18 +148,21 @@ _VERSION = re.compile(r"v(\d+(?:\.\d+)+)")
 _NOT_FOUND = ("No chain/target/match by that name", "No such file or directory", "does not exist")
 
 
-def _summarise(stderr: str, limit: int = 20) -> str:
-    """iptables' complaint without its noise (usage hints, legacy-tables warnings)."""
-    lines = [
-        line
-        for line in stderr.strip().splitlines()
-        if line.strip()
-        and not line.startswith(("Try `", "# Warning:"))
-        and "Ignoring deprecated" not in line
-    ]
+# "iptables-nft-restore v1.8.9 (nf_tables): " -- the caller names the command already.
+_PROGRAM = re.compile(r"^\S+ v\d+(?:\.\d+)+(?: \([^)]*\))?:\s*")
+
+
+def _summarise(stderr: str, limit: int = 10) -> str:
+    """iptables' complaint on one line, without its noise (program banner, usage hint,
+    deprecation and legacy-tables warnings)."""
+    lines = []
+    for raw in stderr.strip().splitlines():
+        line = _PROGRAM.sub("", raw).strip()
+        if line and not line.startswith(("Try `", "# Warning:", "Ignoring deprecated")):
+            lines.append(line)
     if len(lines) > limit:
         lines = [*lines[:limit], f"... ({len(lines) - limit} more lines)"]
-    return "\n".join(lines) if lines else "failed with no output"
+    return "; ".join(lines) if lines else "failed with no output"
 
 
 def locate_failure(text: str, line: int) -> tuple[str | None, tuple[str, ...]]:
