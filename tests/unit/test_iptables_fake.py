@@ -195,7 +195,8 @@ def test_unknown_table() -> None:
 # --------------------------------------------------------------------------- speed
 
 
-def test_a_big_restore_is_fast_enough() -> None:
+@pytest.mark.parametrize("flavor", FLAVORS)
+def test_a_big_restore_is_fast_enough(flavor: Flavor) -> None:
     """A full sync of a large cluster's size: 10,000 chains, 100,000 rules."""
     data = Restore()
     for c in range(10_000):
@@ -227,7 +228,7 @@ def test_a_big_restore_is_fast_enough() -> None:
             )
     data.chain("nat", "KUBE-SERVICES")
     data.rule("nat", "PREROUTING", "-j", "KUBE-SERVICES")
-    fake = FakeIptables()
+    fake = FakeIptables(flavor=flavor)
     start = time.perf_counter()
     fake.restore(data)
     first = time.perf_counter() - start
