@@ -20,11 +20,11 @@ import ctypes
 import ctypes.util
 import json
 import shutil
-import subprocess
 import threading
 from typing import Any, Protocol
 
 from kubeproxy.dataplane.nftables.transaction import Transaction
+from kubeproxy.dataplane.process import ToolError, run_tool
 
 DEFAULT_TIMEOUT = 60.0  # seconds an ``nft`` process may take before it is killed
 
@@ -109,27 +109,19 @@ class NftCommand(_ScriptRunner):
         self.binary = found
         self.timeout = timeout
         self.netns = netns
-        self._prefix = ["ip", "netns", "exec", netns] if netns else []
 
     def _run(self, args: list[str], script: str | None = None) -> str:
         try:
-            proc = subprocess.run(
-                [*self._prefix, self.binary, *args],
+            proc = run_tool(
+                self.binary,
+                args,
+                netns=self.netns,
                 input=script,
-                capture_output=True,
-                text=True,
-                check=False,
                 timeout=self.timeout,
+                package="nftables",
             )
-        except FileNotFoundError:
-            raise NftError(
-                f"{self.binary} not found (install the nftables package)", script or ""
-            ) from None
-        except subprocess.TimeoutExpired:
-            raise NftError(
-                f"{self.binary} did not finish within {self.timeout:g}s and was killed",
-                script or "",
-            ) from None
+        except ToolError as err:
+            raise NftError(str(err), script or "") from None
         if proc.returncode != 0:
             raise NftError(_summarise(proc.stderr), script or "")
         return proc.stdout

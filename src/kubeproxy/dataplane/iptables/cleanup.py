@@ -1,0 +1,72 @@
+"""Removing a proxy mode's iptables chains, as upstream's ``CleanupLeftovers`` does.
+
+:func:`cleanup_chains` first deletes the jump rules the mode put into builtin chains
+(each copy of each; a missing one is fine), then flushes and deletes, in one
+``iptables-restore`` per table, every chain of ``filter``, ``nat`` and ``mangle`` that
+the caller recognises as its own. The caller (a backend) knows the names: upstream's
+fixed chains and ``KUBE-SVC-``/``KUBE-SEP-``... prefixes.
+
+One table failing does not stop the others: the error, raised at the end, lists every
+failure and what was removed anyway. A table's restore fails as a whole when some chain
+that is not ours still jumps to one of ours (iptables refuses to delete a chain in use):
+as upstream, such a rule is left alone rather than guessed at.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+from kubeproxy.dataplane.iptables.restore import BUILTIN_CHAINS, Restore
+from kubeproxy.dataplane.iptables.runner import Iptables, IptablesError
+
+CLEANUP_TABLES = ("filter", "nat", "mangle")
+# A jump rule duplicated (say, by two kube-proxies racing) must go entirely, or the chain
+# it jumps to cannot be deleted; bounded so a misbehaving runner cannot spin forever.
+MAX_COPIES = 100
+
+
+class CleanupError(IptablesError):
+    """Some of the cleanup failed; ``removed`` is what was removed nonetheless."""
+
+    def __init__(self, errors: list[str], removed: list[str]) -> None:
+        super().__init__("iptables cleanup failed: " + "; ".join(errors))
+        self.errors = errors
+        self.removed = removed
+
+
+def cleanup_chains(
+    ipt: Iptables,
+    is_ours: Callable[[str], bool],
+    jumps: Iterable[tuple[str, str, Sequence[str]]],
+) -> list[str]:
+    """Remove ``jumps`` ((table, chain, rule arguments)) and every chain ``is_ours``
+    recognises; returns what was removed (``rule TABLE CHAIN ARGS...`` and ``chain TABLE
+    CHAIN``), or raises :class:`CleanupError` after trying everything."""
+    removed: list[str] = []
+    errors: list[str] = []
+    for table, chain, args in jumps:
+        try:
+            for _ in range(MAX_COPIES):
+                if not ipt.delete_rule(table, chain, args):
+                    break
+                removed.append(f"rule {table} {chain} {' '.join(args)}")
+        except IptablesError as err:
+            errors.append(str(err))
+    for table in CLEANUP_TABLES:
+        try:
+            ours = sorted(
+                c for c in ipt.chains(table) if c not in BUILTIN_CHAINS[table] and is_ours(c)
+            )
+            if not ours:
+                continue
+            data = Restore()
+            for chain in ours:
+                data.delete(table, chain)
+            ipt.restore(data)
+        except IptablesError as err:
+            errors.append(str(err))
+            continue
+        removed.extend(f"chain {table} {chain}" for chain in ours)
+    if errors:
+        raise CleanupError(errors, removed)
+    return removed
