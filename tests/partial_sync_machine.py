@@ -101,11 +101,16 @@ class PartialVersusFull(RuleBasedStateMachine):
     # --------------------------------------------------------- for subclasses
 
     def runner(self, role: str) -> NftRunner:
-        """A runner for ``role`` ("partial" or "full"), holding no kube-proxy table."""
+        """An nft runner for ``role`` ("partial" or "full"), holding no kube-proxy table."""
         raise NotImplementedError
 
-    def state(self, runner: NftRunner) -> object:
-        """What is programmed, in a form two runners can be compared by."""
+    def backend(self, role: str) -> Any:
+        """The backend under test for ``role``; it has ``sync`` and ``last_transaction``
+        (or ``last_restore``)."""
+        return NftablesBackend(CONFIG, self.runner(role))
+
+    def state(self, backend: Any) -> object:
+        """What ``backend`` programmed, in a form two backends can be compared by."""
         raise NotImplementedError
 
     def after_step(self) -> None:
@@ -115,21 +120,21 @@ class PartialVersusFull(RuleBasedStateMachine):
 
     @initialize()
     def start(self) -> None:
-        self.backend = NftablesBackend(CONFIG, self.runner("partial"))
+        self.under_test = self.backend("partial")
         self.services: dict[ServicePortName, ServicePort] = {}
         self.endpoints: dict[ServicePortName, tuple[Endpoint, ...]] = {}
         self.synced = False
 
     def _sync(self, changed: set[ServicePortName]) -> None:
         snap = Snapshot(dict(self.services), dict(self.endpoints), NODE)
-        result = self.backend.sync(snap, changed if self.synced else None)
+        result = self.under_test.sync(snap, changed if self.synced else None)
         # A partial sync must never need the full-sync fallback.
-        assert result.full is not self.synced, self.backend.last_transaction
-        assert result.isolated == []
+        assert result.full is not self.synced, _applied(self.under_test)
+        assert result.isolated == [] and result.partial_failures == 0
         self.synced = True
-        fresh = NftablesBackend(CONFIG, self.runner("full"))
+        fresh = self.backend("full")
         fresh.sync(snap, None)
-        assert self.state(self.backend.runner) == self.state(fresh.runner)
+        assert self.state(self.under_test) == self.state(fresh)
         self.after_step()
 
     def _index(self) -> st.SearchStrategy[int]:
@@ -190,12 +195,12 @@ class PartialVersusFull(RuleBasedStateMachine):
     def periodic_full_resync(self) -> None:
         # A full sync over a live table (flush + re-add) must land on the same state too.
         snap = Snapshot(dict(self.services), dict(self.endpoints), NODE)
-        assert self.backend.sync(snap, None).full
+        assert self.under_test.sync(snap, None).full
         # The flush-and-re-add path, not the fallback that replaces the table.
-        assert "delete table" not in self.backend.last_transaction
-        fresh = NftablesBackend(CONFIG, self.runner("full"))
+        assert "delete table" not in _applied(self.under_test)
+        fresh = self.backend("full")
         fresh.sync(snap, None)
-        assert self.state(self.backend.runner) == self.state(fresh.runner)
+        assert self.state(self.under_test) == self.state(fresh)
         self.after_step()
 
     @rule(data=st.data(), proto=PROTOCOLS)
@@ -206,3 +211,8 @@ class PartialVersusFull(RuleBasedStateMachine):
             svc = self.services[name]
             self.services[name] = replace(svc, cluster_ips=(f"10.96.1.{i}",))
             self._sync({name})
+
+
+def _applied(backend: Any) -> str:
+    text = getattr(backend, "last_transaction", None)
+    return str(text if text is not None else backend.last_restore)

@@ -15,7 +15,9 @@ from kubeproxy.lab.cluster import NODE, NODE_IP, NODE_IP6, POD_CIDRS, Lab
 from kubeproxy.lab.echo import tcp_ask
 from kubeproxy.lab.netns import ns_exec
 from kubeproxy.lab.objects import Ep, ManifestDir, endpoint_slice, node, service
-from tests.kernel.conftest import PODS, ip, sync
+from tests.kernel.conftest import ALL_MODES, PODS, ip, sync
+
+PROXY_MODES = ALL_MODES
 
 CLUSTER_IP = "10.96.40.1"
 

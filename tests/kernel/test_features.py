@@ -10,6 +10,8 @@ import socket
 import time
 from typing import Any
 
+import pytest
+
 from kubeproxy.lab.cluster import (
     CLIENT_IP,
     CLIENT_IP6,
@@ -21,7 +23,9 @@ from kubeproxy.lab.cluster import (
 from kubeproxy.lab.echo import Reply, tally, tcp_ask, udp_ask
 from kubeproxy.lab.objects import ManifestDir, endpoint_slice, service
 from kubeproxy.lab.sctp import capture, send_init
-from tests.kernel.conftest import HTTP, PODS, eps, ip, sync
+from tests.kernel.conftest import ALL_MODES, HTTP, PODS, eps, ip, sync
+
+PROXY_MODES = ALL_MODES
 
 
 def load_balancer(
@@ -257,6 +261,7 @@ def test_sctp_cluster_ip_and_nodeport(lab: Lab, manifests: ManifestDir) -> None:
 # ----------------------------------------------------------------- service CIDRs
 
 
+@pytest.mark.proxy_modes("nftables")  # nftables mode's behaviour, not upstream iptables'
 def test_service_cidrs_drop_unallocated_and_reject_unused_ports(
     lab: Lab, manifests: ManifestDir
 ) -> None:
@@ -301,6 +306,7 @@ def test_service_cidrs_drop_unallocated_and_reject_unused_ports(
 # --------------------------------------------------------------------- NodePorts
 
 
+@pytest.mark.proxy_modes("nftables")  # nftables mode's behaviour, not upstream iptables'
 def test_nodeports_are_not_served_on_localhost(lab: Lab, manifests: ManifestDir) -> None:
     manifests.write(
         "svc.yaml",

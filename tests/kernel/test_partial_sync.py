@@ -95,14 +95,15 @@ class OnTheKernel(PartialVersusFull):
         add_netns(ns)
         return TeeRunner(ns) if role == "partial" else NftCommand(netns=ns)
 
-    def state(self, runner: NftRunner) -> object:
+    def state(self, backend: Any) -> object:
+        runner = backend.runner
         assert isinstance(runner, TeeRunner | NftCommand)
         ns = runner.ns if isinstance(runner, TeeRunner) else runner.netns
         assert ns is not None
         return normalized(ns)
 
     def after_step(self) -> None:
-        tee = self.backend.runner
+        tee = self.under_test.runner
         assert isinstance(tee, TeeRunner)
         assert kernel_state(tee.ns) == fake_state(tee.fake)
 

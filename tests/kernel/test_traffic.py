@@ -24,7 +24,9 @@ from kubeproxy.lab.cluster import (
 from kubeproxy.lab.echo import Reply, tally, tcp_ask, udp_ask
 from kubeproxy.lab.netns import ns_exec
 from kubeproxy.lab.objects import Ep, ManifestDir, endpoint_slice, service
-from tests.kernel.conftest import HTTP, eps, ip, sync, wait_for
+from tests.kernel.conftest import ALL_MODES, HTTP, eps, ip, sync, wait_for
+
+PROXY_MODES = ALL_MODES
 
 TARGET = {"name": "http", "port": 8080}
 
@@ -217,6 +219,7 @@ def test_external_traffic_policy_cluster_masquerades(lab: Lab, manifests: Manife
     assert seen == {("local-1", POD_GATEWAYS[NODE][0]), ("remote-1", NODE_IP)}
 
 
+@pytest.mark.proxy_modes("nftables")  # nftables mode's behaviour, not upstream iptables'
 def test_nodeport_only_on_primary_address_by_default(lab: Lab, manifests: ManifestDir) -> None:
     manifests.write(
         "svc.yaml",

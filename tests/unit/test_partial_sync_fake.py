@@ -4,13 +4,17 @@ afford (more Services, more steps, more examples)."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from dataclasses import replace
+from typing import Any, ClassVar
 
+import pytest
 from hypothesis import HealthCheck, settings
 
+from kubeproxy.backends.iptables.proxier import IptablesBackend
+from kubeproxy.dataplane.iptables.fake import FakeIptables
 from kubeproxy.dataplane.nftables.fake import FakeNftables
 from kubeproxy.dataplane.nftables.runner import NftRunner
-from tests.partial_sync_machine import PartialVersusFull
+from tests.partial_sync_machine import CONFIG, PartialVersusFull
 
 
 class OnTheFake(PartialVersusFull):
@@ -19,16 +23,27 @@ class OnTheFake(PartialVersusFull):
     def runner(self, role: str) -> NftRunner:
         return FakeNftables()
 
-    def state(self, runner: NftRunner) -> object:
-        assert isinstance(runner, FakeNftables)
-        return runner.dump()
+    def state(self, backend: Any) -> object:
+        assert isinstance(backend.runner, FakeNftables)
+        return backend.runner.dump()
 
 
-def test_partial_syncs_match_a_full_sync_on_the_fake() -> None:
-    machine = settings(
+class IptablesOnTheFake(PartialVersusFull):
+    SERVICES: ClassVar[int] = 40
+
+    def backend(self, role: str) -> Any:
+        config = replace(CONFIG, mode="iptables")
+        return IptablesBackend(config, {f: FakeIptables(f) for f in config.families})
+
+    def state(self, backend: Any) -> object:
+        return {f: r.dump() for f, r in backend.runners.items()}
+
+
+@pytest.mark.parametrize("machine", [OnTheFake, IptablesOnTheFake], ids=["nftables", "iptables"])
+def test_partial_syncs_match_a_full_sync_on_the_fake(machine: type[PartialVersusFull]) -> None:
+    settings(
         max_examples=150,
         stateful_step_count=30,
         deadline=None,
         suppress_health_check=list(HealthCheck),
-    )(OnTheFake)
-    machine.TestCase().runTest()
+    )(machine).TestCase().runTest()

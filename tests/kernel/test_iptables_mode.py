@@ -1,0 +1,195 @@
+"""iptables mode's own behaviour, through real packets and real iptables (both flavours).
+
+The packet tests shared with nftables mode (test_traffic, test_features,
+test_detect_local) run in every mode; here is what only iptables mode does: NodePorts on
+127.0.0.1 and on every local address by default, upstream's chain names, partial syncs
+that end where a full sync would, the canary, and cleanup.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import Any, ClassVar
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+from kubeproxy.backends.iptables.proxier import IptablesBackend, cleanup
+from kubeproxy.config import ProxyConfig
+from kubeproxy.dataplane.iptables.runner import IptablesCommand
+from kubeproxy.lab.cluster import NODE_IP, Lab
+from kubeproxy.lab.echo import Reply, tally, tcp_ask
+from kubeproxy.lab.netns import add_netns, delete_netns, list_netns, ns_exec
+from kubeproxy.lab.objects import ManifestDir, endpoint_slice, service
+from kubeproxy.model.state import Snapshot
+from kubeproxy.model.types import Endpoint, IPFamily, ServicePort
+from tests.kernel.conftest import HTTP, eps, sync
+from tests.partial_sync_machine import CONFIG, NODE, PartialVersusFull, port_name
+
+PROXY_MODES = ("iptables-nft", "iptables-legacy")
+
+
+def flavor(lab: Lab) -> str:
+    return lab.mode.removeprefix("iptables-")
+
+
+def save(ns: str, flavor: str, family: int = 4) -> str:
+    tool = f"ip{'6' if family == 6 else ''}tables-{flavor}-save"
+    return ns_exec(ns, tool)
+
+
+def listing(text: str) -> list[str]:
+    """An iptables-save listing as state: sorted lines, without counters and comments."""
+    lines = (re.sub(r"\[\d+:\d+\]", "", line) for line in text.splitlines())
+    return sorted(line for line in lines if not line.startswith("#"))
+
+
+def nodeport(lab: Lab, manifests: ManifestDir, port: int) -> None:
+    manifests.write(
+        "svc.yaml",
+        service("np", "10.96.50.1", [{**HTTP, "nodePort": port}], type="NodePort"),
+        endpoint_slice("np", eps("local-1")),
+    )
+
+
+def test_nodeports_answer_on_localhost_and_every_local_address(
+    lab: Lab, manifests: ManifestDir
+) -> None:
+    nodeport(lab, manifests, 30900)
+    sync(lab, manifests)
+    node = lab.executor(lab.node_ns)
+    # iptables mode's default --nodeport-addresses: every local address.
+    assert node.call(tally, tcp_ask, NODE_IP, 30900, count=2) == {"local-1": 2}
+    assert node.call(tally, tcp_ask, "192.168.60.1", 30900, count=2) == {"local-1": 2}
+    # 127.0.0.1 too (localhostNodePorts, masqueraded: the endpoint cannot answer 127.0.0.1).
+    reply: Reply = node.call(tcp_ask, "127.0.0.1", 30900)
+    assert reply.pod == "local-1" and reply.client_ip != "127.0.0.1"
+    assert ns_exec(lab.node_ns, "cat", "/proc/sys/net/ipv4/conf/all/route_localnet").strip() == "1"
+    assert "block incoming localnet connections" in save(lab.node_ns, flavor(lab))
+    # Never on ::1.
+    assert node.call(tally, tcp_ask, "::1", 30900, 0.5, count=1) != {"local-1": 1}
+
+
+def test_localhost_nodeports_can_be_turned_off(lab: Lab, manifests: ManifestDir) -> None:
+    nodeport(lab, manifests, 30901)
+    sync(lab, manifests, "--iptables-localhost-nodeports=false")
+    node = lab.executor(lab.node_ns)
+    assert node.call(tally, tcp_ask, NODE_IP, 30901, count=2) == {"local-1": 2}
+    assert node.call(tally, tcp_ask, "127.0.0.1", 30901, 0.5, count=2) != {"local-1": 2}
+
+
+def test_upstream_chain_names_and_comments(lab: Lab, manifests: ManifestDir) -> None:
+    manifests.write(
+        "svc.yaml",
+        service("svc1", "10.96.51.1", [{"name": "p80", "port": 80}], namespace="ns1"),
+        endpoint_slice("svc1", eps("local-1"), [{"name": "p80", "port": 8080}], namespace="ns1"),
+    )
+    sync(lab, manifests)
+    rules = save(lab.node_ns, flavor(lab))
+    # The chain upstream kube-proxy gives ns1/svc1:p80 (its own tests' golden value).
+    assert ":KUBE-SVC-XPGD46QRK7WJZT7O" in rules
+    assert re.search(r'--comment "ns1/svc1:p80 cluster IP".*-j KUBE-SVC-XPGD46QRK7WJZT7O', rules)
+    assert re.search(r"-A KUBE-SEP-\w+ .*-j DNAT --to-destination 10.244.1.10:8080", rules)
+
+
+# ------------------------------------------------------- partial syncs, kernel truth
+
+
+class OnTheKernel(PartialVersusFull):
+    """Partial syncs into one namespace, fresh full syncs into another: the same
+    ``iptables-save`` (counters aside) after every step."""
+
+    lab: ClassVar[Lab]
+    flavor: ClassVar[str]
+
+    def backend(self, role: str) -> Any:
+        ns = f"{self.lab.prefix}-{role}"
+        delete_netns(ns)
+        add_netns(ns)
+        config = replace(CONFIG, mode="iptables")
+        runners = {f: IptablesCommand(f, self.flavor, netns=ns) for f in config.families}  # type: ignore[arg-type]
+        backend = IptablesBackend(config, runners)
+        backend.start()
+        return backend
+
+    def state(self, backend: Any) -> object:
+        return [
+            (family, listing(runner.save("filter") + runner.save("nat")))
+            for family, runner in sorted(backend.runners.items())
+        ]
+
+    def teardown(self) -> None:
+        for role in ("partial", "full"):
+            delete_netns(f"{self.lab.prefix}-{role}")
+
+
+def test_partial_syncs_match_a_full_sync(lab: Lab) -> None:
+    OnTheKernel.lab = lab
+    OnTheKernel.flavor = flavor(lab)
+    settings(
+        max_examples=8,
+        stateful_step_count=8,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+    )(OnTheKernel).TestCase().runTest()
+    assert not [
+        n
+        for n in list_netns()
+        if n.startswith(f"{lab.prefix}-") and n.endswith(("-partial", "-full"))
+    ]
+
+
+# ------------------------------------------------------------- canary and cleanup
+
+
+@pytest.fixture
+def scratch(lab: Lab) -> Any:
+    ns = f"{lab.prefix}-scratch"
+    delete_netns(ns)
+    add_netns(ns)
+    yield ns
+    delete_netns(ns)
+
+
+def test_canary_notices_flushed_tables_and_a_full_sync_repairs(lab: Lab, scratch: str) -> None:
+    config = ProxyConfig(hostname="node-a", mode="iptables", families=(IPFamily.IPv4,))
+    runner = IptablesCommand(IPFamily.IPv4, flavor(lab), netns=scratch)  # type: ignore[arg-type]
+    backend = IptablesBackend(config, {IPFamily.IPv4: runner})
+    backend.start()
+    svc = ServicePort(name=port_name(0), cluster_ips=("10.96.52.1",), port=80)
+    snap = Snapshot({svc.name: svc}, {svc.name: (Endpoint("10.244.1.10", 8080, "node-a"),)}, NODE)
+    backend.sync(snap, None)
+    assert backend.check() is None
+    before = runner.save("nat")
+    # What a firewall reload does.
+    for table in ("mangle", "nat", "filter"):
+        ns_exec(scratch, f"iptables-{flavor(lab)}", "-t", table, "-F")
+        ns_exec(scratch, f"iptables-{flavor(lab)}", "-t", table, "-X")
+    assert backend.check() is not None
+    assert backend.sync(snap, None).full
+    assert backend.check() is None
+    assert listing(runner.save("nat")) == listing(before)
+
+
+def test_cleanup_removes_our_chains_in_both_flavours_and_nothing_else(
+    lab: Lab, scratch: str
+) -> None:
+    config = ProxyConfig(hostname="node-a", mode="iptables", families=(IPFamily.IPv4,))
+    svc = ServicePort(name=port_name(0), cluster_ips=("10.96.53.1",), port=80)
+    snap = Snapshot({svc.name: svc}, {svc.name: (Endpoint("10.244.1.10", 8080, "node-a"),)}, NODE)
+    for fl in ("nft", "legacy"):
+        runner = IptablesCommand(IPFamily.IPv4, fl, netns=scratch)  # type: ignore[arg-type]
+        backend = IptablesBackend(
+            replace(config, localhost_nodeports=True), {IPFamily.IPv4: runner}
+        )
+        backend.start()
+        backend.sync(snap, None)
+        ns_exec(scratch, f"iptables-{fl}", "-N", "MY-CHAIN")
+        ns_exec(scratch, f"iptables-{fl}", "-A", "INPUT", "-j", "MY-CHAIN")
+    removed = cleanup(netns=scratch)
+    assert any("KUBE-SVC-" in r for r in removed)
+    for fl in ("nft", "legacy"):
+        left = save(scratch, fl) + ns_exec(scratch, f"iptables-{fl}-save", "-t", "nat")
+        assert "KUBE-SVC-" not in left and "KUBE-SERVICES" not in left and "KUBE-DS-" not in left
+        assert "MY-CHAIN" in left
