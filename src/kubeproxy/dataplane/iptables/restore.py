@@ -13,6 +13,23 @@ Each table ends with ``COMMIT``: iptables-restore applies a table's part atomica
 the backends from validated model data and our own chain names; :func:`quote` makes an
 argument with spaces (a comment) one word for the restore parser, and refuses what could
 break out of it.
+
+What that order means for an input (verified in both flavours; the fake,
+:mod:`kubeproxy.dataplane.iptables.fake`, enforces it):
+
+* Tables are committed one by one, in the order above: if ``nat`` is refused, an earlier
+  ``filter`` in the same input stays committed. Write what must not go live without the
+  rest into the same table, or apply the tables in separate calls.
+* Every chain a rule is added to, and every chain a rule jumps to, must exist or be
+  declared in the same table part; since all chain lines come first, any order of
+  :meth:`Restore.chain` and :meth:`Restore.rule` calls works.
+* A chain line flushes an existing chain, so a rewritten chain gets exactly the rules
+  added to it here. :meth:`Restore.delete` declares the chain too, so the chain is empty
+  when its ``-X`` runs; the ``-X`` is still refused while a rule in a chain this input
+  does not flush jumps to it (flush or rewrite that chain in the same input). Chains the
+  input does not name keep their rules.
+* A chain line for a builtin chain (``:PREROUTING``) does nothing under ``--noflush``; to
+  change a builtin chain's rules use the runner's ``ensure_rule``/``delete_rule``.
 """
 
 from __future__ import annotations
