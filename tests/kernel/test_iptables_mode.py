@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, settings
 
 from kubeproxy.backends.iptables.proxier import IptablesBackend, cleanup
 from kubeproxy.config import ProxyConfig
-from kubeproxy.dataplane.iptables.runner import IptablesCommand
+from kubeproxy.dataplane.iptables.runner import Flavor, IptablesCommand
 from kubeproxy.lab.cluster import NODE_IP, Lab
 from kubeproxy.lab.echo import Reply, tally, tcp_ask
 from kubeproxy.lab.netns import add_netns, delete_netns, list_netns, ns_exec
@@ -30,8 +30,8 @@ from tests.partial_sync_machine import CONFIG, NODE, PartialVersusFull, port_nam
 PROXY_MODES = ("iptables-nft", "iptables-legacy")
 
 
-def flavor(lab: Lab) -> str:
-    return lab.mode.removeprefix("iptables-")
+def flavor(lab: Lab) -> Flavor:
+    return "legacy" if lab.mode == "iptables-legacy" else "nft"
 
 
 def save(ns: str, flavor: str, family: int = 4) -> str:
@@ -101,14 +101,14 @@ class OnTheKernel(PartialVersusFull):
     ``iptables-save`` (counters aside) after every step."""
 
     lab: ClassVar[Lab]
-    flavor: ClassVar[str]
+    flavor: ClassVar[Flavor]
 
     def backend(self, role: str) -> Any:
         ns = f"{self.lab.prefix}-{role}"
         delete_netns(ns)
         add_netns(ns)
         config = replace(CONFIG, mode="iptables")
-        runners = {f: IptablesCommand(f, self.flavor, netns=ns) for f in config.families}  # type: ignore[arg-type]
+        runners = {f: IptablesCommand(f, self.flavor, netns=ns) for f in config.families}
         backend = IptablesBackend(config, runners)
         backend.start()
         return backend
@@ -124,20 +124,25 @@ class OnTheKernel(PartialVersusFull):
             delete_netns(f"{self.lab.prefix}-{role}")
 
 
+class OnIptablesNft(OnTheKernel):
+    flavor = "nft"
+
+
+class OnIptablesLegacy(OnTheKernel):
+    flavor = "legacy"
+
+
 def test_partial_syncs_match_a_full_sync(lab: Lab) -> None:
-    OnTheKernel.lab = lab
-    OnTheKernel.flavor = flavor(lab)
+    machine: type[OnTheKernel] = OnIptablesNft if flavor(lab) == "nft" else OnIptablesLegacy
+    machine.lab = lab
     settings(
         max_examples=8,
         stateful_step_count=8,
         deadline=None,
         suppress_health_check=list(HealthCheck),
-    )(OnTheKernel).TestCase().runTest()
-    assert not [
-        n
-        for n in list_netns()
-        if n.startswith(f"{lab.prefix}-") and n.endswith(("-partial", "-full"))
-    ]
+    )(machine).TestCase().runTest()
+    ours = (f"{lab.prefix}-partial", f"{lab.prefix}-full")
+    assert not [n for n in list_netns() if n in ours]
 
 
 # ------------------------------------------------------------- canary and cleanup
@@ -154,7 +159,7 @@ def scratch(lab: Lab) -> Any:
 
 def test_canary_notices_flushed_tables_and_a_full_sync_repairs(lab: Lab, scratch: str) -> None:
     config = ProxyConfig(hostname="node-a", mode="iptables", families=(IPFamily.IPv4,))
-    runner = IptablesCommand(IPFamily.IPv4, flavor(lab), netns=scratch)  # type: ignore[arg-type]
+    runner = IptablesCommand(IPFamily.IPv4, flavor(lab), netns=scratch)
     backend = IptablesBackend(config, {IPFamily.IPv4: runner})
     backend.start()
     svc = ServicePort(name=port_name(0), cluster_ips=("10.96.52.1",), port=80)
@@ -178,8 +183,9 @@ def test_cleanup_removes_our_chains_in_both_flavours_and_nothing_else(
     config = ProxyConfig(hostname="node-a", mode="iptables", families=(IPFamily.IPv4,))
     svc = ServicePort(name=port_name(0), cluster_ips=("10.96.53.1",), port=80)
     snap = Snapshot({svc.name: svc}, {svc.name: (Endpoint("10.244.1.10", 8080, "node-a"),)}, NODE)
-    for fl in ("nft", "legacy"):
-        runner = IptablesCommand(IPFamily.IPv4, fl, netns=scratch)  # type: ignore[arg-type]
+    flavors: tuple[Flavor, ...] = ("nft", "legacy")
+    for fl in flavors:
+        runner = IptablesCommand(IPFamily.IPv4, fl, netns=scratch)
         backend = IptablesBackend(
             replace(config, localhost_nodeports=True), {IPFamily.IPv4: runner}
         )

@@ -12,6 +12,7 @@ from kubeproxy.backends.iptables.dispatch import (
     IP4,
     IP6,
     LEAF_SIZE,
+    MAX_DEPTH,
     PORTS,
     DispatchTree,
     KeySpace,
@@ -69,11 +70,15 @@ ops = st.lists(st.tuples(st.booleans(), keys4, st.integers(0, 5)), min_size=1, m
 
 
 @settings(max_examples=300, deadline=None)
-@given(ops=ops, leaf=st.sampled_from([1, 2, 4, LEAF_SIZE]))
+@given(
+    ops=ops,
+    leaf=st.sampled_from([1, 2, 4, LEAF_SIZE]),
+    max_depth=st.sampled_from([1, 2, MAX_DEPTH]),
+)
 def test_updates_end_where_a_fresh_build_would_and_walks_find_their_rules(
-    ops: list[tuple[bool, int, int]], leaf: int
+    ops: list[tuple[bool, int, int]], leaf: int, max_depth: int
 ) -> None:
-    tree = DispatchTree("t", IP4, leaf)
+    tree = DispatchTree("t", IP4, leaf, max_depth)
     chains: Chains = dict(tree.build([]))
     present: dict[tuple[int, int], tuple[str, ...]] = {}
     for add, key, i in ops:
@@ -88,7 +93,7 @@ def test_updates_end_where_a_fresh_build_would_and_walks_find_their_rules(
             for chain in change.delete:
                 del chains[chain]
             chains.update(change.write)
-        fresh = DispatchTree("t", IP4, leaf)
+        fresh = DispatchTree("t", IP4, leaf, max_depth)
         assert chains == fresh.build((k, (owner(i), 0), r) for (k, i), r in present.items())
         assert tree.nodes == fresh.nodes
         for wanted in {k for k, _ in present}:
@@ -158,3 +163,17 @@ def walk_ports(tree: DispatchTree, chains: Chains, key: int) -> list[tuple[str, 
     visit(tree.root_chain)
     proto = ("tcp", "udp", "sctp")[(key >> 16) - 1]
     return [a for a in met if a[-1] == f"{proto}{key & 0xFFFF}"]
+
+
+def test_crafted_addresses_cannot_make_the_tree_deeper_than_iptables_allows() -> None:
+    # Addresses that differ one 4-bit level further down each (a user can choose
+    # external IPs like these): every level splits off one key and goes on.
+    keys = [1 << (124 - 4 * level) for level in range(31)]
+
+    def deepest(max_depth: int) -> int:
+        tree = DispatchTree("t", IP6, leaf_size=1, max_depth=max_depth)
+        tree.build((k, (owner(0), i), ("-j", "X")) for i, k in enumerate(keys))
+        return max(tree.depths.values())
+
+    assert deepest(100) > MAX_DEPTH  # what the cap prevents
+    assert deepest(MAX_DEPTH) == MAX_DEPTH

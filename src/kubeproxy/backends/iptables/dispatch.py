@@ -33,6 +33,11 @@ from kubeproxy.backends.iptables.names import dispatch_chain
 from kubeproxy.model.types import ServicePortName
 
 LEAF_SIZE = 16
+# Levels of dispatch chains below a tree's root at most: iptables-nft refuses more than 15
+# jumps below a built-in chain, and a path is also KUBE-SERVICES, KUBE-FW-, KUBE-EXT-,
+# KUBE-SVC- and KUBE-SEP-; deliberately crafted external IPs could otherwise force a
+# deep IPv6 tree. A node this deep is a leaf, however many keys it holds.
+MAX_DEPTH = 6
 PROTOCOLS = ("tcp", "udp", "sctp")
 
 Args = tuple[str, ...]
@@ -107,13 +112,21 @@ ROOT: Prefix = (0, 0)
 class DispatchTree:
     """One tree (e.g. the ClusterIPs of the nat table's KUBE-SERVICES, per family)."""
 
-    def __init__(self, tree_id: str, space: KeySpace, leaf_size: int = LEAF_SIZE) -> None:
+    def __init__(
+        self,
+        tree_id: str,
+        space: KeySpace,
+        leaf_size: int = LEAF_SIZE,
+        max_depth: int = MAX_DEPTH,
+    ) -> None:
         self.tree_id = tree_id
         self.space = space
         self.leaf_size = leaf_size
+        self.max_depth = max_depth
         self.keys: list[int] = []  # distinct keys, sorted
         self.entries: dict[int, dict[EntryId, Args]] = {}
         self.nodes: dict[Prefix, Node] = {}  # as programmed
+        self.depths: dict[Prefix, int] = {}  # levels below the root, as programmed
         self.rule_count = 0  # rules in all node chains (kept up to date)
 
     @property
@@ -155,10 +168,12 @@ class DispatchTree:
         shift = width - length
         return ((first >> shift) << shift if shift < width else 0, length)
 
-    def _node(self, prefix: Prefix) -> Node:
+    def _node(self, prefix: Prefix, depth: int) -> Node:
+        if not self.keys:
+            return Node(self.chain(prefix), ())
         lo, hi = self._range(prefix)
         keys = self.keys
-        if hi - lo <= self.leaf_size or keys[lo] == keys[hi - 1]:
+        if hi - lo <= self.leaf_size or keys[lo] == keys[hi - 1] or depth >= self.max_depth:
             rules: list[Args] = []
             for key in keys[lo:hi]:
                 bucket = self.entries[key]
@@ -195,12 +210,14 @@ class DispatchTree:
             bucket[eid] = args
         self.keys = sorted(self.entries)
         self.nodes = {}
-        stack = [ROOT]
+        self.depths = {}
+        stack = [(ROOT, 0)]
         while stack:
-            prefix = stack.pop()
-            node = self._node(prefix) if self.keys or prefix != ROOT else Node(self.chain(ROOT), ())
+            prefix, depth = stack.pop()
+            node = self._node(prefix, depth)
             self.nodes[prefix] = node
-            stack.extend(node.children)
+            self.depths[prefix] = depth
+            stack.extend((c, depth + 1) for c in node.children)
         self.rule_count = sum(len(n.rules) for n in self.nodes.values())
         return {n.chain: n.rules for n in self.nodes.values()}
 
@@ -228,19 +245,26 @@ class DispatchTree:
             return change
         changed_keys = sorted(changed)
         new: dict[Prefix, Node] = {}
+        new_depths: dict[Prefix, int] = {}
         kept: set[Prefix] = set()  # existing subtrees reused as they are
-        stack = [ROOT]
+        stack = [(ROOT, 0)]
         while stack:
-            prefix = stack.pop()
-            node = self._node(prefix) if self.keys or prefix != ROOT else Node(self.chain(ROOT), ())
+            prefix, depth = stack.pop()
+            node = self._node(prefix, depth)
             new[prefix] = node
+            new_depths[prefix] = depth
             for child in node.children:
                 if child in new:
                     continue
-                if child in self.nodes and not self._covers(child, changed_keys):
+                # A subtree depends only on its keys and its depth (MAX_DEPTH).
+                if (
+                    child in self.nodes
+                    and self.depths.get(child) == depth + 1
+                    and not self._covers(child, changed_keys)
+                ):
                     kept.add(child)
                 else:
-                    stack.append(child)
+                    stack.append((child, depth + 1))
         gone: list[Prefix] = []
         seen: set[Prefix] = set()
         for prefix in new:
@@ -253,7 +277,9 @@ class DispatchTree:
                 change.write[node.chain] = node.rules
                 self.rule_count += len(node.rules) - (len(old_node.rules) if old_node else 0)
             self.nodes[prefix] = node
+            self.depths[prefix] = new_depths[prefix]
         for prefix in gone:
+            self.depths.pop(prefix, None)
             old_node = self.nodes.pop(prefix)
             self.rule_count -= len(old_node.rules)
             change.delete.append(old_node.chain)
