@@ -8,6 +8,7 @@ see each other's Services.
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -53,6 +54,7 @@ def _kernel_tools() -> None:
 # (``PROXY_MODES = ALL_MODES``); a test limited to some carries
 # ``@pytest.mark.proxy_modes("nftables")``. The default is nftables only.
 ALL_MODES = ("nftables", "iptables-nft", "iptables-legacy")
+_LABS = itertools.count()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -68,9 +70,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 @pytest.fixture(scope="module")
 def lab(request: pytest.FixtureRequest) -> Iterator[Lab]:
     mode = getattr(request, "param", "nftables")
-    # Unique per process, module and mode, so parallel runs never share a namespace name.
-    module = abs(hash((request.module.__name__, mode))) % 1000
-    prefix = f"kpt{os.getpid() % 100000}{module}"
+    # Unique per process and lab, so parallel runs (and labs) never share a namespace.
+    prefix = f"kpt{os.getpid() % 100000}x{next(_LABS)}"
     with Lab(prefix, mode=mode) as built:
         for name, (where, v4, v6) in PODS.items():
             built.add_pod(name, where, [v4, v6], ports=(8080, 9090))
