@@ -175,6 +175,8 @@ def _read(path: Path) -> str:
 
 def proxy_config(cfg: configfile.KubeProxyConfiguration, args: argparse.Namespace) -> ProxyConfig:
     ms = configfile.mode_settings(cfg)
+    if getattr(args, "iptables_backend", None) and ms.mode != "iptables":
+        log.warning("--iptables-backend is ignored in proxy mode %r", ms.mode)
     try:
         nodeports = NodePortAddresses.parse(list(cfg.node_port_addresses or ()))
     except ValueError as err:

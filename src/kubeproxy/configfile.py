@@ -1419,6 +1419,7 @@ FLAGS: tuple[FlagSpec, ...] = (
         "iptables.localhostNodePorts",
         "bool",
         "allow NodePorts on localhost (iptables mode, IPv4)",
+        modes=("iptables",),
     ),
     FlagSpec(
         "iptables-sync-period",
