@@ -199,3 +199,22 @@ def test_cleanup_removes_our_chains_in_both_flavours_and_nothing_else(
         left = save(scratch, fl) + ns_exec(scratch, f"iptables-{fl}-save", "-t", "nat")
         assert "KUBE-SVC-" not in left and "KUBE-SERVICES" not in left and "KUBE-DS-" not in left
         assert "MY-CHAIN" in left
+
+
+def test_a_service_iptables_refuses_is_left_out_and_the_rest_programmed(
+    lab: Lab, scratch: str
+) -> None:
+    """A NodePort above 65535 (the parser never lets one through; the model object is
+    built directly) stands for any ServicePort whose rules iptables refuses."""
+    config = ProxyConfig(hostname="node-a", mode="iptables", families=(IPFamily.IPv4,))
+    runner = IptablesCommand(IPFamily.IPv4, flavor(lab), netns=scratch)
+    backend = IptablesBackend(config, {IPFamily.IPv4: runner})
+    backend.start()
+    good = ServicePort(name=port_name(0), cluster_ips=("10.96.54.1",), port=80)
+    bad = ServicePort(name=port_name(1), cluster_ips=("10.96.54.2",), port=80, node_port=70000)
+    eps_ = (Endpoint("10.244.1.10", 8080, "node-a"),)
+    snap = Snapshot({good.name: good, bad.name: bad}, {good.name: eps_, bad.name: eps_}, NODE)
+    result = backend.sync(snap, None)
+    assert [line.split(" (")[0] for line in result.isolated] == [str(bad.name)]
+    rules = runner.save("nat")
+    assert "10.96.54.1" in rules and "10.96.54.2" not in rules

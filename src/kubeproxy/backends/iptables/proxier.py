@@ -35,16 +35,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kubeproxy.dataplane.iptables.cleanup import cleanup_chains
-from kubeproxy.dataplane.iptables.runner import (
-    FLAVORS,
-    Flavor,
-    Iptables,
-    IptablesCommand,
-    IptablesError,
-    detect_flavor,
-)
-
 from kubeproxy.backends import BackendError, SyncResult
 from kubeproxy.backends.iptables.dispatch import Args, DispatchTree, EntryId
 from kubeproxy.backends.iptables.names import (
@@ -65,7 +55,16 @@ from kubeproxy.backends.iptables.render import (
 )
 from kubeproxy.backends.planning import family_plans, service_port_plans
 from kubeproxy.config import ProxyConfig
-from kubeproxy.dataplane.iptables.restore import Restore
+from kubeproxy.dataplane.iptables.cleanup import cleanup_chains
+from kubeproxy.dataplane.iptables.restore import Restore, quote
+from kubeproxy.dataplane.iptables.runner import (
+    FLAVORS,
+    Flavor,
+    Iptables,
+    IptablesCommand,
+    IptablesError,
+    detect_flavor,
+)
 from kubeproxy.model.plan import FamilyPlan
 from kubeproxy.model.state import Snapshot
 from kubeproxy.model.types import IPFamily, ServicePortName
@@ -75,6 +74,9 @@ log = logging.getLogger(__name__)
 # Upstream's largeClusterEndpointsThreshold: above it, SVC/SEP rules lose their comments.
 LARGE_CLUSTER_ENDPOINTS = 1000
 CANARY_TABLES = ("mangle", "nat", "filter")
+# A full sync tries again at most this many times, each time without one more refused
+# ServicePort (each try is a whole restore).
+MAX_ISOLATED = 8
 Updates = dict[ServicePortName, PortRules | None]
 
 
@@ -124,6 +126,7 @@ class IptablesBackend:
         self.last_restore = ""
         self._kernel_seconds = 0.0
         self._written: dict[str, int] = {}
+        self._isolated: dict[IPFamily, dict[ServicePortName, str]] = {}
 
     # -------------------------------------------------------------- lifecycle
 
@@ -217,12 +220,18 @@ class IptablesBackend:
             self._kernel_seconds += time.perf_counter() - started
 
     def _build(
-        self, snapshot: Snapshot, fam: FamilyPlan
+        self,
+        snapshot: Snapshot,
+        fam: FamilyPlan,
+        leave_out: Mapping[ServicePortName, str] | None = None,
     ) -> tuple[_Family, Restore, dict[str, set[str]]]:
-        """Everything of one family: its state, the restore input, the chains per table."""
+        """Everything of one family: its state, the restore input, the chains per table
+        (without the ServicePorts in ``leave_out``)."""
         settings = self._settings(snapshot, fam)
         rules = {
-            n: r for n, r in self._render(snapshot, fam, settings, None).items() if r is not None
+            n: r
+            for n, r in self._render(snapshot, fam, settings, None).items()
+            if r is not None and not (leave_out and n in leave_out)
         }
         state = _Family(fam, settings, rules)
         for r in rules.values():
@@ -260,15 +269,43 @@ class IptablesBackend:
         return state, restore, wanted
 
     def _full(self, snapshot: Snapshot, fam: FamilyPlan) -> _Family:
+        """A full sync; a ServicePort whose rules iptables refuses is left out (logged
+        once with iptables' reason) and everything else applied. The culprit is found
+        from the line iptables reports; when the line names no ServicePort (legacy
+        iptables reports kernel refusals at COMMIT), the sync fails and the previous rules
+        stay."""
         runner = self.runners[fam.family]
-        state, restore, wanted = self._build(snapshot, fam)
+        isolated: dict[ServicePortName, str] = {}
         self._ensure_jumps(runner, fam)
-        for table in ("filter", "nat"):
-            for chain in sorted(self._chains(runner, table) - wanted[table]):
-                if is_generated(chain):
-                    restore.delete(table, chain)
-        self._apply(runner, restore)
-        return state
+        while True:
+            state, restore, wanted = self._build(snapshot, fam, isolated)
+            for table in ("filter", "nat"):
+                for chain in sorted(self._chains(runner, table) - wanted[table]):
+                    if is_generated(chain):
+                        restore.delete(table, chain)
+            try:
+                self._apply(runner, restore)
+            except IptablesError as err:
+                culprit = _culprit(err, state.rules)
+                if culprit is None or culprit in isolated or len(isolated) >= MAX_ISOLATED:
+                    raise
+                isolated[culprit] = str(err).splitlines()[0]
+                continue
+            self._record_isolated(fam.family, isolated)
+            return state
+
+    def _record_isolated(self, family: IPFamily, isolated: Mapping[ServicePortName, str]) -> None:
+        before = self._isolated.get(family, {})
+        for name, reason in sorted(isolated.items()):
+            if before.get(name) != reason:
+                log.error(
+                    "Service port %s (%s): iptables refused its rules (%s); leaving it out "
+                    "until the next full sync, every other Service port is programmed",
+                    name,
+                    family.value,
+                    reason,
+                )
+        self._isolated[family] = dict(isolated)
 
     def _fixed(self, fam: FamilyPlan, settings: Settings, state: _Family) -> FixedChains:
         roots = {tree_id: dt.root_chain for tree_id, dt in state.trees.items()}
@@ -380,6 +417,11 @@ class IptablesBackend:
             result.no_local_internal += state.no_local_internal
             result.no_local_external += state.no_local_external
         result.table_rules_written = dict(self._written)
+        result.isolated = sorted(
+            f"{name} ({family.value}): {reason}"
+            for family, isolated in self._isolated.items()
+            for name, reason in isolated.items()
+        )
         result.apply_seconds = self._kernel_seconds
         result.render_seconds = time.perf_counter() - started - self._kernel_seconds
         return result
@@ -406,6 +448,31 @@ class IptablesBackend:
             tool = "iptables-restore" if fam.family is IPFamily.IPv4 else "ip6tables-restore"
             out.append(f"# {tool} --noflush ({fam.family.value})\n{restore}")
         return "".join(out)
+
+
+def _culprit(
+    err: IptablesError, rules: Mapping[ServicePortName, PortRules]
+) -> ServicePortName | None:
+    """The ServicePort owning the rule at the line iptables reported, if any."""
+    if err.line is None or not err.input:
+        return None
+    lines = err.input.splitlines()
+    if not 0 < err.line <= len(lines):
+        return None
+    words = lines[err.line - 1].split()
+    if len(words) < 2 or words[0] not in ("-A", ":"):
+        return None
+    chain = words[1]
+    for name, port in rules.items():
+        if any(own == chain for own, _ in port.chains):
+            return name
+        if any(str_args(e.args) in lines[err.line - 1] for e in port.entries):
+            return name
+    return None
+
+
+def str_args(args: Args) -> str:
+    return " ".join(quote(a) for a in args)
 
 
 def open_runners(config: ProxyConfig, netns: str | None = None) -> dict[IPFamily, Iptables]:
