@@ -23,7 +23,7 @@ from pathlib import Path
 
 from kubeproxy import configfile, logs
 from kubeproxy.app import Proxy, ServerBindError, install_signal_handlers
-from kubeproxy.backends import BACKENDS, BackendError, cleanup_all, create_backend
+from kubeproxy.backends import BACKENDS, CLEANUPS, BackendError, cleanup_all, create_backend
 from kubeproxy.backends.planning import describe_snapshot
 from kubeproxy.config import (
     ConfigError,
@@ -270,6 +270,19 @@ async def _render(config: ProxyConfig, source: Source, fmt: str) -> int:
     return 0
 
 
+def cleanup_other_modes(mode: str) -> None:
+    """As upstream's platformCleanup: when a node switches proxy modes, the rules the
+    other modes left behind would still catch traffic; remove them at start."""
+    others = {m: fn for m, fn in CLEANUPS.items() if m != mode}
+    try:
+        removed = cleanup_all(others)
+    except BackendError as err:
+        log.error("Cleaning up other proxy modes' rules failed: %s", err)
+        return
+    if removed:
+        log.info("Removed what other proxy modes left: %s", ", ".join(removed))
+
+
 async def _run(
     cfg: configfile.KubeProxyConfiguration, config: ProxyConfig, source: Source, once: bool
 ) -> int:
@@ -282,6 +295,7 @@ async def _run(
     # Each setting that cannot be applied (e.g. read-only in a network namespace) is
     # logged by apply_conntrack_sysctls; none of them stops the proxy, as upstream.
     apply_conntrack_sysctls(cfg.conntrack)
+    cleanup_other_modes(config.mode)
     if config.enable_profiling and not once:
         # From the start, so /debug/pprof/heap sees every allocation still alive.
         start_heap_tracing()
