@@ -138,6 +138,8 @@ def _pod_ips(pod: Mapping[str, Any]) -> list[str]:
 
 
 def _is_ipv6(ip: str) -> bool:
+    if ":" not in ip:
+        return False  # IPv4 (or not an address): the common case, without parsing
     try:
         return ipaddress.ip_address(ip).version == 6
     except ValueError:
@@ -208,6 +210,11 @@ def _find_port(pod: Mapping[str, Any], service_port: Mapping[str, Any]) -> int |
             if port.get("name") == target and (port.get("protocol") or "TCP") == protocol:
                 return int(port["containerPort"])
     return None
+
+
+def _named_target(service_port: Mapping[str, Any]) -> bool:
+    target = service_port.get("targetPort")
+    return isinstance(target, str) and target != "" and not target.isdigit()
 
 
 def endpoint_ports(service: Mapping[str, Any], pod: Mapping[str, Any]) -> list[Obj]:
@@ -517,11 +524,19 @@ def _reconcile_address_type(
 
     desired_by_ports: dict[PortKey, dict[EndpointKey, Obj]] = {}
     ports_by_key: dict[PortKey, list[Obj]] = {}
+    # Without named targetPorts every Pod resolves the same ports: work them out once.
+    shared: tuple[list[Obj], PortKey] | None = None
+    if not any(_named_target(p) for p in svc_spec.get("ports") or ()):
+        ports = endpoint_ports(service, {})
+        shared = (ports, _port_key(ports))
     for pod in pods:
         if not should_pod_be_in_endpoints(pod):
             continue
-        ports = endpoint_ports(service, pod)
-        key = _port_key(ports)
+        if shared is None:
+            ports = endpoint_ports(service, pod)
+            key = _port_key(ports)
+        else:
+            ports, key = shared
         desired = desired_by_ports.setdefault(key, {})
         ports_by_key.setdefault(key, _sorted_ports(ports))
         node_name = (pod.get("spec") or {}).get("nodeName") or ""
