@@ -371,15 +371,8 @@ class TopologyCache:
         allocations, problem = self.get_allocations(total)
         if allocations is None:
             assert problem is not None
-            problem["message"] = format_with_address_type(problem["message"], address_type)
-            return self._disable(
-                service_key,
-                address_type,
-                to_create=slices_to_create,
-                to_update=slices_to_update,
-                unchanged=slices_unchanged,
-                events=[problem],
-            )
+            slices = (slices_to_create, slices_to_update, slices_unchanged)
+            return self._disable(service_key, address_type, problem["message"], slices)
 
         # Valid hints of unchanged slices stand; the other unchanged slices are redone.
         allocated: dict[str, int] = {}
@@ -406,15 +399,8 @@ class TopologyCache:
                     continue
                 zone = endpoint.get("zone") or ""
                 if not zone:
-                    message = format_with_address_type(NO_ZONE_SPECIFIED, address_type)
-                    return self._disable(
-                        service_key,
-                        address_type,
-                        to_create=to_create,
-                        to_update=to_update,
-                        unchanged=unchanged,
-                        events=[event("Warning", REASON_DISABLED, message)],
-                    )
+                    slices = (to_create, to_update, unchanged)
+                    return self._disable(service_key, address_type, NO_ZONE_SPECIFIED, slices)
                 allocated[zone] = allocated.get(zone, 0) + 1
                 endpoints[i] = with_hints(endpoint, zone_hint(zone))
 
@@ -424,15 +410,8 @@ class TopologyCache:
             allocated[zone] = allocated.get(zone, 0) + change
 
         if not allocated:
-            message = format_with_address_type(NO_ALLOCATED_HINTS_FOR_ZONES, address_type)
-            return self._disable(
-                service_key,
-                address_type,
-                to_create=to_create,
-                to_update=to_update,
-                unchanged=unchanged,
-                events=[event("Warning", REASON_DISABLED, message)],
-            )
+            slices = (to_create, to_update, unchanged)
+            return self._disable(service_key, address_type, NO_ALLOCATED_HINTS_FOR_ZONES, slices)
         events: list[dict[str, str]] = []
         if service_key not in self._hints_populated:
             message = format_with_address_type(TOPOLOGY_AWARE_HINTS_ENABLED, address_type)
@@ -444,15 +423,18 @@ class TopologyCache:
         self,
         service_key: str,
         address_type: str,
-        *,
-        to_create: Sequence[Mapping[str, Any]],
-        to_update: Sequence[Mapping[str, Any]],
-        unchanged: Sequence[Mapping[str, Any]],
-        events: list[dict[str, str]],
+        message: str,
+        slices: tuple[
+            Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]]
+        ],
     ) -> tuple[list[Obj], list[Obj], list[dict[str, str]]]:
+        """No hints for this Service: forget it, strip every slice, one Disabled event."""
         self.remove_hints(service_key, address_type)
-        created, updated, _ = remove_hints_from_slices(to_create, to_update, unchanged)
-        return created, updated, events
+        created, updated, _ = remove_hints_from_slices(*slices)
+        disabled = event(
+            "Warning", REASON_DISABLED, format_with_address_type(message, address_type)
+        )
+        return created, updated, [disabled]
 
     def set_hints(self, service_key: str, address_type: str, by_zone: Mapping[str, int]) -> None:
         self._endpoints_by_service.setdefault(service_key, {})[address_type] = dict(by_zone)
