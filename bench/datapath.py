@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.cluster import cluster
+from bench.cluster import cluster, cluster_ip
 from bench.iptables_path import Packet, first_packet
 from bench.modes import Mode
 from bench.sync_worker import feed
@@ -31,7 +31,6 @@ from kubeproxy.model.state import ProxyState
 from kubeproxy.model.types import IPFamily
 
 ROOT = Path(__file__).resolve().parents[1]
-MEASURED_IP = "10.95.0.1"
 POD_IP = "10.244.1.10"
 CLIENT_IP = "10.244.1.100"
 
@@ -79,11 +78,19 @@ def probe(lab: Lab, ip: str, port: int, count: int) -> list[float]:
     return times
 
 
+def measured_ip(services: int) -> str:
+    """The measured Service's ClusterIP: the next one after the N-1 synthetic ones', so it
+    sits among them (in iptables mode, at the full depth of the dispatch tree)."""
+    return cluster_ip(services - 1)
+
+
 def program(lab: Lab, services: int, mode: Mode) -> None:
     state = ProxyState(NODE)
     objects = list(cluster(services - 1, 10))
     objects += [
-        service("measured", MEASURED_IP, [{"name": "http", "port": 80}], namespace="bench"),
+        service(
+            "measured", measured_ip(services), [{"name": "http", "port": 80}], namespace="bench"
+        ),
         endpoint_slice("measured", [Ep(POD_IP, node=NODE)], namespace="bench"),
     ]
     feed(state, objects)
@@ -92,12 +99,12 @@ def program(lab: Lab, services: int, mode: Mode) -> None:
     mode.backend(config, netns=lab.node_ns).sync(snapshot, None)
 
 
-def rules_met(lab: Lab, mode: Mode) -> dict[str, Any] | None:
+def rules_met(lab: Lab, mode: Mode, ip: str) -> dict[str, Any] | None:
     """iptables mode: the rules the first packet to the measured ClusterIP examines."""
     if mode.flavor is None:
         return None
     ipt = IptablesCommand(IPFamily.IPv4, mode.flavor, netns=lab.node_ns, timeout=600)
-    path = first_packet(ipt.save("nat"), ipt.save("filter"), Packet(CLIENT_IP, MEASURED_IP, 80))
+    path = first_packet(ipt.save("nat"), ipt.save("filter"), Packet(CLIENT_IP, ip, 80))
     return {
         "examined": path.examined,
         "nat_prerouting": path.nat_prerouting.examined,
@@ -118,10 +125,11 @@ def run(
         # for cold caches and CPU frequency ramp-up, the repeat shows the noise floor.
         for size in [*sizes, *sizes[:1]]:
             program(lab, size, mode)
-            probe(lab, MEASURED_IP, 80, 500)  # warm up ARP and caches
+            ip = measured_ip(size)
+            probe(lab, ip, 80, 500)  # warm up ARP and caches
             medians, p99s = [], []
             for _ in range(rounds):
-                times = sorted(probe(lab, MEASURED_IP, 80, connections))
+                times = sorted(probe(lab, ip, 80, connections))
                 medians.append(statistics.median(times))
                 p99s.append(times[int(0.99 * len(times))])
             results.append(
@@ -130,7 +138,7 @@ def run(
                     "connections": connections * rounds,
                     "median_us": statistics.median(medians) * 1e6,
                     "p99_us": statistics.median(p99s) * 1e6,
-                    "rules_met": rules_met(lab, mode),
+                    "rules_met": rules_met(lab, mode, ip),
                 }
             )
     return results

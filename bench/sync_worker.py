@@ -94,9 +94,10 @@ def main(mode: Mode, services: int, endpoints: int, floor_ns: str) -> dict[str, 
     }
 
     def partials(objects_for: Callable[[int], list[dict[str, Any]]]) -> dict[str, Any]:
-        """Median and p90 of partial syncs (the objects are parsed before the clock), and
-        the rules each restore wrote (iptables mode; 0 in nftables mode)."""
-        timings, written = [], []
+        """Median and p90 of partial syncs (the objects are parsed before the clock), the
+        median kernel time among them, and the rules each restore wrote (iptables mode;
+        0 in nftables mode)."""
+        timings, kernel, written = [], [], []
         for r in range(REPEATS):
             models = parse_all(objects_for(r))
             started = time.perf_counter()
@@ -105,10 +106,12 @@ def main(mode: Mode, services: int, endpoints: int, floor_ns: str) -> dict[str, 
             res = backend.sync(snap, changes.service_ports)
             timings.append(time.perf_counter() - started)
             assert not res.full
+            kernel.append(res.apply_seconds)
             written.append(sum(res.table_rules_written.values()))
         return {
             "median": statistics.median(timings),
             "p90": percentile(timings, 0.9),
+            "apply_median": statistics.median(kernel),
             "rules_written": {"min": min(written), "median": statistics.median(written),
                               "max": max(written)},
         }  # fmt: skip
