@@ -115,15 +115,16 @@ def rules_met(lab: Lab, mode: Mode, ip: str) -> dict[str, Any] | None:
 
 
 def run(
-    sizes: list[int], mode: Mode, connections: int = 1000, rounds: int = 3
+    sizes: list[int], mode: Mode, connections: int = 1000, rounds: int = 3, repeat: bool = True
 ) -> list[dict[str, Any]]:
     results = []
     with Lab(f"kpbench{os.getpid() % 100000}", mode=mode.name) as lab:
         lab.add_pod("web", NODE, [POD_IP])
         lab.add_pod("client", NODE, [CLIENT_IP])
-        # The smallest size again at the end: the first measurement of a run also pays
-        # for cold caches and CPU frequency ramp-up, the repeat shows the noise floor.
-        for size in [*sizes, *sizes[:1]]:
+        # The smallest size again at the end (unless ``repeat`` is off: going back from a
+        # large size is a full sync of its own): the first measurement of a run also
+        # pays for cold caches and CPU frequency ramp-up, the repeat shows the noise floor.
+        for size in [*sizes, *sizes[: 1 if repeat else 0]]:
             program(lab, size, mode)
             ip = measured_ip(size)
             probe(lab, ip, 80, 500)  # warm up ARP and caches
