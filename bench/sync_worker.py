@@ -1,14 +1,18 @@
-"""One sync benchmark run, inside a fresh network namespace (started by ``bench.run``).
+"""One sync benchmark run, inside a fresh network namespace (started by ``python -m bench``).
 
-``python -m bench.sync_worker N E`` builds N Services x E endpoints, feeds them through the
-real pipeline (parse → change trackers → nftables backend with libnftables, as
-``kubeproxy run`` does) and prints one JSON object:
+``python -m bench.sync_worker MODE N E FLOOR_NS`` builds N Services x E endpoints, feeds
+them through the real pipeline (parse → change trackers → the MODE backend
+(:mod:`bench.modes`), as ``kubeproxy run`` builds it: libnftables in-process, or
+``iptables-<flavour>-restore``) and prints one JSON object:
 
 * ``cold``: the first full sync (render and kernel-apply seconds, total);
-* ``nft_alone``: ``nft -f`` loading the same script into an empty namespace;
+* ``floor``: the kernel tool alone (``nft -f``, ``iptables-<flavour>-restore --noflush``)
+  loading the same input into FLOOR_NS, an empty namespace;
 * ``partial_endpoint`` / ``partial_add_service``: median and p90 end-to-end seconds of a
-  partial sync after one endpoint change / one new Service (collect + render + apply);
-* ``rss_mb``: the process's peak resident memory.
+  partial sync after one endpoint change / one new Service (collect + render + apply),
+  and how many rules each one's restore wrote (iptables mode);
+* ``rss_mb``: the process's peak resident memory; ``tool_peak_mb``: the kernel tool's,
+  on the floor run (:mod:`bench.peak`); ``children_maxrss_mb``: ``RUSAGE_CHILDREN`` as is.
 """
 
 from __future__ import annotations
@@ -17,20 +21,19 @@ import gc
 import json
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
+from bench import peak
 from bench.cluster import cluster, service_objects
-from kubeproxy.backends.nftables.proxier import NftablesBackend, cleanup
-from kubeproxy.config import ProxyConfig
-from kubeproxy.dataplane.nftables.runner import open_runner
+from bench.modes import Mode
 from kubeproxy.model.parse import parse_endpoint_slice, parse_service
 from kubeproxy.model.state import ProxyState
-from kubeproxy.model.types import EndpointSlice, IPFamily, Service
+from kubeproxy.model.types import EndpointSlice, Service
 
 REPEATS = 25
 
@@ -61,11 +64,10 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def main(services: int, endpoints: int) -> dict[str, Any]:
-    config = ProxyConfig(
-        hostname="node-a", cluster_cidrs=("10.128.0.0/9",), families=(IPFamily.IPv4,)
-    )
-    backend = NftablesBackend(config, open_runner())
+def main(mode: Mode, services: int, endpoints: int, floor_ns: str) -> dict[str, Any]:
+    config = mode.config("node-a", ("10.128.0.0/9",))
+    backend = mode.backend(config)
+    backend.start()
     state = ProxyState("node-a")
 
     started = time.perf_counter()
@@ -78,6 +80,7 @@ def main(services: int, endpoints: int) -> dict[str, Any]:
     result = backend.sync(snapshot, None)
     cold = time.perf_counter() - started
     out: dict[str, Any] = {
+        "mode": mode.name,
         "services": services,
         "endpoints": endpoints,
         "parse_seconds": parse_seconds,
@@ -86,12 +89,15 @@ def main(services: int, endpoints: int) -> dict[str, Any]:
             "render": cold - result.apply_seconds,
             "apply": result.apply_seconds,
             "elements": result.elements,
+            "table_rules": result.table_rules,
         },
     }
 
-    def partials(objects_for: Callable[[int], list[dict[str, Any]]]) -> dict[str, float]:
-        """Median and p90 of partial syncs (the objects are parsed before the clock)."""
-        timings = []
+    def partials(objects_for: Callable[[int], list[dict[str, Any]]]) -> dict[str, Any]:
+        """Median and p90 of partial syncs (the objects are parsed before the clock), the
+        median kernel time among them, and the rules each restore wrote (iptables mode;
+        0 in nftables mode)."""
+        timings, kernel, written = [], [], []
         for r in range(REPEATS):
             models = parse_all(objects_for(r))
             started = time.perf_counter()
@@ -100,11 +106,20 @@ def main(services: int, endpoints: int) -> dict[str, Any]:
             res = backend.sync(snap, changes.service_ports)
             timings.append(time.perf_counter() - started)
             assert not res.full
-        return {"median": statistics.median(timings), "p90": percentile(timings, 0.9)}
+            kernel.append(res.apply_seconds)
+            written.append(sum(res.table_rules_written.values()))
+        return {
+            "median": statistics.median(timings),
+            "p90": percentile(timings, 0.9),
+            "apply_median": statistics.median(kernel),
+            "rules_written": {"min": min(written), "median": statistics.median(written),
+                              "max": max(written)},
+        }  # fmt: skip
 
-    # One endpoint change: a Service gains, then loses, an endpoint.
+    # One endpoint change: a Service gains an endpoint, then (the next run) loses it again
+    # (every run changes something: no sync of an unchanged Service is timed).
     out["partial_endpoint"] = partials(
-        lambda r: service_objects((r * 7919) % services, endpoints + (r % 2 == 0))[1:]
+        lambda r: service_objects(((r // 2) * 7919) % services, endpoints + (r % 2 == 0))[1:]
     )
     # One new Service with its endpoints.
     out["partial_add_service"] = partials(
@@ -113,23 +128,25 @@ def main(services: int, endpoints: int) -> dict[str, Any]:
         )
     )
 
-    # The proxy's own peak so far (the nft processes of full syncs are children).
+    # The proxy's own peak so far, and its children's as getrusage reports it (which is
+    # at least the proxy's own size when it spawned them: see bench.peak).
     out["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    out["nft_child_rss_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    out["children_maxrss_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 
-    # The kernel alone: the same full script, nft -f into an empty table (rendered after
-    # the peak RSS was read: it is not part of what the proxy holds).
+    # The kernel tool alone: the same full input, loaded into an empty namespace (rendered
+    # after the peak RSS was read: it is not part of what the proxy holds), timed and
+    # its peak RSS measured from a small process.
     script = backend.render(state.collect()[0])
-    cleanup(backend.runner)
-    with tempfile.NamedTemporaryFile("w", suffix=".nft") as f:
-        f.write(script)
-        f.flush()
-        t = time.perf_counter()
-        subprocess.run(["nft", "-f", f.name], check=True)
-        out["nft_alone"] = time.perf_counter() - t
+    with tempfile.TemporaryDirectory() as tmp:
+        argv, stdin = mode.floor_command(script, Path(tmp) / "input")
+        floor = peak.measure(argv, stdin, netns=floor_ns)
+    out["floor"] = floor.seconds
+    out["tool_peak_mb"] = floor.peak_mb
+    out["peak_floor_mb"] = floor.floor_mb
     out["script_mb"] = len(script) / 1e6
     return out
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(int(sys.argv[1]), int(sys.argv[2]))))
+    mode_name, size, per_service, floor_namespace = sys.argv[1:]
+    print(json.dumps(main(Mode(mode_name), int(size), int(per_service), floor_namespace)))

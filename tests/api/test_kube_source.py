@@ -294,8 +294,10 @@ def test_a_different_cluster_behind_the_same_address_is_relisted_consistently() 
                 second.create(svc("other", "10.96.0.30"))
                 # Each kind relists on its own (as client-go's informers do): wait for both.
                 await consumer.until(
-                    lambda: "default/other" in consumer.names("Service")
-                    and not consumer.names("EndpointSlice")
+                    lambda: (
+                        "default/other" in consumer.names("Service")
+                        and not consumer.names("EndpointSlice")
+                    )
                 )
                 assert consumer.names("Service") == {"default/web", "default/other"}
                 # After "too large resource version", a consistent read: RV "".

@@ -50,13 +50,16 @@ def upstream_name(name: ServicePortName) -> str:
 
 
 def _hash(text: str) -> str:
-    return base64.b32encode(hashlib.sha256(text.encode()).digest()).decode()[:16]
+    """Upstream's ``base32(sha256(text))[:16]``. Base32 turns each 5 bytes into 8
+    characters on their own, so the first 16 characters are those of the first 10 bytes
+    (encoding only those is 3x faster: a full sync names every endpoint's chain)."""
+    return base64.b32encode(hashlib.sha256(text.encode()).digest()[:10]).decode()
 
 
 class ServicePortChains:
     """The chain names of one ServicePort (computed once per render)."""
 
-    __slots__ = ("base", "ext", "fw", "name", "protocol", "svc", "svl")
+    __slots__ = ("_seps", "base", "ext", "fw", "name", "protocol", "svc", "svl")
 
     def __init__(self, name: ServicePortName) -> None:
         self.name = upstream_name(name)
@@ -66,10 +69,15 @@ class ServicePortChains:
         self.svl = SVL_PREFIX + self.base
         self.fw = FW_PREFIX + self.base
         self.ext = EXT_PREFIX + self.base
+        self._seps: dict[str, str] = {}
 
     def sep(self, endpoint: str) -> str:
-        """``endpoint`` as upstream prints it: ``ip:port`` or ``[ip]:port``."""
-        return SEP_PREFIX + _hash(self.name + self.protocol + endpoint)
+        """``endpoint`` as upstream prints it: ``ip:port`` or ``[ip]:port``. (Remembered:
+        a render asks for an endpoint's chain once per rule that names it.)"""
+        name = self._seps.get(endpoint)
+        if name is None:
+            name = self._seps[endpoint] = SEP_PREFIX + _hash(self.name + self.protocol + endpoint)
+        return name
 
 
 def dispatch_chain(root: str, prefix: str) -> str:
