@@ -97,6 +97,7 @@ class Proxy:
         self.wall = wall
         self.conntrack = conntrack
         self.metrics = metrics or Metrics(config.mode)
+        self.metrics.counter_reader = backend.counters
         self.health = ProxyHealth(2 * config.sync_period, wall, families=config.families)
         self.state = ProxyState(config.hostname, config.bind_ip())
         self.servers = Servers()

@@ -40,10 +40,12 @@ virtual memory, start time, open and max fds), from prometheus_client's ProcessC
 the Go runtime collectors' analogue is ``python_info`` and ``python_gc_*``.
 
 In iptables mode also upstream's ``sync_proxy_rules_iptables_total{table}``,
-``..._iptables_last{table}`` (rules written by the last sync) and
-``..._iptables_partial_restore_failures_total``. Not provided: upstream's nfacct-based
-``..._iptables_localhost_nodeports_accepted_packets_total`` and
-``..._iptables_ct_state_invalid_dropped_packets_total`` (they need nfacct objects).
+``..._iptables_last{table}`` (rules written by the last sync),
+``..._iptables_partial_restore_failures_total``, and the two read from nfacct counters
+when a scrape comes (:attr:`Metrics.counter_reader`, set to the backend's ``counters``):
+``kubeproxy_iptables_localhost_nodeports_accepted_packets_total`` and
+``kubeproxy_iptables_ct_state_invalid_dropped_packets_total``, absent (as upstream's) when
+the node has no nfacct support.
 
 The sync-failure counter is named per mode, as upstream (``..._nftables_sync_failures_total``
 in nftables mode, ``..._iptables_restore_failures_total`` in iptables and ipvs modes);
@@ -89,7 +91,7 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.metrics_core import Metric
+from prometheus_client.metrics_core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kubeproxy import logs, profiling
@@ -237,6 +239,10 @@ class Metrics:
                 "sync_proxy_rules_iptables_partial_restore_failures_total",
                 "Cumulative proxy iptables partial restore failures",
             )
+        # Kernel counters, read at scrape time (iptables mode's nfacct objects).
+        self.counter_reader: Callable[[], Mapping[str, int]] = dict
+        if mode == "iptables":
+            self.registry.register(_KernelCounters(self))
         # What the nftables backend programmed (ours; other modes count their own way).
         self.nftables_elements: Gauge | None = None
         self.nftables_chains: Gauge | None = None
@@ -334,6 +340,33 @@ class Metrics:
     def exposition(self) -> bytes:
         """The Prometheus text format, as ``/metrics`` serves it."""
         return generate_latest(_WithoutCreated(self.registry))
+
+
+# nfacct counter -> (metric, help), upstream's (pkg/proxy/metrics).
+KERNEL_COUNTERS = {
+    "localhost_nps_accepted_pkts": (
+        "kubeproxy_iptables_localhost_nodeports_accepted_packets_total",
+        "Number of localhost nodeport accepted packets",
+    ),
+    "ct_state_invalid_dropped_pkts": (
+        "kubeproxy_iptables_ct_state_invalid_dropped_packets_total",
+        "packets dropped by iptables to work around conntrack problems",
+    ),
+}
+
+
+class _KernelCounters(Collector):
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())  # which exist is known only when the backend has started
+
+    def collect(self) -> Iterator[Metric]:
+        values = self._metrics.counter_reader()
+        for counter, (name, doc) in KERNEL_COUNTERS.items():
+            if counter in values:
+                yield CounterMetricFamily(name, doc, value=values[counter])
 
 
 class _WithoutCreated(Collector):

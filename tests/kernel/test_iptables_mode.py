@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, settings
 from kubeproxy.backends.iptables.proxier import IptablesBackend, cleanup
 from kubeproxy.config import ProxyConfig
 from kubeproxy.dataplane.iptables.runner import Flavor, IptablesCommand
+from kubeproxy.dataplane.nfacct import NfacctCommand
 from kubeproxy.lab.cluster import NODE_IP, Lab
 from kubeproxy.lab.echo import Reply, tally, tcp_ask
 from kubeproxy.lab.netns import add_netns, delete_netns, list_netns, ns_exec
@@ -66,7 +67,12 @@ def test_nodeports_answer_on_localhost_and_every_local_address(
     reply: Reply = node.call(tcp_ask, "127.0.0.1", 30900)
     assert reply.pod == "local-1" and reply.client_ip != "127.0.0.1"
     assert ns_exec(lab.node_ns, "cat", "/proc/sys/net/ipv4/conf/all/route_localnet").strip() == "1"
-    assert "block incoming localnet connections" in save(lab.node_ns, flavor(lab))
+    rules = save(lab.node_ns, flavor(lab))
+    assert "block incoming localnet connections" in rules
+    # Counted as upstream counts them, for its localhost NodePort metric.
+    assert re.search(r"-d 127.0.0.0/8 .*--nfacct-name +localhost_nps_accepted_pkts", rules)
+    assert re.search(r"--ctstate INVALID -m nfacct --nfacct-name +ct_state_invalid", rules)
+    assert NfacctCommand(lab.node_ns).packets("localhost_nps_accepted_pkts") >= 1
     # Never on ::1.
     assert node.call(tally, tcp_ask, "::1", 30900, 0.5, count=1) != {"local-1": 1}
 

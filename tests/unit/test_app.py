@@ -36,6 +36,9 @@ class FakeBackend:
     def check(self) -> str | None:
         return None
 
+    def counters(self) -> dict[str, int]:
+        return {}
+
     def sync(self, snapshot: Snapshot, changed: set[ServicePortName] | None) -> SyncResult:
         self.syncs += 1
         return SyncResult(full=changed is None)

@@ -6,10 +6,13 @@ from dataclasses import replace
 
 from kubeproxy.backends.iptables.names import KUBE_FIREWALL, KUBE_FORWARD, ServicePortChains
 from kubeproxy.backends.iptables.render import (
+    CT_STATE_INVALID_DROPPED,
     FILTER_NODEPORTS,
     FILTER_SERVICES,
+    LOCALHOST_NODEPORTS_ACCEPTED,
     NAT_NODEPORTS,
     NAT_SERVICES,
+    NFACCT_COUNTERS,
     PortRules,
     Settings,
     fixed_chains,
@@ -150,3 +153,30 @@ def test_fixed_chains_follow_mark_bit_liberal_conntrack_and_localhost() -> None:
     assert liberal.nat["KUBE-SERVICES"][-1][-5:-2] == ("!", "-d", "127.0.0.0/8")
     v6 = fixed_chains(replace(FAM, family=IPFamily.IPv6), Settings(), ROOTS, tcp_be_liberal=False)
     assert v6.nat["KUBE-SERVICES"][-1][-5:-2] == ("!", "-d", "::1/128")
+
+
+def test_nfacct_counters_are_fed_only_when_they_exist() -> None:
+    counted = Settings(accounting=frozenset(NFACCT_COUNTERS))
+    svc = service_port("np", node_port=30080)
+    plan = plan_service_port(svc, [ep("10.244.1.2")], FAM)
+    assert plan is not None
+    nodeports = [e.args for e in render_service_port(plan, FAM, counted).entries
+                 if e.tree == NAT_NODEPORTS.id]  # fmt: skip
+    # Upstream's pair: 127.0.0.0/8 first (counted), then every address, same target.
+    assert len(nodeports) == 2
+    assert nodeports[0][:2] == ("-d", "127.0.0.0/8")
+    assert nodeports[0][-4:-2] == ("--nfacct-name", LOCALHOST_NODEPORTS_ACCEPTED)
+    assert nodeports[0][-1] == nodeports[1][-1]
+    # Not without the counter, not without localhost NodePorts, never for IPv6.
+    assert len([e for e in render(svc, [ep("10.244.1.2")]).entries
+                if e.tree == NAT_NODEPORTS.id]) == 1  # fmt: skip
+    off = replace(FAM, localhost_nodeports=False)
+    plan = plan_service_port(svc, [ep("10.244.1.2")], off)
+    assert plan is not None
+    assert len([e for e in render_service_port(plan, off, counted).entries
+                if e.tree == NAT_NODEPORTS.id]) == 1  # fmt: skip
+    fixed = fixed_chains(FAM, counted, ROOTS, tcp_be_liberal=False)
+    assert fixed.filter[KUBE_FORWARD][0] == (
+        "-m", "conntrack", "--ctstate", "INVALID",
+        "-m", "nfacct", "--nfacct-name", CT_STATE_INVALID_DROPPED, "-j", "DROP",
+    )  # fmt: skip

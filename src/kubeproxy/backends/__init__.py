@@ -76,6 +76,10 @@ class Backend(Protocol):
 
     def render(self, snapshot: Snapshot) -> str: ...
 
+    def counters(self) -> dict[str, int]:
+        """Kernel packet counters behind metrics, by name (iptables mode's nfacct)."""
+        ...
+
 
 def _nftables(config: ProxyConfig) -> Backend:
     from kubeproxy.backends.nftables.proxier import NftablesBackend
@@ -93,8 +97,9 @@ def _cleanup_nftables() -> list[str]:
 
 def _iptables(config: ProxyConfig) -> Backend:
     from kubeproxy.backends.iptables.proxier import IptablesBackend, open_runners
+    from kubeproxy.dataplane.nfacct import NfacctCommand
 
-    return IptablesBackend(config, open_runners(config))
+    return IptablesBackend(config, open_runners(config), nfacct=NfacctCommand())
 
 
 def _cleanup_iptables() -> list[str]:

@@ -45,6 +45,7 @@ from kubeproxy.backends.iptables.names import (
 from kubeproxy.backends.iptables.render import (
     JUMPS,
     KUBELET_JUMPS,
+    NFACCT_COUNTERS,
     TREES,
     FixedChains,
     PortRules,
@@ -65,6 +66,7 @@ from kubeproxy.dataplane.iptables.runner import (
     IptablesError,
     detect_flavor,
 )
+from kubeproxy.dataplane.nfacct import Nfacct, NfacctError
 from kubeproxy.model.plan import FamilyPlan
 from kubeproxy.model.state import Snapshot
 from kubeproxy.model.types import IPFamily, ServicePortName
@@ -120,10 +122,14 @@ class IptablesBackend:
         *,
         tcp_be_liberal: bool = False,
         proc: Path = Path("/proc"),
+        nfacct: Nfacct | None = None,
     ) -> None:
         self.config = config
         self.runners = dict(runners)
         self.tcp_be_liberal = tcp_be_liberal
+        self.nfacct = nfacct
+        # The nfacct counters that exist: only those are named in rules.
+        self.accounting: frozenset[str] = frozenset()
         self.proc = proc
         self._families: dict[IPFamily, _Family] = {}
         self._warned_no_node_ip: set[IPFamily] = set()
@@ -157,6 +163,33 @@ class IptablesBackend:
                     path.write_text("1")
             except OSError as err:
                 raise BackendError(f"cannot set {path}: {err.strerror or err}") from None
+        self.accounting = self._ensure_counters()
+
+    def _ensure_counters(self) -> frozenset[str]:
+        """Create upstream's nfacct counters, as it does at start: all or none."""
+        if self.nfacct is None:
+            return frozenset()
+        try:
+            for name in NFACCT_COUNTERS:
+                self.nfacct.ensure(name)
+        except NfacctError as err:
+            log.warning(
+                "nfacct counters unavailable (%s): the metrics counting localhost NodePort "
+                "and INVALID conntrack packets are not reported",
+                err,
+            )
+            return frozenset()
+        return frozenset(NFACCT_COUNTERS)
+
+    def counters(self) -> dict[str, int]:
+        """Packets counted by each nfacct counter the rules feed (read at scrape time)."""
+        if self.nfacct is None:
+            return {}
+        out: dict[str, int] = {}
+        for name in sorted(self.accounting):
+            with contextlib.suppress(NfacctError):
+                out[name] = self.nfacct.packets(name)
+        return out
 
     def _localhost_nodeports(self) -> bool:
         npa = self.config.nodeport_addresses
@@ -193,6 +226,7 @@ class IptablesBackend:
         return Settings(
             comments=endpoints <= LARGE_CLUSTER_ENDPOINTS,
             random_fully=runner.has_random_fully,
+            accounting=self.accounting,
         )
 
     def _apply(self, runner: Iptables, restore: Restore) -> None:

@@ -106,6 +106,18 @@ class Settings:
     # comment (they are 40 % of the input).
     comments: bool = True
     random_fully: bool = True
+    # The nfacct counters that exist (upstream's metrics count packets with them).
+    accounting: frozenset[str] = frozenset()
+
+
+# upstream's nfacct counter names (pkg/proxy/metrics), each behind one metric.
+LOCALHOST_NODEPORTS_ACCEPTED = "localhost_nps_accepted_pkts"
+CT_STATE_INVALID_DROPPED = "ct_state_invalid_dropped_pkts"
+NFACCT_COUNTERS = (LOCALHOST_NODEPORTS_ACCEPTED, CT_STATE_INVALID_DROPPED)
+
+
+def count(counter: str) -> Args:
+    return ("-m", "nfacct", "--nfacct-name", counter)
 
 
 def mark(fam: FamilyPlan) -> str:
@@ -226,6 +238,19 @@ def render_service_port(plan: ServicePortPlan, fam: FamilyPlan, settings: Settin
     if node_port:
         key = port_key(proto, node_port)
         if has_endpoints:
+            if LOCALHOST_NODEPORTS_ACCEPTED in settings.accounting and (
+                fam.localhost_nodeports and fam.family is IPFamily.IPv4
+            ):
+                # As upstream: the same capture for 127.0.0.0/8 first, only to count it.
+                entries.append(
+                    Entry(
+                        NAT_NODEPORTS.id,
+                        key,
+                        ("-d", "127.0.0.0/8", "-m", "comment", "--comment", name,
+                         "-m", proto, "-p", proto, "--dport", str(node_port),
+                         *count(LOCALHOST_NODEPORTS_ACCEPTED), "-j", names.ext),
+                    )
+                )  # fmt: skip
             entries.append(
                 Entry(
                     NAT_NODEPORTS.id,
@@ -432,7 +457,14 @@ def fixed_chains(
         KUBE_FORWARD: [],
     }
     if not tcp_be_liberal:
-        filter_[KUBE_FORWARD].append(("-m", "conntrack", "--ctstate", "INVALID", "-j", "DROP"))
+        invalid = (
+            count(CT_STATE_INVALID_DROPPED)
+            if CT_STATE_INVALID_DROPPED in settings.accounting
+            else ()
+        )
+        filter_[KUBE_FORWARD].append(
+            ("-m", "conntrack", "--ctstate", "INVALID", *invalid, "-j", "DROP")
+        )
     filter_[KUBE_FORWARD].extend(
         [
             ("-m", "comment", "--comment", "kubernetes forwarding rules",

@@ -377,6 +377,10 @@ class NftablesBackend:
         result.render_seconds = time.perf_counter() - started - self._kernel_seconds
         return result
 
+    def counters(self) -> dict[str, int]:
+        """None: upstream's nftables mode has no counter-based metrics either."""
+        return {}
+
     def check(self) -> str | None:
         """The canary: our tables and their base chains and maps still exist."""
         for family, state in self._families.items():

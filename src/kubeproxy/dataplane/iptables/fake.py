@@ -53,8 +53,9 @@ is reported at):
   builtin chain it may not run from (``DNAT`` from PREROUTING/OUTPUT only,
   ``MASQUERADE`` from POSTROUTING only); ``REJECT --reject-with tcp-reset`` without
   ``-p tcp``; ``recent --seconds`` with ``--set``/``--remove``; ``addrtype`` types IPv6
-  lacks (BROADCAST...); a kernel ``tcp``/``udp``/``sctp`` match whose rule's ``-p`` is
-  not that protocol, or negated. Legacy reports all of these at the ``COMMIT`` line;
+  lacks (BROADCAST...); an ``nfacct`` counter that does not exist; a kernel
+  ``tcp``/``udp``/``sctp`` match whose rule's ``-p`` is not that protocol, or negated.
+  Legacy reports all of these at the ``COMMIT`` line;
   nft at the line of the first rule after which the table is invalid (its kernel
   validates the table after each rule of the batch), so a loop or a misplaced target
   is blamed on the rule that links it to a builtin chain, or on the rule added to an
@@ -111,7 +112,7 @@ not know.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -301,6 +302,8 @@ class _TableBatch:
         problems = list(parsed.kernel_errors)
         if parsed.table is not None and parsed.table != self.table.name:
             problems.insert(0, f"{parsed.target} is only valid in the {parsed.table} table")
+        if parsed.nfacct is not None and parsed.nfacct not in self.fake.nfacct_counters:
+            problems.append(f"nfacct counter {parsed.nfacct!r} does not exist")
         for problem in problems:
             self.kernel_errors.append((line, problem))
         c = self._writable(chain)
@@ -503,6 +506,8 @@ class FakeIptables:
         self.refused = 0  # restore calls refused (injected failures included)
         self.calls: Counter[str] = Counter()  # every interface call, by method name
         self.last_error: IptablesError | None = None
+        # The nfacct counters that exist (a FakeNfacct's ``counters`` can be shared).
+        self.nfacct_counters: Container[str] = ()
 
     def clone(self) -> FakeIptables:
         """An independent fake with the same state (cheap: state is copy-on-write)."""
@@ -514,6 +519,7 @@ class FakeIptables:
             unavailable=self.unavailable,
         )
         other.tables = dict(self.tables)
+        other.nfacct_counters = self.nfacct_counters
         return other
 
     # Iptables.

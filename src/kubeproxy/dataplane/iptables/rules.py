@@ -25,9 +25,10 @@ each option owned by the most recently loaded extension that knows it; an option
 lists its options and prints itself.
 
 The language is deliberately the subset kube-proxy uses: matches ``comment``,
-``conntrack --ctstate``, ``mark``, ``addrtype``, ``tcp``/``udp``/``sctp`` ports,
-``multiport``, ``statistic``, ``recent``; targets ``ACCEPT``, ``DROP``, ``RETURN``, user
-chains, ``DNAT``, ``MASQUERADE``, ``MARK``, ``REJECT``. Anything else is refused as "not
+``conntrack --ctstate``, ``mark``, ``addrtype``, ``nfacct --nfacct-name``,
+``tcp``/``udp``/``sctp`` ports, ``multiport``, ``statistic``, ``recent``; targets
+``ACCEPT``, ``DROP``, ``RETURN``, user chains, ``DNAT``, ``MASQUERADE``, ``MARK``,
+``REJECT``. Anything else is refused as "not
 modelled", so a backend cannot write a rule the fake cannot vouch for. Where iptables
 accepts more forms than kube-proxy needs, this is stricter (the fake's docstring lists
 each case): host names, address lists (``-d a,b`` becomes two rules), dotted masks,
@@ -71,6 +72,8 @@ class ParsedRule:
     kernel_errors: tuple[str, ...] = ()
     in_iface: bool = False
     out_iface: bool = False
+    # The nfacct counter the rule feeds (the kernel refuses a counter that does not exist).
+    nfacct: str | None = None
 
 
 # ---------------------------------------------------------------------- value parsers
@@ -221,6 +224,7 @@ class _Context:
     protocol_negated: bool = False
     random_fully: bool = True
     kernel_errors: list[str] = field(default_factory=list)
+    nfacct: str | None = None
 
     def port_protocol(self) -> str | None:
         """The protocol a port-specific option may rely on (-p tcp, not ! -p tcp)."""
@@ -324,6 +328,17 @@ class _Mark(_Extension):
         value, mask = parse_value_mask(self.value("mark"))
         text = f"{value:#x}" if mask is None or mask == _U32 else f"{value:#x}/{mask:#x}"
         return f" {self.neg('mark')}--mark {text}"
+
+
+class _Nfacct(_Extension):
+    name = "nfacct"
+    options = _opts(("--nfacct-name", "nfacct-name", True, False))
+
+    def finish(self) -> str:
+        self.require("nfacct-name")
+        self.ctx.nfacct = self.value("nfacct-name")
+        # Both flavours print two spaces here.
+        return f" --nfacct-name  {self.ctx.nfacct}"
 
 
 _ADDRTYPES = (
@@ -573,6 +588,7 @@ MATCHES: dict[str, type[_Extension]] = {
         _Multiport,
         _Statistic,
         _Recent,
+        _Nfacct,
     )
 }
 _PROTOCOL_MATCHES = {"tcp": _Tcp, "udp": _Udp, "sctp": _Sctp}
@@ -899,4 +915,5 @@ def _parse(args: tuple[str, ...], family: IPFamily, nft: bool, random_fully: boo
         kernel_errors=tuple(ctx.kernel_errors),
         in_iface="i" in header,
         out_iface="o" in header,
+        nfacct=ctx.nfacct,
     )
