@@ -11,6 +11,7 @@ turns them into completed Service / EndpointSlice events (pure), and
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import AsyncGenerator, Sequence
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,12 @@ class StandaloneSource:
         self.state = StateFile.beside(directory)
         self.persist = persist
         self._saved: dict[str, Allocation] = self.state.load()
-        self.cluster = StandaloneCluster(service_cidrs=service_cidrs, remembered=self._saved)
+        # A fixed seed: the same directory and state file give the same allocations, so
+        # `render --objects` shows what `run` will allocate. (Upstream starts at random to
+        # spread concurrent API servers apart; here there is one writer.)
+        self.cluster = StandaloneCluster(
+            service_cidrs=service_cidrs, remembered=self._saved, rng=random.Random(0)
+        )
 
     def reload(self) -> list[Event]:
         """Re-read the directory: the proxy's events for what changed."""
