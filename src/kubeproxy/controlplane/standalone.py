@@ -132,13 +132,13 @@ class StandaloneCluster:
         self._allocations: dict[NamespacedName, Allocation] = {}
         self._errors: dict[NamespacedName, str] = {}
         self._incomplete: set[NamespacedName] = set()
-        self._selectors: dict[str, dict[NamespacedName, Mapping[str, Any]]] = {}
-        self._pods: dict[str, dict[str, Mapping[str, Any]]] = {}
+        self._labels = _LabelIndex()
         self._nodes: dict[str, Mapping[str, Any]] = {}
         self._service_cidrs: dict[str, Mapping[str, Any]] = {}
         self._explicit: dict[NamespacedName, Mapping[str, Any]] = {}
         self._explicit_by_service: dict[NamespacedName, set[str]] = {}
         self._generated: dict[NamespacedName, _Generated] = {}
+        self._generated_names: set[NamespacedName] = set()  # every generated slice
         self._emitted: dict[_EmitKey, Model] = {}
         self._active = False
         self._started = False
@@ -181,7 +181,7 @@ class StandaloneCluster:
                 slices_dirty |= self._on_explicit_slice(obj.key, old, new)
                 out += self._pass_through("EndpointSlice", obj.key, new)
 
-        active = bool(self._pods) or bool(self._incomplete)
+        active = bool(self._labels.pods) or bool(self._incomplete)
         if active != self._active:
             self._active = active
             dirty |= self._services.keys() | self._completed.keys()
@@ -194,7 +194,7 @@ class StandaloneCluster:
             self._ips.sync_service_cidrs(self.service_cidr_objects())
         if nodes_changed:
             self._topology.set_nodes(self._nodes.values())
-            slices_dirty |= {key for by_ns in self._selectors.values() for key in by_ns}
+            slices_dirty |= self._labels.selectors.keys()
         # A Service that failed may succeed now (its address was released, a CIDR added).
         dirty |= self._errors.keys()
 
@@ -211,8 +211,7 @@ class StandaloneCluster:
     def _on_service(self, key: NamespacedName, doc: Mapping[str, Any] | None) -> None:
         _store(self._services, key, doc)
         self._incomplete.discard(key)
-        for by_ns in self._selectors.values():
-            by_ns.pop(key, None)
+        self._labels.set_selector(key, None)
         if doc is None:
             return
         spec = _spec(doc)
@@ -220,21 +219,17 @@ class StandaloneCluster:
             self._incomplete.add(key)
         selector = spec.get("selector")
         if isinstance(selector, Mapping) and selector:
-            self._selectors.setdefault(key.namespace, {})[key] = selector
+            self._labels.set_selector(key, selector)
 
     def _on_pod(
         self, key: NamespacedName, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
     ) -> set[NamespacedName]:
-        by_ns = self._pods.setdefault(key.namespace, {})
-        _store(by_ns, key.name, _namespaced(new, key.namespace) if new is not None else None)
-        if not by_ns:
-            del self._pods[key.namespace]
-        labels = [_labels(doc) for doc in (old, new) if doc is not None]
-        return {
-            service
-            for service, selector in self._selectors.get(key.namespace, {}).items()
-            if any(_matches(selector, pod_labels) for pod_labels in labels)
-        }
+        self._labels.set_pod(key, _namespaced(new, key.namespace) if new is not None else None)
+        touched: set[NamespacedName] = set()
+        for doc in (old, new):
+            if doc is not None:
+                touched |= self._labels.services_selecting(key.namespace, _labels(doc))
+        return touched
 
     def _on_explicit_slice(
         self, key: NamespacedName, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
@@ -531,13 +526,15 @@ class StandaloneCluster:
         service = self._completed.get(key)
         pods = None
         if self._active and service is not None and key not in self._explicit_by_service:
-            pods = select_pods(service, self._pods.get(key.namespace, {}).values())
+            selector = self._labels.selectors.get(key, {})
+            pods = select_pods(service, self._labels.pods_selected(key.namespace, selector))
         out: list[Event] = []
         if pods is None:
             # Not ours to manage (gone, failed, no selector, or slices written by hand).
             for address_type in _FAMILIES:
                 self._topology.remove_hints(str(key), address_type)
             for name in sorted(generated.slices):
+                self._generated_names.discard(NamespacedName(key.namespace, name))
                 out += self._emit("EndpointSlice", NamespacedName(key.namespace, name), None)
             del self._generated[key]
             return out
@@ -558,12 +555,14 @@ class StandaloneCluster:
         for endpoint_slice in result.to_delete:
             name = _name(endpoint_slice)
             generated.slices.pop(name, None)
+            self._generated_names.discard(NamespacedName(key.namespace, name))
             out += self._emit("EndpointSlice", NamespacedName(key.namespace, name), None)
         for endpoint_slice in [*result.to_update, *result.to_create]:
             name = _name(endpoint_slice) or self._new_slice_name(key, endpoint_slice)
             endpoint_slice["metadata"] = {**endpoint_slice["metadata"], "name": name}
             endpoint_slice["metadata"].pop("generateName", None)
             generated.slices[name] = endpoint_slice
+            self._generated_names.add(NamespacedName(key.namespace, name))
             out += self._slice_event(key.namespace, name, endpoint_slice)
         return out
 
@@ -583,15 +582,7 @@ class StandaloneCluster:
             digest = hashlib.sha256(f"{key}/{endpoint_slice.get('addressType')}/{i}".encode())
             name = prefix + digest.hexdigest()[:5]
             slot = NamespacedName(key.namespace, name)
-            if (
-                slot not in self._explicit
-                and ("EndpointSlice", slot) not in self._emitted
-                and not any(
-                    name in g.slices
-                    for k, g in self._generated.items()
-                    if k.namespace == key.namespace
-                )
-            ):
+            if slot not in self._explicit and slot not in self._generated_names:
                 return name
         raise RuntimeError("no free EndpointSlice name")  # pragma: no cover
 
@@ -613,6 +604,74 @@ class StandaloneCluster:
         ]
         slices += list(self._explicit.items())
         return [*services, *(dict(s) for _, s in sorted(slices, key=lambda item: item[0]))]
+
+
+_Label = tuple[str, str, Any]  # namespace, label key, label value
+
+
+class _LabelIndex:
+    """Pods and Service selectors by (namespace, label key, value): a change looks only at
+    the objects sharing a label with it, not at every Pod or Service of the namespace."""
+
+    def __init__(self) -> None:
+        self.pods: dict[NamespacedName, Mapping[str, Any]] = {}
+        self.selectors: dict[NamespacedName, Mapping[str, Any]] = {}
+        self._pods_by_label: dict[_Label, set[NamespacedName]] = {}
+        # Each selector under one of its labels (the first): a Pod it selects has it.
+        self._selectors_by_label: dict[_Label, set[NamespacedName]] = {}
+
+    def set_pod(self, key: NamespacedName, pod: Mapping[str, Any] | None) -> None:
+        old = self.pods.pop(key, None)
+        if old is not None:
+            for label in _index_labels(key.namespace, _labels(old)):
+                _discard(self._pods_by_label, label, key)
+        if pod is not None:
+            self.pods[key] = pod
+            for label in _index_labels(key.namespace, _labels(pod)):
+                self._pods_by_label.setdefault(label, set()).add(key)
+
+    def set_selector(self, key: NamespacedName, selector: Mapping[str, Any] | None) -> None:
+        old = self.selectors.pop(key, None)
+        if old is not None:
+            for label in _index_labels(key.namespace, old)[:1]:
+                _discard(self._selectors_by_label, label, key)
+        if selector:
+            self.selectors[key] = selector
+            for label in _index_labels(key.namespace, selector)[:1]:
+                self._selectors_by_label.setdefault(label, set()).add(key)
+
+    def services_selecting(self, namespace: str, labels: Mapping[str, Any]) -> set[NamespacedName]:
+        return {
+            service
+            for label in _index_labels(namespace, labels)
+            for service in self._selectors_by_label.get(label, ())
+            if _matches(self.selectors[service], labels)
+        }
+
+    def pods_selected(self, namespace: str, selector: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+        """Candidates (the Pods with the selector's rarest label); the caller matches."""
+        labels = _index_labels(namespace, selector)
+        if not labels or len(labels) != len(selector):
+            return []
+        rarest = min((self._pods_by_label.get(label, set()) for label in labels), key=len)
+        return [self.pods[key] for key in sorted(rarest)]
+
+
+def _index_labels(namespace: str, labels: Mapping[str, Any]) -> list[_Label]:
+    """Sorted; values that cannot be label values (lists, maps) are left out."""
+    return sorted(
+        (namespace, str(k), v)
+        for k, v in labels.items()
+        if isinstance(v, str | int | float | bool) or v is None
+    )
+
+
+def _discard(index: dict[_Label, set[NamespacedName]], label: _Label, key: NamespacedName) -> None:
+    members = index.get(label)
+    if members is not None:
+        members.discard(key)
+        if not members:
+            del index[label]
 
 
 _PARSERS: dict[str, Any] = {
