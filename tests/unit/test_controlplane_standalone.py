@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from kubeproxy import cli
 from kubeproxy.controlplane.standalone import StandaloneCluster
 from kubeproxy.controlplane.statefile import STATE_FILE_NAME, StateFile
 from kubeproxy.model.types import EndpointSlice, NamespacedName, Service
@@ -523,3 +524,45 @@ def test_raw_manifest_source_reads_pods_and_skips_the_state_file(tmp_path: Path)
     ]
     # The plain source is unchanged: no Pods, and this Service is invalid there.
     assert ManifestSource(tmp_path).reload() == []
+
+
+def test_a_selector_with_several_labels_selects_only_pods_with_all_of_them() -> None:
+    c = cluster()
+    front = {"app": "web", "tier": "front"}
+    both = pod("both", "10.244.1.1", node="node-a")
+    both["metadata"]["labels"] = dict(front)
+    only_app = pod("only-app", "10.244.1.2", node="node-a")
+    events = c.apply(added(*NODES, svc("web", selector=front), both, only_app))
+    [(_, web)] = slices(events)
+    assert addresses(web) == {"10.244.1.1"}
+    # Gaining the second label brings the Pod in.
+    relabelled = pod("only-app", "10.244.1.2", node="node-a")
+    relabelled["metadata"]["labels"] = dict(front)
+    [(kind, after)] = slices(c.apply(modified(only_app, relabelled)))
+    assert kind is EventType.MODIFIED and addresses(after) == {"10.244.1.1", "10.244.1.2"}
+
+
+def test_a_pod_without_a_ready_condition_is_not_ready() -> None:
+    c = cluster()
+    silent = pod("web-1", "10.244.1.1", node="node-a")
+    silent["status"]["conditions"] = []
+    [(_, web)] = slices(c.apply(added(*NODES, svc("web"), silent)))
+    [endpoint] = web.endpoints
+    assert endpoint.conditions.ready is False and endpoint.conditions.serving is False
+
+
+def test_render_objects_prints_the_completed_cluster(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write(tmp_path, "cluster.yaml", *NODES, svc("web"), *web_pods())
+    flags = ["render", "--objects", "--manifests", str(tmp_path), "--hostname-override", "a"]
+    assert cli.main(flags) == 0
+    listing = yaml.safe_load(capsys.readouterr().out)
+    assert listing["kind"] == "List"
+    kinds = [(o["kind"], o["metadata"]["name"]) for o in listing["items"]]
+    assert kinds[0] == ("Service", "web") and kinds[1][0] == "EndpointSlice"
+    assert cli.main([*flags, "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == listing  # same allocation: deterministic
+    assert not (tmp_path / STATE_FILE_NAME).exists()
+    with pytest.raises(SystemExit):
+        cli.main([*flags, "--format", "nft"])
