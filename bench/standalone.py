@@ -29,7 +29,7 @@ import statistics
 import time
 from typing import Any
 
-from bench.controlplane import make_cluster
+from bench.controlplane import cluster_arguments, make_cluster
 from kubeproxy.controlplane.standalone import StandaloneCluster
 from kubeproxy.model.types import NamespacedName
 from kubeproxy.sources.events import Event, RawObject
@@ -44,15 +44,8 @@ def raw(kind: str, doc: Obj) -> RawObject:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--services", type=int, default=10_000)
-    parser.add_argument("--pods", type=int, default=10)
-    parser.add_argument("--nodes", type=int, default=1_000)
+    cluster_arguments(parser)
     parser.add_argument("--changes", type=int, default=200)
-    parser.add_argument(
-        "--gc-freeze",
-        action="store_true",
-        help="move the input objects out of the garbage collector's sight (gc.freeze)",
-    )
     args = parser.parse_args(argv)
 
     nodes, cluster = make_cluster(args.services, args.pods, args.nodes)
