@@ -117,17 +117,22 @@ def best_of(repeats: int, run: Callable[[], Any]) -> tuple[float, Any]:
     return best, value
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def cluster_arguments(parser: argparse.ArgumentParser) -> None:
+    """The cluster's size (:func:`make_cluster`) and ``--gc-freeze``, for every bench of it."""
     parser.add_argument("--services", type=int, default=10_000)
     parser.add_argument("--pods", type=int, default=10)
     parser.add_argument("--nodes", type=int, default=1_000)
-    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument(
         "--gc-freeze",
         action="store_true",
         help="move the input objects out of the garbage collector's sight (gc.freeze)",
     )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    cluster_arguments(parser)
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
 
     nodes, cluster = make_cluster(args.services, args.pods, args.nodes)

@@ -21,6 +21,8 @@ import re
 import sys
 from pathlib import Path
 
+import yaml
+
 from kubeproxy import configfile, logs
 from kubeproxy.app import Proxy, ServerBindError, install_signal_handlers
 from kubeproxy.backends import BACKENDS, CLEANUPS, BackendError, cleanup_all, create_backend
@@ -42,7 +44,7 @@ from kubeproxy.options import IPTABLES_BACKENDS, OptionsError, split_config
 from kubeproxy.profiling import start_heap_tracing
 from kubeproxy.sources import Source, initial_state
 from kubeproxy.sources.events import dispatch
-from kubeproxy.sources.manifests import ManifestSource
+from kubeproxy.sources.standalone import StandaloneSource
 
 log = logging.getLogger("kubeproxy")
 
@@ -69,8 +71,10 @@ def _add_proxy_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--manifests",
         type=Path,
-        help="read Services, EndpointSlices, Nodes and ServiceCIDRs from this "
-        "directory of YAML/JSON instead of the Kubernetes API",
+        help="read Services, EndpointSlices, Nodes, ServiceCIDRs and Pods from this "
+        "directory of YAML/JSON instead of the Kubernetes API; with Pods or Services "
+        "without a clusterIP, kubeproxy allocates ClusterIPs and NodePorts and computes "
+        "EndpointSlices (kept in DIR/.kubeproxy-state.json)",
     )
     p.add_argument(
         "--service-cluster-ip-range",
@@ -114,10 +118,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_proxy_flags(render)
     render.add_argument(
         "--format",
-        choices=("nft", "json"),
-        default="nft",
+        choices=("nft", "json", "yaml"),
         help="nft: the script a full sync applies (default); json: the service plan "
-        "every proxy mode programs (frontends, endpoints, verdicts, masquerading)",
+        "every proxy mode programs (frontends, endpoints, verdicts, masquerading); "
+        "with --objects: yaml (default) or json",
+    )
+    render.add_argument(
+        "--objects",
+        action="store_true",
+        help="print the Services and EndpointSlices as the proxy sees them (ClusterIPs, "
+        "NodePorts and EndpointSlices computed for a --manifests directory) as a List",
     )
 
     cleanup = sub.add_parser(
@@ -234,7 +244,12 @@ def make_source(
     if args.manifests is not None:
         if not args.manifests.is_dir():
             raise ConfigError(f"--manifests: {args.manifests} is not a directory")
-        return ManifestSource(args.manifests)
+        return StandaloneSource(
+            args.manifests,
+            service_cidrs=config.service_cidrs,
+            # render touches nothing, the state file included.
+            persist=args.command == "run",
+        )
     from kubeproxy.sources.kube import KubeSource
 
     cc = cfg.client_connection
@@ -256,6 +271,17 @@ def _cleanup() -> int:
         log.error("%s", err)
         return 1
     log.info("Removed %s", ", ".join(removed) if removed else "nothing (no kubeproxy rules)")
+    return 0
+
+
+def _render_objects(source: Source, fmt: str) -> int:
+    if not isinstance(source, StandaloneSource):
+        raise ConfigError("--objects: needs --manifests")
+    listing = {"apiVersion": "v1", "kind": "List", "items": source.objects()}
+    if fmt == "json":
+        sys.stdout.write(json.dumps(listing, indent=2) + "\n")
+    else:
+        sys.stdout.write(yaml.safe_dump(listing, sort_keys=False))
     return 0
 
 
@@ -339,7 +365,16 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         parser.error(str(err))
     if args.command == "render":
-        return asyncio.run(_render(config, source, args.format))
+        try:
+            if args.objects:
+                if args.format == "nft":
+                    raise ConfigError("--objects: --format must be yaml or json")
+                return _render_objects(source, args.format or "yaml")
+            if args.format == "yaml":
+                raise ConfigError("--format yaml: only with --objects")
+        except ConfigError as err:
+            parser.error(str(err))
+        return asyncio.run(_render(config, source, args.format or "nft"))
     try:
         return asyncio.run(_run(cfg, config, source, args.once))
     except ServerBindError as err:

@@ -8,6 +8,7 @@ loopback (or, for the load-balancer health check, from the outside client).
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 import urllib.error
@@ -234,11 +235,13 @@ def test_write_config_to_and_config_file(lab: Lab, manifests: ManifestDir, tmp_p
     assert result.returncode == 0, result.stderr
 
 
-def test_the_example_config_runs_on_its_own(lab: Lab) -> None:
+def test_the_example_config_runs_on_its_own(lab: Lab, tmp_path: Path) -> None:
     # `kubeproxy run --config examples/kubeproxy-config.yaml` needs nothing else: its
-    # KubeproxyOptions document points at the example manifests.
+    # KubeproxyOptions document points at the example manifests. (A copy: kubeproxy
+    # writes the ClusterIPs it allocates to a state file beside the manifests.)
     root = Path(__file__).resolve().parents[2]
-    example = root / "examples" / "kubeproxy-config.yaml"
+    shutil.copytree(root / "examples", tmp_path / "examples")
+    example = tmp_path / "examples" / "kubeproxy-config.yaml"
     result = lab.run(lab.kubeproxy_command("run", "--config", str(example), "--once"))
     assert result.returncode == 0, result.stderr
     listing = ns_exec(lab.node_ns, "nft", "list", "table", "ip", "kube-proxy")

@@ -1,12 +1,17 @@
 """The README's main command: run kubeproxy on a namespace "node" against ``examples/``.
 
-1. Build the lab (:mod:`kubeproxy.lab.cluster`): node-a (runs kubeproxy), node-b, an
-   outside client, and one Pod namespace per Pod the EndpointSlices point at
-   (``targetRef.name``, ``nodeName``, addresses), each answering with its own name.
-2. Start ``kubeproxy run --manifests examples/`` in node-a's namespace.
-3. For every Service port: connect to each ClusterIP from a client Pod on node-a, and to
-   the NodePort from the outside client; print which Pods answered and which source
-   address they saw.
+1. Build the lab (:mod:`kubeproxy.lab.cluster`): node-a (runs kubeproxy; zone-a), node-b
+   (zone-b), an outside client, and one Pod namespace per Pod — those the EndpointSlices
+   point at (``targetRef.name``, ``nodeName``, addresses) and those written as Pods
+   (``metadata.name``, ``spec.nodeName``, ``status.podIPs``, container ports) — each
+   answering with its own name.
+2. Copy the manifests to a temporary directory (kubeproxy keeps the ClusterIPs it
+   allocates in a state file beside them) and start ``kubeproxy run --manifests`` on it
+   in node-a's namespace.
+3. For every Service port — reading the ClusterIPs kubeproxy allocated, as
+   ``render --objects`` does — connect to each ClusterIP from a client Pod on node-a, and
+   to the NodePort from the outside client; print which Pods answered and which source
+   address they saw. With ``topology-mode: Auto`` only the client's zone answers.
 4. Stop kubeproxy, remove its rules, delete every namespace.
 
 Needs root (namespaces, nftables); changes nothing outside the namespaces it creates.
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -27,11 +33,12 @@ from typing import Any
 
 import yaml
 
+from kubeproxy.controlplane.endpointslice import hints_enabled
 from kubeproxy.lab.cluster import CLIENT_IP, NODE, NODE_IP, Lab
 from kubeproxy.lab.echo import Reply, tcp_ask, udp_ask
 from kubeproxy.lab.netns import ns_exec
-from kubeproxy.model.types import L4Protocol, ServicePort
-from kubeproxy.sources.manifests import ManifestSource
+from kubeproxy.model.types import L4Protocol, Service, ServicePort
+from kubeproxy.sources.standalone import StandaloneSource
 
 CLIENT_POD = "client"
 CLIENT_POD_IPS = ("10.244.1.100", "fd00:10:244:1::100")
@@ -45,10 +52,12 @@ class PodPlan:
 
 
 def plan_pods(directory: Path) -> dict[str, PodPlan]:
-    """The Pods the example EndpointSlices refer to, with their node, IPs and ports."""
+    """The example's Pods (written as Pods, or named by EndpointSlices): node, IPs, ports."""
     pods: dict[str, PodPlan] = {}
     for path in sorted(directory.rglob("*.y*ml")):
         for doc in yaml.safe_load_all(path.read_text()):
+            if isinstance(doc, dict) and doc.get("kind") == "Pod":
+                _plan_pod(pods, doc)
             if not isinstance(doc, dict) or doc.get("kind") != "EndpointSlice":
                 continue
             ports = {p["port"] for p in doc.get("ports") or [] if p.get("port")}
@@ -60,6 +69,18 @@ def plan_pods(directory: Path) -> dict[str, PodPlan]:
                 plan.ips.add(ep["addresses"][0])
                 plan.ports |= ports
     return pods
+
+
+def _plan_pod(pods: dict[str, PodPlan], doc: dict[str, Any]) -> None:
+    spec, status = doc.get("spec") or {}, doc.get("status") or {}
+    ips = [entry["ip"] for entry in status.get("podIPs") or ()] or [status.get("podIP")]
+    plan = pods.setdefault(doc["metadata"]["name"], PodPlan(spec["nodeName"]))
+    plan.ips |= {ip for ip in ips if ip}
+    plan.ports |= {
+        port["containerPort"]
+        for container in spec.get("containers") or ()
+        for port in container.get("ports") or ()
+    }
 
 
 def _describe(replies: list[Reply | str]) -> str:
@@ -93,26 +114,44 @@ def _targets(svc: ServicePort) -> list[tuple[str, str, str, int]]:
     return out
 
 
-def _policy(svc: ServicePort, who: str) -> str:
-    """The traffic policy that decides this line, as the manifest spells it."""
+def _policy(svc: ServicePort, who: str, hinted: set[str]) -> str:
+    """The setting that decides this line, as the manifest spells it."""
     if who == "pod" and svc.internal_policy_local:
         return "internalTrafficPolicy: Local"
     if who == "client" and svc.external_policy_local:
         return "externalTrafficPolicy: Local"
+    if who == "pod" and svc.name.service.name in hinted:
+        return "topology-mode: Auto; the client is in zone-a"
     return ""
 
 
+@dataclass
+class ExampleCluster:
+    """The example's Service ports as kubeproxy completes them, and which have hints."""
+
+    services: list[ServicePort]
+    hinted: set[str]
+
+
+def load_cluster(directory: Path) -> ExampleCluster:
+    """What ``render --objects`` shows: ClusterIPs from the state file kubeproxy wrote."""
+    source = StandaloneSource(directory, persist=False)
+    ports = [
+        port
+        for event in source.reload()
+        if isinstance(event.new, Service)
+        for port in event.new.ports
+    ]
+    hinted = {
+        doc["metadata"]["name"]
+        for doc in source.cluster.objects()
+        if doc.get("kind") == "Service"
+        and hints_enabled((doc.get("metadata") or {}).get("annotations") or {})
+    }
+    return ExampleCluster(sorted(ports, key=lambda p: str(p.name)), hinted)
+
+
 def run_demo(directory: Path, requests: int, out: Any = sys.stdout) -> int:
-    source = ManifestSource(directory)
-    services = sorted(
-        (
-            port
-            for key, obj in source.load().items()
-            if key[0] == "Service"
-            for port in getattr(obj, "ports", ())
-        ),
-        key=lambda p: str(p.name),
-    )
     pods = plan_pods(directory)
     prefix = f"kpdemo{os.getpid() % 100000}"
     print(
@@ -125,8 +164,11 @@ def run_demo(directory: Path, requests: int, out: Any = sys.stdout) -> int:
             lab.add_pod(name, plan.node, sorted(plan.ips), tuple(sorted(plan.ports)))
         lab.add_pod(CLIENT_POD, NODE, CLIENT_POD_IPS)
         log = Path(tmp) / "kubeproxy.log"
+        # A copy: the state file of the ClusterIPs kubeproxy allocates goes beside it.
+        manifests = Path(tmp) / "manifests"
+        shutil.copytree(directory, manifests, ignore=shutil.ignore_patterns(".*"))
         started = time.monotonic()
-        proc = lab.start(directory, log=log)
+        proc = lab.start(manifests, log=log)
         try:
             lab.wait_for_table()
         except TimeoutError:
@@ -137,17 +179,18 @@ def run_demo(directory: Path, requests: int, out: Any = sys.stdout) -> int:
             f"(log: {log.read_text().strip().splitlines()[-1].split('] ', 1)[-1]})\n",
             file=out,
         )
+        cluster = load_cluster(manifests)
         print(
             f"Each line: {requests} connections; who answered.  Pod client = "
-            f"{CLIENT_POD_IPS[0]} on {NODE}; outside client = {CLIENT_IP}.\n",
+            f"{CLIENT_POD_IPS[0]} on {NODE} (zone-a); outside client = {CLIENT_IP}.\n",
             file=out,
         )
-        for svc in services:
+        for svc in cluster.services:
             ask = udp_ask if svc.protocol is L4Protocol.UDP else tcp_ask
             for label, who, ip, port in _targets(svc):
                 runner = lab.in_pod(CLIENT_POD) if who == "pod" else lab.executor(lab.client_ns)
                 replies = runner.call(_ask_many, ask, ip, port, requests)
-                policy = _policy(svc, who)
+                policy = _policy(svc, who, cluster.hinted)
                 print(
                     f"{svc.name!s:36} {label:30} from {who:6}: {_describe(replies)}"
                     + (f"  [{policy}]" if policy else ""),

@@ -1,4 +1,4 @@
-"""Builders for Kubernetes-shaped Service / EndpointSlice / Node dicts.
+"""Builders for Kubernetes-shaped Service / EndpointSlice / Node / Pod dicts.
 
 Used by the real-kernel tests and the benchmarks to write manifest directories without
 hand-writing YAML. The output is what ``kubectl get -o yaml`` would show (trimmed).
@@ -38,13 +38,12 @@ def service(
     type: str = "ClusterIP",
     **spec: Any,
 ) -> dict[str, Any]:
+    """A Service; with no ``cluster_ips`` (``()``), one for kubeproxy to allocate."""
     ips = [cluster_ips] if isinstance(cluster_ips, str) else list(cluster_ips)
-    body: dict[str, Any] = {
-        "type": type,
-        "clusterIP": ips[0],
-        "clusterIPs": ips,
-        "ports": [dict(p) for p in ports],
-    }
+    body: dict[str, Any] = {"type": type}
+    if ips:
+        body["clusterIP"], body["clusterIPs"] = ips[0], ips
+    body["ports"] = [dict(p) for p in ports]
     status = spec.pop("status", None)
     body.update(spec)
     obj: dict[str, Any] = {
@@ -117,7 +116,9 @@ def node(
     ips: Sequence[str] = (),
     zone: str | None = None,
     pod_cidrs: Sequence[str] = (),
+    cpu: str | None = None,
 ) -> dict[str, Any]:
+    """A Node; with ``cpu``, also Ready with that allocatable CPU (topology-mode Auto)."""
     meta: dict[str, Any] = {"name": name}
     if zone:
         meta["labels"] = {"topology.kubernetes.io/zone": zone}
@@ -129,7 +130,46 @@ def node(
     }
     if pod_cidrs:
         obj["spec"] = {"podCIDR": pod_cidrs[0], "podCIDRs": list(pod_cidrs)}
+    if cpu is not None:
+        obj["status"]["allocatable"] = {"cpu": cpu}
+        obj["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
     return obj
+
+
+def pod(
+    name: str,
+    node_name: str,
+    ips: Sequence[str],
+    labels: dict[str, str],
+    ports: dict[str, int] | None = None,
+    *,
+    namespace: str = "default",
+    ready: bool = True,
+) -> dict[str, Any]:
+    """A Pod running elsewhere, as a standalone cluster's manifests describe one:
+    its node, IPs, labels, named container ports and Ready condition."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": dict(labels)},
+        "spec": {
+            "nodeName": node_name,
+            "containers": [
+                {
+                    "name": "main",
+                    "ports": [
+                        {"name": port_name, "containerPort": number}
+                        for port_name, number in (ports or {"http": 8080}).items()
+                    ],
+                }
+            ],
+        },
+        "status": {
+            "podIP": ips[0],
+            "podIPs": [{"ip": ip} for ip in ips],
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
 
 
 @dataclass

@@ -9,13 +9,34 @@ delivered its complete initial state, so the first sync never programs a partial
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from kubeproxy.model.state import ProxyState
-from kubeproxy.model.types import EndpointSlice, Node, Service, ServiceCIDR
+from kubeproxy.model.types import EndpointSlice, NamespacedName, Node, Service, ServiceCIDR
 
-Model = Service | EndpointSlice | Node | ServiceCIDR
+
+@dataclass(frozen=True, slots=True)
+class RawObject:
+    """An object passed on as decoded, not parsed: for a layer that completes it first
+    (:mod:`kubeproxy.controlplane.standalone`). :func:`dispatch` ignores it."""
+
+    kind: str
+    key: NamespacedName
+    doc: Mapping[str, Any]
+
+    @property
+    def namespace(self) -> str:
+        return self.key.namespace
+
+    @property
+    def name(self) -> str:
+        return self.key.name
+
+
+Model = Service | EndpointSlice | Node | ServiceCIDR | RawObject
 
 
 class EventType(StrEnum):

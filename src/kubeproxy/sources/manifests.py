@@ -15,6 +15,10 @@ Bad input, decided here:
   good read (an editor's half-written save must not delete Services), with one log line;
 * the same object in two files: the first path (sorted) wins, the other is logged.
 
+With ``raw=True`` Pods are read too and every object is passed on undecoded, as a
+:class:`~kubeproxy.sources.events.RawObject`, for
+:mod:`kubeproxy.controlplane.standalone` to complete (and parse) before the proxy sees it.
+
 Parsing is cached per file by (mtime, size, inode), so a reload costs work only for the
 files that changed.
 """
@@ -42,12 +46,13 @@ from kubeproxy.model.parse import (
     parse_service_cidr,
 )
 from kubeproxy.model.types import NamespacedName
-from kubeproxy.sources.events import Event, Model
+from kubeproxy.sources.events import Event, Model, RawObject
 
 log = logging.getLogger(__name__)
 
 _SUFFIXES = (".yaml", ".yml", ".json")
 _KINDS = ("Service", "EndpointSlice", "Node", "ServiceCIDR")
+_RAW_KINDS = (*_KINDS, "Pod")
 
 ObjectKey = tuple[str, NamespacedName]  # (kind, namespace/name)
 
@@ -67,6 +72,7 @@ class _FileEntry:
 class ManifestSource:
     directory: Path
     poll_interval: float = 1.0
+    raw: bool = False  # Pods too, every object as a RawObject (see the module docstring)
     _files: dict[Path, _FileEntry] = field(default_factory=dict)
     _current: dict[ObjectKey, Model] = field(default_factory=dict)
     _duplicates: set[str] = field(default_factory=set)
@@ -102,10 +108,13 @@ class ManifestSource:
         objects: dict[ObjectKey, Model | None] = {}
         for doc in _documents(docs):
             kind = doc.get("kind")
-            if kind not in _KINDS:
+            if not isinstance(kind, str) or kind not in (_RAW_KINDS if self.raw else _KINDS):
                 continue
             key = object_key(kind, doc)
-            parsed = _parse(kind, doc)
+            if self.raw and key is not None:
+                parsed: Model | None = RawObject(kind, key, doc)
+            else:
+                parsed = _parse(kind, doc) if kind in _KINDS else None
             if key is None:
                 continue
             if (kind, key) in objects:
