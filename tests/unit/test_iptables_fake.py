@@ -9,13 +9,11 @@ fault injection and speed.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from kubeproxy.dataplane.iptables.fake import FakeIptables
 from kubeproxy.dataplane.iptables.restore import TABLES, Restore, TableInput
-from kubeproxy.dataplane.iptables.rules import parse_rule, probability_text, save_string
+from kubeproxy.dataplane.iptables.rules import _parse, parse_rule, probability_text, save_string
 from kubeproxy.dataplane.iptables.runner import FLAVORS, Flavor, Iptables, IptablesError
 from kubeproxy.model.types import IPFamily
 from tests.iptables_fake_cases import CASES, Case, RestoreOp, restore
@@ -196,7 +194,7 @@ def test_unknown_table() -> None:
 
 
 @pytest.mark.parametrize("flavor", FLAVORS)
-def test_a_big_restore_is_fast_enough(flavor: Flavor) -> None:
+def test_a_big_restore_parses_each_rule_once(flavor: Flavor) -> None:
     """A full sync of a large cluster's size: 10,000 chains, 100,000 rules."""
     data = Restore()
     for c in range(10_000):
@@ -229,15 +227,11 @@ def test_a_big_restore_is_fast_enough(flavor: Flavor) -> None:
     data.chain("nat", "KUBE-SERVICES")
     data.rule("nat", "PREROUTING", "-j", "KUBE-SERVICES")
     fake = FakeIptables(flavor=flavor)
-    start = time.perf_counter()
     fake.restore(data)
-    first = time.perf_counter() - start
-    start = time.perf_counter()
-    fake.restore(data)  # the same rules again: parsed once
-    again = time.perf_counter() - start
-    small = restore(nat=[":KUBE-SEP-00001", "-A KUBE-SEP-00001 -j RETURN"])
-    start = time.perf_counter()
-    fake.restore(small)
-    partial = time.perf_counter() - start
+    # The same rules again are not parsed again (what keeps the fake's full syncs cheap;
+    # speed itself is not asserted: see bench/).
+    misses = _parse.cache_info().misses
+    fake.restore(data)
+    assert _parse.cache_info().misses == misses
+    fake.restore(restore(nat=[":KUBE-SEP-00001", "-A KUBE-SEP-00001 -j RETURN"]))
     assert len(fake.tables["nat"].chains) == 10_005
-    assert first < 10 and again < 5 and partial < 1, (first, again, partial)
