@@ -19,6 +19,7 @@ import json
 import logging
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -36,6 +37,7 @@ from kubeproxy.config import (
 )
 from kubeproxy.dataplane.conntrack import ConntrackCommand
 from kubeproxy.dataplane.sysctl import apply_conntrack_sysctls
+from kubeproxy.metrics import Metrics
 from kubeproxy.model.nodeports import NodePortAddresses
 from kubeproxy.model.plan import DetectLocal, LocalMode
 from kubeproxy.model.state import ProxyState
@@ -239,8 +241,13 @@ def detect_local(cfg: configfile.KubeProxyConfiguration) -> DetectLocal:
 
 
 def make_source(
-    cfg: configfile.KubeProxyConfiguration, config: ProxyConfig, args: argparse.Namespace
+    cfg: configfile.KubeProxyConfiguration,
+    config: ProxyConfig,
+    args: argparse.Namespace,
+    *,
+    observe: Callable[[str, str, str, float], None] | None = None,
 ) -> Source:
+    """``observe``: told about each request to the API server (for its metrics)."""
     if args.manifests is not None:
         if not args.manifests.is_dir():
             raise ConfigError(f"--manifests: {args.manifests} is not a directory")
@@ -261,6 +268,7 @@ def make_source(
         qps=cc.qps,
         burst=cc.burst,
         content_type=cc.content_type,
+        observe=observe,
     )
 
 
@@ -310,7 +318,11 @@ def cleanup_other_modes(mode: str) -> None:
 
 
 async def _run(
-    cfg: configfile.KubeProxyConfiguration, config: ProxyConfig, source: Source, once: bool
+    cfg: configfile.KubeProxyConfiguration,
+    config: ProxyConfig,
+    source: Source,
+    once: bool,
+    metrics: Metrics,
 ) -> int:
     stop = asyncio.Event()
     if not once:
@@ -326,7 +338,13 @@ async def _run(
         # From the start, so /debug/pprof/heap sees every allocation still alive.
         start_heap_tracing()
     configz = {k: v for k, v in configfile.to_dict(cfg).items() if k not in ("apiVersion", "kind")}
-    proxy = Proxy(config, create_backend(config), conntrack=ConntrackCommand(), configz=configz)
+    proxy = Proxy(
+        config,
+        create_backend(config),
+        conntrack=ConntrackCommand(),
+        metrics=metrics,
+        configz=configz,
+    )
     log.info(
         "Starting kubeproxy: mode=%s node=%s families=%s source=%s",
         config.mode,
@@ -361,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
             log.info("Wrote the effective configuration to %s", args.write_config_to)
             return 0
         config = proxy_config(cfg, args)
-        source = make_source(cfg, config, args)
+        metrics = Metrics(config.mode)
+        source = make_source(cfg, config, args, observe=metrics.api_request)
     except ConfigError as err:
         parser.error(str(err))
     if args.command == "render":
@@ -376,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(err))
         return asyncio.run(_render(config, source, args.format or "nft"))
     try:
-        return asyncio.run(_run(cfg, config, source, args.once))
+        return asyncio.run(_run(cfg, config, source, args.once, metrics))
     except ServerBindError as err:
         # bindAddressHardFail: as upstream, the proxy exits non-zero.
         log.error("Error running ProxyServer: %s", err)

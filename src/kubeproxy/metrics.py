@@ -74,9 +74,11 @@ Not served: ``/metrics/slis`` and the alpha ``/flagz`` and ``/statusz`` pages.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import html
 import json
 import re
+import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from aiohttp import web
@@ -91,7 +93,7 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.metrics_core import CounterMetricFamily, Metric
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kubeproxy import logs, profiling
@@ -111,6 +113,10 @@ NETWORK_PROGRAMMING_BUCKETS = (
     *(float(s) for s in range(60, 120, 5)),
     *(float(s) for s in range(120, 301, 30)),
 )
+
+
+# client-go's rest_client_request_duration_seconds buckets.
+REST_CLIENT_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0)
 
 
 # Sync failures, named per proxy mode as upstream (only the active mode's is registered).
@@ -239,6 +245,22 @@ class Metrics:
                 "sync_proxy_rules_iptables_partial_restore_failures_total",
                 "Cumulative proxy iptables partial restore failures",
             )
+        # client-go's REST client metrics (k8s.io/client-go/tools/metrics, as registered by
+        # component-base), for requests to the API server.
+        self.api_requests = Counter(
+            "rest_client_requests_total",
+            "Number of HTTP requests, partitioned by status code, method, and host.",
+            ("code", "host", "method"),
+            registry=self.registry,
+        )
+        self.api_request_duration = Histogram(
+            "rest_client_request_duration_seconds",
+            "Request latency in seconds. Broken down by verb, and host.",
+            ("host", "verb"),
+            buckets=REST_CLIENT_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(_Goroutines())
         # Kernel counters, read at scrape time (iptables mode's nfacct objects).
         self.counter_reader: Callable[[], Mapping[str, int]] = dict
         if mode == "iptables":
@@ -327,6 +349,14 @@ class Metrics:
         self.sync_duration.observe(seconds)
         (self.sync_full_duration if full else self.sync_partial_duration).observe(seconds)
 
+    # ---------------------------------------------------------- API requests
+
+    def api_request(self, method: str, host: str, code: str, seconds: float) -> None:
+        """One request to the API server answered with ``code`` ("<error>": no answer)
+        after ``seconds`` (until the response headers, as client-go measures)."""
+        self.api_requests.labels(code, host, method).inc()
+        self.api_request_duration.labels(host, method).observe(seconds)
+
     # ----------------------------------------------------------------- probes
 
     def count_healthz(self, code: int) -> None:
@@ -367,6 +397,24 @@ class _KernelCounters(Collector):
         for counter, (name, doc) in KERNEL_COUNTERS.items():
             if counter in values:
                 yield CounterMetricFamily(name, doc, value=values[counter])
+
+
+class _Goroutines(Collector):
+    """``go_goroutines``, which kube-proxy dashboards chart: here the closest analogue,
+    threads plus asyncio tasks (the help text says so)."""
+
+    def describe(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily("go_goroutines", "")
+
+    def collect(self) -> Iterator[Metric]:
+        tasks = 0
+        with contextlib.suppress(RuntimeError):  # scraped outside the event loop
+            tasks = len(asyncio.all_tasks())
+        yield GaugeMetricFamily(
+            "go_goroutines",
+            "Number of goroutines that currently exist (kubeproxy: threads plus asyncio tasks)",
+            value=threading.active_count() + tasks,
+        )
 
 
 class _WithoutCreated(Collector):

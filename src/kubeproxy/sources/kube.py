@@ -59,6 +59,7 @@ from kubeproxy.sources.kube_client import (
     ApiError,
     Connection,
     RequestError,
+    RequestObserver,
     load_connection,
 )
 from kubeproxy.sources.kube_decode import DecodeError, decode_resource_names
@@ -137,11 +138,13 @@ class KubeSource:
         qps: float = DEFAULT_QPS,
         burst: int = DEFAULT_BURST,
         content_type: str = JSON,
+        observe: RequestObserver | None = None,
     ) -> KubeSource:
         """Build from upstream's flags / clientConnection fields; raises ConfigError."""
         connection = load_connection(
             kubeconfig, master, qps=qps, burst=burst, content_type=content_type
         )
+        connection.observe = observe
         return cls(connection, node_name, proxy_name=proxy_name)
 
     async def watch(self, stop: asyncio.Event) -> AsyncGenerator[list[Event], None]:

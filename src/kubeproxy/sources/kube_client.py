@@ -27,6 +27,7 @@ import logging
 import socket
 import ssl
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -53,6 +54,8 @@ PROTOBUF = "application/vnd.kubernetes.protobuf"
 DEFAULT_QPS = 5.0
 DEFAULT_BURST = 10
 USER_AGENT = f"kubeproxy/{__version__} (linux)"
+
+RequestObserver = Callable[[str, str, str, float], None]
 
 # Dead peers (a control-plane node that vanished without a RST) are noticed by TCP
 # keepalive after ~30 s + 4 x 10 s instead of at the end of a 5-10 minute watch.
@@ -169,6 +172,15 @@ class Connection:
     credentials: Credentials
     limiter: TokenBucket
     trust_env: bool = True
+    # Told about every request: (method, host, code or "<error>", seconds to the answer),
+    # for client-go's rest_client_* metrics.
+    observe: RequestObserver | None = None
+
+    @property
+    def host(self) -> str:
+        """The server's host[:port], as client-go's metrics label it."""
+        url = urllib.parse.urlsplit(self.server)
+        return url.netloc or self.server
 
     @asynccontextmanager
     async def client(self) -> AsyncIterator[ApiClient]:
@@ -228,6 +240,11 @@ class ApiClient:
         async with self._request(path, {**params, "watch": "true"}, client_timeout) as response:
             yield _lines(response)
 
+    def _observed(self, code: str, started: float) -> None:
+        observe = self._connection.observe
+        if observe is not None:
+            observe("GET", self._connection.host, code, time.monotonic() - started)
+
     @asynccontextmanager
     async def _request(
         self, path: str, params: Mapping[str, str] | None, timeout: aiohttp.ClientTimeout
@@ -239,12 +256,15 @@ class ApiClient:
             auth = await credentials.header()
             if auth is not None:
                 headers["Authorization"] = auth
+            started = time.monotonic()
             try:
                 response = await self._session.get(
                     path.lstrip("/"), params=params, headers=headers, timeout=timeout
                 )
             except (aiohttp.ClientError, OSError, TimeoutError) as err:
+                self._observed("<error>", started)
                 raise UnreachableError(_describe(err)) from None
+            self._observed(str(response.status), started)
             try:
                 if response.status == 401 and attempt == 0:
                     # A rotated token file or an expired exec token: refresh once.
