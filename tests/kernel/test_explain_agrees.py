@@ -33,6 +33,8 @@ from kubeproxy.lab.echo import tcp_ask, udp_ask
 from kubeproxy.lab.netns import ns_exec
 from kubeproxy.lab.objects import Ep, ManifestDir, endpoint_slice, node, service
 from tests.kernel.conftest import ALL_MODES, HTTP, PODS, eps, ip, sync
+from tests.kernel.test_features import load_balancer
+from tests.kernel.test_traffic import nodeport
 
 PROXY_MODES = ALL_MODES
 
@@ -60,27 +62,10 @@ class Scenario:
     pod_cidrs: bool = False
 
 
-def nodeport(name: str, cluster_ip: str, node_port: int, **spec: Any) -> dict[str, Any]:
-    return service(name, cluster_ip, [{**HTTP, "nodePort": node_port}], type="NodePort", **spec)
-
-
-def load_balancer(
-    name: str, cluster_ip: str, ingress: list[dict[str, str]], node_port: int, **spec: Any
-) -> dict[str, Any]:
-    return service(
-        name,
-        cluster_ip,
-        [{**HTTP, "nodePort": node_port}],
-        type="LoadBalancer",
-        status={"loadBalancer": {"ingress": ingress}},
-        **spec,
-    )
-
-
 def fw(ranges: list[str]) -> tuple[dict[str, Any], ...]:
     return (
         load_balancer(
-            "fw", "10.96.20.3", [{"ip": "198.51.100.20"}], 30501,
+            "fw", "10.96.20.3", [{"ip": "198.51.100.20"}], node_port=30501,
             loadBalancerSourceRanges=ranges,
         ),
         endpoint_slice("fw", eps("local-1")),
@@ -207,7 +192,6 @@ SCENARIOS = (
                 "lb",
                 "10.96.20.2",
                 [{"ip": "198.51.100.10"}, {"ip": "198.51.100.11", "ipMode": "Proxy"}],
-                30500,
                 externalTrafficPolicy="Local",
             ),
             endpoint_slice("lb", eps("local-1", "remote-1")),
@@ -285,6 +269,30 @@ SCENARIOS = (
         flags=("--detect-local-mode", "InterfaceNamePrefix", "--pod-interface-name-prefix", "vp"),
         pod_cidrs=True,
     ),
+    Scenario(
+        "detect-local-bridge-interface",
+        DETECT_LOCAL,
+        (
+            Flow("client", "10.96.40.1", interface=True),
+            Flow("local-2", "10.96.40.1", interface=True),
+        ),
+        flags=("--detect-local-mode", "BridgeInterface", "--pod-bridge-interface", "{client_if}"),
+        pod_cidrs=True,
+    ),
+    Scenario(
+        "dual-stack-nodeport",
+        (
+            service(
+                "ds",
+                ["10.96.26.1", "fd00:10:96::26"],
+                [{**HTTP, "nodePort": 30600}],
+                type="NodePort",
+            ),
+            endpoint_slice("ds", eps("local-1", "remote-1")),
+            endpoint_slice("ds", eps("remote-2", family=6)),
+        ),
+        (Flow("outside", NODE_IP6, 30600), Flow("client", "fd00:10:96::26")),
+    ),
 )
 
 
@@ -303,6 +311,12 @@ def source(lab: Lab, flow: Flow) -> tuple[str, str]:
 def host_interface(lab: Lab, address: str) -> str:
     route = ns_exec(lab.node_ns, "ip", "-o", "route", "get", address).split()
     return route[route.index("dev") + 1]
+
+
+def flags(lab: Lab, scenario: Scenario) -> tuple[str, ...]:
+    """The scenario's flags, ``{client_if}`` being the node's interface to the client Pod."""
+    client_if = host_interface(lab, ip("client"))
+    return tuple(f.format(client_if=client_if) for f in scenario.flags)
 
 
 def observe(dst: str, port: int, protocol: str, count: int, timeout: float) -> list[Outcome]:
@@ -332,7 +346,7 @@ def check(lab: Lab, manifests: ManifestDir, scenario: Scenario, flow: Flow) -> N
     packet += ["--protocol", flow.protocol]
     if flow.interface:
         packet += ["--in-interface", host_interface(lab, src)]
-    explained = lab.explain(manifests.path, *scenario.flags, *packet)
+    explained = lab.explain(manifests.path, *flags(lab, scenario), *packet)
     what = f"{flow} in {lab.mode}: {explained['verdict']} {explained['reasons']}"
     assert explained["drift"] == [], what
     verdict = explained["verdict"]
@@ -368,6 +382,6 @@ def test_explain_agrees_with_the_kernel(
             "node.yaml", node(NODE, [NODE_IP, NODE_IP6], zone="zone-a", pod_cidrs=POD_CIDRS[NODE])
         )
     manifests.write("svc.yaml", *scenario.objects)
-    sync(lab, manifests, *scenario.flags)
+    sync(lab, manifests, *flags(lab, scenario))
     for flow in scenario.flows:
         check(lab, manifests, scenario, flow)

@@ -101,3 +101,19 @@ def test_explain_refuses_bad_packets(capsys: pytest.CaptureFixture[str], packet:
         cli.main(["explain", *FLAGS, *packet])
     assert exc.value.code == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_readme_shows_real_output(capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's explain/list example: every line it shows is what the commands print."""
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    block = readme.split("```console\n", 1)[1].split("```", 1)[0]
+    commands = block.replace("\\\n", " ").split("$ kubeproxy ")[1:]
+    assert [c.split()[0] for c in commands] == ["list", "explain"]
+    for command in commands:
+        line, *shown = command.splitlines()
+        args = [a.replace("examples/", str(EXAMPLES)) for a in line.split()]
+        assert cli.main(args) == 0
+        printed = capsys.readouterr().out.splitlines()
+        for expected in shown:
+            if expected.strip() and expected.strip() != "...":
+                assert expected in printed, expected

@@ -16,6 +16,7 @@ the names are exactly those a sync programs:
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 
 from kubeproxy.backends.iptables import render as ipt
@@ -134,7 +135,7 @@ def _iptables(
             relevant = not tree.ports and frontend.ip in entry.args
             relevant = relevant and str(frontend.port) in entry.args
         if relevant:
-            out.append(KernelObject("rule", tree.table, tree.parent, " ".join(entry.args)))
+            out.append(KernelObject("rule", tree.table, tree.parent, shlex.join(entry.args)))
     programmed = {name for name, _ in rules.chains}
     path: list[str] = []
     if result.route == "internal":

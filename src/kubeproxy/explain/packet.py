@@ -192,7 +192,7 @@ def _classify(
     if node.owns(packet.src):
         return _Source(Origin.NODE, False, True, f"from this node: {packet.src} is a node address")
     why = (
-        f"from outside: {packet.src} is not a node address and local Pod traffic is "
+        f"from outside: {packet.src} is not a node address, and local Pods are told by "
         f"{local.describe()}"
     )
     if local.interface is not None and packet.in_interface is None:
