@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from kubeproxy.backends.iptables.names import ServicePortChains
 from kubeproxy.lab.cluster import (
     CLIENT_IP,
     CLIENT_IP6,
@@ -32,6 +33,7 @@ from kubeproxy.lab.cluster import (
 from kubeproxy.lab.echo import tcp_ask, udp_ask
 from kubeproxy.lab.netns import ns_exec
 from kubeproxy.lab.objects import Ep, ManifestDir, endpoint_slice, node, service
+from kubeproxy.model.types import L4Protocol, NamespacedName, ServicePortName
 from tests.kernel.conftest import ALL_MODES, HTTP, PODS, eps, ip, sync
 from tests.kernel.test_features import load_balancer
 from tests.kernel.test_traffic import nodeport
@@ -385,3 +387,34 @@ def test_explain_agrees_with_the_kernel(
     sync(lab, manifests, *flags(lab, scenario))
     for flow in scenario.flows:
         check(lab, manifests, scenario, flow)
+
+
+def test_live_reports_drift(lab: Lab, manifests: ManifestDir) -> None:
+    manifests.write(
+        "svc.yaml",
+        service("web", "10.96.50.1", [HTTP]),
+        endpoint_slice("web", eps("local-1", "remote-1")),
+    )
+    sync(lab, manifests)
+    packet = ("--src", ip("client"), "--dst", "10.96.50.1", "--port", "80")
+    assert lab.explain(manifests.path, *packet)["drift"] == []
+    # Someone removes an endpoint behind the proxy's back.
+    if lab.mode == "nftables":
+        index = explain_index(lab.explain(manifests.path, *packet), ip("remote-1"))
+        element = f"{{ 10.96.50.1 . tcp . 80 . {index} }}"
+        ns_exec(lab.node_ns, "nft", "delete", "element", "ip", "kube-proxy", "ip-backends", element)
+    else:
+        name = ServicePortName(NamespacedName("default", "web"), "http", L4Protocol.TCP)
+        sep = ServicePortChains(name).sep(f"{ip('remote-1')}:8080")
+        binary = "iptables-legacy" if lab.mode == "iptables-legacy" else "iptables-nft"
+        ns_exec(lab.node_ns, binary, "-t", "nat", "-F", sep)
+    drift = lab.explain(manifests.path, *packet)["drift"]
+    assert drift and all(ip("remote-1") in d for d in drift), drift
+
+
+def explain_index(explained: dict[str, Any], address: str) -> str:
+    """The backends-map index of an endpoint, from explain's kernel objects."""
+    for line in explained["kernelObjects"]:
+        if "ip-backends" in line and f": {address} . " in line:
+            return str(line.split(" : ")[0].rsplit(" . ", 1)[1])
+    raise AssertionError(f"{address} not in {explained['kernelObjects']}")
