@@ -250,6 +250,17 @@ def _matches(
 # ----------------------------------------------------------------------- routes
 
 
+def _why_no_hints(used: tuple[Endpoint, ...], fam: FamilyPlan) -> str:
+    """Which of topology's safeguards left every endpoint in (see model/topology.py)."""
+    ready = [ep for ep in used if ep.ready]
+    zone = fam.node.zone
+    if not all(ep.zone_hints for ep in ready):
+        return "not every ready endpoint has a zone hint (a change is under way)"
+    if zone is None:
+        return "this node has no topology.kubernetes.io/zone label"
+    return f"no endpoint is hinted for zone {zone} (filtering would leave none)"
+
+
 def _selection_reasons(
     plan: ServicePortPlan, fam: FamilyPlan, route: Route, used: tuple[Endpoint, ...]
 ) -> list[str]:
@@ -269,11 +280,15 @@ def _selection_reasons(
             f"topology: every ready endpoint has a node hint and some name {fam.node.name}: "
             "only those are used (trafficDistribution PreferSameNode)"
         )
-    elif uses_cluster_set and svc.traffic_distribution:
-        out.append(
-            f"topology: trafficDistribution {svc.traffic_distribution} has no effect here "
-            "(not every ready endpoint has a hint, or none names this node or its zone)"
-        )
+    elif uses_cluster_set and used:
+        hinted = any(ep.zone_hints or ep.node_hints for ep in used)
+        if svc.traffic_distribution or hinted:
+            what = (
+                f"trafficDistribution {svc.traffic_distribution}"
+                if svc.traffic_distribution
+                else "the endpoints' hints"
+            )
+            out.append(f"topology: {what} not applied: {_why_no_hints(used, fam)}")
     if used and all(ep.terminating for ep in used):
         where = (
             "on this node"
