@@ -28,6 +28,7 @@ from kubeproxy.lab.cluster import (
     NODE_IP,
     NODE_IP6,
     POD_CIDRS,
+    REMOTE_NODE_IP,
     Lab,
 )
 from kubeproxy.lab.echo import tcp_ask, udp_ask
@@ -35,6 +36,7 @@ from kubeproxy.lab.netns import ns_exec
 from kubeproxy.lab.objects import Ep, ManifestDir, endpoint_slice, node, service
 from kubeproxy.model.types import L4Protocol, NamespacedName, ServicePortName
 from tests.kernel.conftest import ALL_MODES, HTTP, PODS, eps, ip, sync
+from tests.kernel.test_detect_local import host_interface
 from tests.kernel.test_features import load_balancer
 from tests.kernel.test_traffic import nodeport
 
@@ -282,6 +284,21 @@ SCENARIOS = (
         pod_cidrs=True,
     ),
     Scenario(
+        "invalid-service-skipped",
+        (
+            service("good", "10.96.5.1", [HTTP]),
+            endpoint_slice("good", eps("local-1")),
+            service("bad", "10.96.5.2", [{"name": "http", "port": 0}]),
+            endpoint_slice("bad", eps("local-2")),
+        ),
+        (Flow("client", "10.96.5.1"), Flow("client", "10.96.5.2")),
+    ),
+    Scenario(
+        "remote-node-is-not-a-nodeport",
+        (nodeport("shop", "10.96.7.1", 30300), endpoint_slice("shop", eps("local-1"))),
+        (Flow("outside", REMOTE_NODE_IP, 30300),),
+    ),
+    Scenario(
         "dual-stack-nodeport",
         (
             service(
@@ -310,14 +327,9 @@ def source(lab: Lab, flow: Flow) -> tuple[str, str]:
     return lab.pods[flow.where].netns, ip(flow.where, 6 if v6 else 4)
 
 
-def host_interface(lab: Lab, address: str) -> str:
-    route = ns_exec(lab.node_ns, "ip", "-o", "route", "get", address).split()
-    return route[route.index("dev") + 1]
-
-
 def flags(lab: Lab, scenario: Scenario) -> tuple[str, ...]:
     """The scenario's flags, ``{client_if}`` being the node's interface to the client Pod."""
-    client_if = host_interface(lab, ip("client"))
+    client_if = host_interface(lab, "client")
     return tuple(f.format(client_if=client_if) for f in scenario.flags)
 
 
@@ -347,7 +359,7 @@ def check(lab: Lab, manifests: ManifestDir, scenario: Scenario, flow: Flow) -> N
     packet = ["--src", src, "--dst", flow.dst, "--port", str(flow.port)]
     packet += ["--protocol", flow.protocol]
     if flow.interface:
-        packet += ["--in-interface", host_interface(lab, src)]
+        packet += ["--in-interface", host_interface(lab, flow.where)]
     explained = lab.explain(manifests.path, *flags(lab, scenario), *packet)
     what = f"{flow} in {lab.mode}: {explained['verdict']} {explained['reasons']}"
     assert explained["drift"] == [], what
