@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import os
 import subprocess
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -115,7 +116,18 @@ def addr(ns: str, dev: str, cidr: str, peer: str | None = None) -> None:
 
 def route(ns: str, *spec: str) -> None:
     family = "-6" if any(":" in s for s in spec) else "-4"
-    ns_exec(ns, "ip", family, "route", "add", *spec)
+    # A new veth's carrier comes up asynchronously, and IPv6 installs the peer route only
+    # then: until it has, a route via the peer fails with "No route to host" (seen on a
+    # loaded machine). Wait for it a little.
+    deadline = time.monotonic() + 5.0
+    while True:
+        try:
+            ns_exec(ns, "ip", family, "route", "add", *spec)
+            return
+        except LabError as err:
+            if "No route to host" not in str(err) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def sysctl(ns: str, key: str, value: str) -> None:
