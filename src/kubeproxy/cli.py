@@ -1,4 +1,4 @@
-"""Command line: ``kubeproxy run | render | cleanup``, flags named as upstream kube-proxy's.
+"""Command line: ``kubeproxy run | render | explain | list | cleanup``, flags as upstream's.
 
 Argument parsing and configuration only: upstream's flags come from
 :data:`kubeproxy.configfile.FLAGS` (so ``--config`` files and flags share one table and
@@ -9,12 +9,15 @@ path) before anything touches the kernel, then turned into a
 
 Objects come from ``--manifests DIR`` (a directory of YAML) or, without it, from the
 Kubernetes API (``--kubeconfig`` / ``--master`` / in-cluster service account).
+``render``, ``explain`` and ``list`` take the same flags as ``run`` and read the same
+source, so they describe what ``run`` programs (:mod:`kubeproxy.explain`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import json
 import logging
 import re
@@ -37,10 +40,14 @@ from kubeproxy.config import (
 )
 from kubeproxy.dataplane.conntrack import ConntrackCommand
 from kubeproxy.dataplane.sysctl import apply_conntrack_sysctls
+from kubeproxy.explain import listing, output
+from kubeproxy.explain.command import explain_packet, list_frontends
+from kubeproxy.explain.packet import Origin, Packet
 from kubeproxy.metrics import Metrics
 from kubeproxy.model.nodeports import NodePortAddresses
 from kubeproxy.model.plan import DetectLocal, LocalMode
-from kubeproxy.model.state import ProxyState
+from kubeproxy.model.state import ProxyState, Snapshot
+from kubeproxy.model.types import L4Protocol
 from kubeproxy.oom import apply_oom_score_adj
 from kubeproxy.options import IPTABLES_BACKENDS, OptionsError, split_config
 from kubeproxy.profiling import start_heap_tracing
@@ -131,6 +138,42 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the Services and EndpointSlices as the proxy sees them (ClusterIPs, "
         "NodePorts and EndpointSlices computed for a --manifests directory) as a List",
     )
+
+    explain = sub.add_parser(
+        "explain",
+        help="why a packet goes where: the Service, endpoints, masquerade, DROP/REJECT, "
+        "and the kernel objects; touches nothing",
+    )
+    _add_proxy_flags(explain)
+    explain.add_argument("--src", required=True, help="the packet's source IP")
+    explain.add_argument("--dst", required=True, help="the packet's destination IP")
+    explain.add_argument("--port", required=True, type=int, help="the destination port")
+    explain.add_argument(
+        "--protocol", type=str.upper, choices=[p.value for p in L4Protocol], default="TCP"
+    )
+    explain.add_argument(
+        "--origin",
+        choices=[o.value for o in Origin],
+        help="where the packet comes from (default: inferred from --src as the rules "
+        "classify it: a local Pod by --detect-local-mode, this node by its addresses)",
+    )
+    explain.add_argument(
+        "--in-interface",
+        help="the interface the packet arrives on (for --detect-local-mode "
+        "BridgeInterface / InterfaceNamePrefix)",
+    )
+    explain.add_argument(
+        "--live",
+        action="store_true",
+        help="also read this node's addresses and the kernel's rules, and report drift",
+    )
+    explain.add_argument("-o", "--output", choices=("text", "json"), default="text")
+
+    listing = sub.add_parser(
+        "list", help="every frontend (ClusterIP, NodePort, external, LB) and its endpoints"
+    )
+    _add_proxy_flags(listing)
+    listing.add_argument("-o", "--output", choices=("text", "wide", "json"), default="text")
 
     cleanup = sub.add_parser(
         "cleanup", help="remove everything kubeproxy created, and nothing else"
@@ -293,10 +336,45 @@ def _render_objects(source: Source, fmt: str) -> int:
     return 0
 
 
-async def _render(config: ProxyConfig, source: Source, fmt: str) -> int:
+async def _snapshot(config: ProxyConfig, source: Source) -> Snapshot:
     state = ProxyState(config.hostname, config.bind_ip())
     dispatch(state, await initial_state(source))
     snapshot, _ = state.collect()
+    return snapshot
+
+
+def _packet(args: argparse.Namespace) -> Packet:
+    try:
+        src, dst = (str(ipaddress.ip_address(a)) for a in (args.src, args.dst))
+    except ValueError as err:
+        raise ConfigError(f"--src/--dst: {err}") from None
+    if not 0 < args.port < 65536:
+        raise ConfigError(f"--port: {args.port} is not a port number")
+    return Packet(src, dst, args.port, L4Protocol(args.protocol), args.in_interface)
+
+
+def _explain(config: ProxyConfig, snapshot: Snapshot, args: argparse.Namespace) -> int:
+    origin = Origin(args.origin) if args.origin else None
+    done = explain_packet(config, snapshot, _packet(args), origin=origin, live_check=args.live)
+    if args.output == "json":
+        data = output.as_dict(done.result, done.objects, done.drift)
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    else:
+        sys.stdout.write(output.as_text(done.result, done.objects, done.drift))
+    return 1 if done.drift else 0
+
+
+def _list(config: ProxyConfig, snapshot: Snapshot, fmt: str) -> int:
+    listed = list_frontends(config, snapshot)
+    if fmt == "json":
+        sys.stdout.write(json.dumps([r.as_dict() for r in listed], indent=2) + "\n")
+    else:
+        sys.stdout.write(listing.table(listed, wide=fmt == "wide"))
+    return 0
+
+
+async def _render(config: ProxyConfig, source: Source, fmt: str) -> int:
+    snapshot = await _snapshot(config, source)
     if fmt == "json":
         sys.stdout.write(json.dumps(describe_snapshot(config, snapshot), indent=2) + "\n")
     else:
@@ -394,6 +472,14 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as err:
             parser.error(str(err))
         return asyncio.run(_render(config, source, args.format or "nft"))
+    if args.command in ("explain", "list"):
+        try:
+            snapshot = asyncio.run(_snapshot(config, source))
+            if args.command == "list":
+                return _list(config, snapshot, args.output)
+            return _explain(config, snapshot, args)
+        except ConfigError as err:
+            parser.error(str(err))
     try:
         return asyncio.run(_run(cfg, config, source, args.once, metrics))
     except ServerBindError as err:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import os
 import signal
 import subprocess
@@ -31,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from kubeproxy.lab.echo import EchoServer
 from kubeproxy.lab.netns import (
@@ -193,12 +195,9 @@ class Lab:
             *args,
         ]
 
-    def kubeproxy_args(
-        self, manifests: Path, *extra: str, prefix: tuple[str, ...] = ()
-    ) -> list[str]:
-        """``kubeproxy run`` for node-a of the lab, reading ``manifests``."""
-        return self.kubeproxy_command(
-            "run",
+    def proxy_flags(self, manifests: Path) -> tuple[str, ...]:
+        """The flags node-a's proxy runs with (``run``, ``explain`` and ``list`` take them)."""
+        return (
             "--manifests",
             str(manifests),
             "--hostname-override",
@@ -206,9 +205,26 @@ class Lab:
             "--cluster-cidr",
             ",".join(CLUSTER_CIDRS),
             *MODE_FLAGS[self.mode],
-            *extra,
-            prefix=prefix,
         )
+
+    def kubeproxy_args(
+        self, manifests: Path, *extra: str, prefix: tuple[str, ...] = ()
+    ) -> list[str]:
+        """``kubeproxy run`` for node-a of the lab, reading ``manifests``."""
+        return self.kubeproxy_command("run", *self.proxy_flags(manifests), *extra, prefix=prefix)
+
+    def explain(self, manifests: Path, *args: str) -> dict[str, Any]:
+        """``kubeproxy explain --live -o json`` in node-a's namespace, with the flags of
+        :meth:`kubeproxy_args` (``args``: the extra flags of the sync, then the packet's)."""
+        command = self.kubeproxy_command(
+            "explain", *self.proxy_flags(manifests), *args, "--live", "-o", "json"
+        )
+        result = self.run(command)
+        # Exit status 1 reports drift (in the output); anything else is a failure.
+        if result.returncode not in (0, 1):
+            raise RuntimeError(f"kubeproxy explain failed: {result.stderr}")
+        data: dict[str, Any] = json.loads(result.stdout)
+        return data
 
     def sync_once(self, manifests: Path, *extra: str) -> subprocess.CompletedProcess[str]:
         """Run ``kubeproxy run --once`` for node-a in the node namespace."""

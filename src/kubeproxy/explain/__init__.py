@@ -1,0 +1,12 @@
+"""``kubeproxy explain`` and ``kubeproxy list``: the service plan, read back for people.
+
+* :mod:`.packet` (pure) — one packet's fate from the plan: origin, the Service and
+  frontend it matches (or why none), every selection decision, the candidate endpoints
+  with their probabilities, masquerading, DROP / REJECT and why.
+* :mod:`.objects` (pure) — the nftables elements and chains, or iptables chains and
+  rules, that implement it, from the backends' own renderers.
+* :mod:`.listing` (pure) — every frontend with its policies and endpoint counts.
+* :mod:`.output` (pure) — text and JSON for ``explain``.
+* :mod:`.live` — ``--live``: reads the kernel and compares (the comparison is pure).
+* :mod:`.command` — plans from configuration and snapshot, as a sync makes them.
+"""

@@ -1,0 +1,102 @@
+"""``kubeproxy explain`` and ``kubeproxy list`` on a snapshot: the glue around the pure core.
+
+The caller (:mod:`kubeproxy.cli`) loads the snapshot from the same source ``run`` would
+use; here the configuration and the snapshot become the same plans a sync programs
+(:func:`~kubeproxy.backends.planning.family_plans`,
+:func:`~kubeproxy.backends.planning.service_port_plans`), which the pure modules explain
+or list. ``--live`` is the only side effect: it reads the node's addresses and the
+kernel's objects (:mod:`kubeproxy.explain.live`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from kubeproxy.backends.planning import family_plans, service_port_plans
+from kubeproxy.config import ConfigError, ProxyConfig
+from kubeproxy.dataplane.iptables.runner import IptablesCommand, detect_flavor
+from kubeproxy.dataplane.process import ToolError
+from kubeproxy.explain import live
+from kubeproxy.explain.listing import Row, rows
+from kubeproxy.explain.objects import KernelObject, kernel_objects
+from kubeproxy.explain.packet import Explanation, NodeAddresses, Origin, Packet, explain
+from kubeproxy.model.plan import FamilyPlan, ServicePortPlan
+from kubeproxy.model.state import Snapshot
+from kubeproxy.model.types import IPFamily
+
+
+@dataclass(frozen=True, slots=True)
+class Explained:
+    result: Explanation
+    objects: tuple[KernelObject, ...]
+    drift: list[str] | None  # None unless --live
+
+
+def _family(config: ProxyConfig, snapshot: Snapshot, family: IPFamily) -> FamilyPlan:
+    # Any family can be explained offline, whether or not this machine has it.
+    return family_plans(replace(config, families=(family,)), snapshot)[0]
+
+
+def _plans(snapshot: Snapshot, fam: FamilyPlan) -> list[ServicePortPlan]:
+    return [p for _, p in sorted(service_port_plans(snapshot, fam).items()) if p is not None]
+
+
+def proxy_mode(config: ProxyConfig) -> str:
+    return "iptables" if config.mode == "iptables" else "nftables"
+
+
+def explain_packet(
+    config: ProxyConfig,
+    snapshot: Snapshot,
+    packet: Packet,
+    *,
+    origin: Origin | None = None,
+    live_check: bool = False,
+) -> Explained:
+    fam = _family(config, snapshot, packet.family)
+    known = frozenset(ip for ip in snapshot.node.primary_ips.values())
+    node = NodeAddresses(known)
+    if live_check:
+        try:
+            node = NodeAddresses(known | live.node_addresses(), complete=True)
+        except (ToolError, ValueError) as err:
+            raise ConfigError(f"--live: cannot read this node's addresses: {err}") from None
+    mode = proxy_mode(config)
+    try:
+        result = explain(
+            packet, fam, _plans(snapshot, fam), snapshot.endpoints, mode=mode, node=node,
+            origin=origin,
+        )  # fmt: skip
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    objects = kernel_objects(result, fam)
+    drift: list[str] | None = None
+    if live_check:
+        drift = _drift(config, result, fam, objects)
+    return Explained(result, objects, drift)
+
+
+def _drift(
+    config: ProxyConfig, result: Explanation, fam: FamilyPlan, objects: tuple[KernelObject, ...]
+) -> list[str]:
+    try:
+        if proxy_mode(config) == "nftables":
+            chains, elements = live.read_nft(result, fam, objects)
+            if not chains:
+                return [f"no table {fam.family.value} kube-proxy: kubeproxy has not synced here"]
+            return live.nft_drift(result, fam, objects, chains, elements)
+        flavor = config.iptables_backend
+        chosen = (
+            detect_flavor() if flavor == "auto" else ("legacy" if flavor == "legacy" else "nft")
+        )
+        save = IptablesCommand(fam.family, chosen).save("nat")
+        return live.iptables_drift(result, objects, save)
+    except (ToolError, RuntimeError) as err:
+        return [f"cannot read the kernel's rules: {err}"]
+
+
+def list_frontends(config: ProxyConfig, snapshot: Snapshot) -> list[Row]:
+    out: list[Row] = []
+    for fam in family_plans(config, snapshot):
+        out.extend(rows(_plans(snapshot, fam), snapshot.endpoints, snapshot.node.name))
+    return out

@@ -1,0 +1,190 @@
+"""``explain --live``: what the kernel has now, against what the plan says (the edge).
+
+Reads, never writes: the node's addresses (``ip -j addr``), and in nftables mode the
+table's chains and the elements of the maps and sets the explanation names (``nft list
+map|set``), in iptables mode ``iptables-save`` of the nat table. The comparison itself is
+pure (:func:`nft_drift`, :func:`iptables_drift`) and unit-tested on text:
+
+* every expected chain exists;
+* every expected element exists with the expected value;
+* the endpoints the kernel would DNAT this frontend to are exactly the plan's: an
+  element of the backends map under the frontend's key that the plan does not have is an
+  extra endpoint (nftables); the ``KUBE-SEP-`` chains the Service chain jumps to and their
+  ``--to-destination`` are compared with the candidates (iptables).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from kubeproxy.backends.nftables.table import static_sets
+from kubeproxy.dataplane.process import ToolError, run_tool
+from kubeproxy.explain.objects import KernelObject, backends_map, nft_claim, nft_table
+from kubeproxy.explain.packet import Explanation, Outcome
+from kubeproxy.model.plan import FamilyPlan
+
+TIMEOUT = 30.0
+
+# A runner of read-only commands: (binary, args) -> stdout, or raises ToolError.
+Reader = Callable[[str, list[str]], str]
+
+
+def read_command(binary: str, args: list[str]) -> str:
+    proc = run_tool(binary, args, timeout=TIMEOUT, package=_PACKAGES.get(binary, binary))
+    if proc.returncode != 0:
+        raise ToolError(f"{binary} {' '.join(args)}: {proc.stderr.strip() or proc.returncode}")
+    return proc.stdout
+
+
+_PACKAGES = {"ip": "iproute2", "nft": "nftables"}
+
+
+def node_addresses(read: Reader = read_command) -> frozenset[str]:
+    """Every address of this network namespace (``ip -j addr``)."""
+    out: set[str] = set()
+    for link in json.loads(read("ip", ["-j", "addr"]) or "[]"):
+        for info in link.get("addr_info", []):
+            local = info.get("local")
+            if isinstance(local, str):
+                out.add(local.split("%", 1)[0])
+    return frozenset(out)
+
+
+# ----------------------------------------------------------------------- nftables
+
+
+def parse_elements(text: str) -> dict[str, str | None]:
+    """Elements of one ``nft list map|set`` output: key -> value (None for sets)."""
+    match = re.search(r"elements = \{(.*?)\}", text, re.DOTALL)
+    if match is None:
+        return {}
+    out: dict[str, str | None] = {}
+    for raw in match.group(1).split(","):
+        item = " ".join(raw.split())
+        if not item:
+            continue
+        key, sep, value = item.partition(" : ")
+        out[key] = value if sep else None
+    return out
+
+
+def nft_drift(
+    result: Explanation,
+    fam: FamilyPlan,
+    objects: Sequence[KernelObject],
+    chains: Iterable[str],
+    elements: Mapping[str, Mapping[str, str | None]],
+) -> list[str]:
+    """Differences between ``objects`` and the kernel's ``chains`` / ``elements`` (by
+    set or map name), as readable lines."""
+    have = set(chains)
+    drift: list[str] = []
+    for obj in objects:
+        if obj.kind == "chain" and obj.name not in have:
+            drift.append(f"missing {obj}")
+        elif obj.kind == "element" and obj.key != "*":
+            kernel = elements.get(obj.name, {})
+            if obj.key not in kernel:
+                drift.append(f"missing {obj}")
+            elif kernel[obj.key] != obj.value:
+                drift.append(f"{obj}: the kernel has {kernel[obj.key]!r}")
+    if result.plan is not None and result.frontend is not None:
+        mapname = backends_map(result.frontend)
+        prefix = nft_claim(result.plan, result.frontend)[1] + " . "
+        expected = {o.key for o in objects if o.kind == "element" and o.name == mapname}
+        for key, value in sorted(elements.get(mapname, {}).items()):
+            if key.startswith(prefix) and key not in expected:
+                drift.append(
+                    f"extra endpoint {_endpoint(value)} in {mapname} "
+                    f"(index {key.removeprefix(prefix)})"
+                )
+    return drift
+
+
+def _endpoint(value: str | None) -> str:
+    """``ip . port`` (a backends map value) as ``ip:port`` / ``[ip]:port``."""
+    ip, _, port = (value or "").partition(" . ")
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+def read_nft(
+    result: Explanation,
+    fam: FamilyPlan,
+    objects: Sequence[KernelObject],
+    read: Reader = read_command,
+) -> tuple[set[str], dict[str, dict[str, str | None]]]:
+    """The table's chains and the elements of the sets/maps ``objects`` name (and of the
+    frontend's backends map)."""
+    table = nft_table(fam)
+    family, name = table.split()
+    try:
+        listing = json.loads(read("nft", ["-j", "-t", "list", "table", family, name]))
+    except ToolError:
+        return set(), {}
+    chains = {
+        item["chain"]["name"]
+        for item in listing.get("nftables", [])
+        if isinstance(item.get("chain"), dict)
+    }
+    keyword = {s.name: s.keyword for s in static_sets(fam)}
+    elements: dict[str, dict[str, str | None]] = {}
+    wanted = {o.name for o in objects if o.kind == "element"}
+    if result.frontend is not None:
+        wanted.add(backends_map(result.frontend))
+    for set_name in sorted(wanted):
+        if set_name not in keyword:
+            continue
+        try:
+            text = read("nft", ["list", keyword[set_name], family, name, set_name])
+        except ToolError:
+            text = ""
+        elements[set_name] = parse_elements(text)
+    return chains, elements
+
+
+# ----------------------------------------------------------------------- iptables
+
+
+def parse_save(text: str) -> tuple[set[str], dict[str, list[list[str]]]]:
+    """``iptables-save`` of one table: its chains, and each chain's rules as arguments."""
+    chains: set[str] = set()
+    rules: dict[str, list[list[str]]] = {}
+    for line in text.splitlines():
+        if line.startswith(":"):
+            chains.add(line[1:].split()[0])
+        elif line.startswith("-A "):
+            args = shlex.split(line)
+            rules.setdefault(args[1], []).append(args[2:])
+    return chains, rules
+
+
+def _arg(args: list[str], flag: str) -> str | None:
+    return args[args.index(flag) + 1] if flag in args[:-1] else None
+
+
+def iptables_drift(result: Explanation, objects: Sequence[KernelObject], save: str) -> list[str]:
+    chains, rules = parse_save(save)
+    drift = [f"missing {o}" for o in objects if o.kind == "chain" and o.name not in chains]
+    route = [
+        o.name
+        for o in objects
+        if o.kind == "chain" and o.name.startswith(("KUBE-SVC-", "KUBE-SVL-"))
+    ]
+    if result.verdict is not Outcome.DNAT or not route or route[-1] not in chains:
+        return drift
+    kernel: set[str] = set()
+    for args in rules.get(route[-1], []):
+        sep = _arg(args, "-j")
+        if sep is None or not sep.startswith("KUBE-SEP-"):
+            continue
+        for sep_args in rules.get(sep, []):
+            to = _arg(sep_args, "--to-destination")
+            if to is not None:
+                kernel.add(to)
+    expected = set(result.endpoints)
+    drift.extend(f"missing endpoint {e} in {route[-1]}" for e in sorted(expected - kernel))
+    drift.extend(f"extra endpoint {e} in {route[-1]}" for e in sorted(kernel - expected))
+    return drift

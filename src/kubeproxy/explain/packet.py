@@ -1,0 +1,593 @@
+"""One packet's fate, decided from the service plan the proxy programs (pure).
+
+:func:`explain` takes a :class:`Packet` (source, destination, port, protocol, optionally
+the interface it arrives on), the :class:`~kubeproxy.model.plan.FamilyPlan` of its
+family and the :class:`~kubeproxy.model.plan.ServicePortPlan` of every ServicePort, and
+walks the same decisions the rules make, in the same order:
+
+1. **Origin** — this node, a local Pod or outside, as the rules tell them apart: "local
+   Pod" is the family's local-traffic detector (``--detect-local-mode``; tested first,
+   as the rules do), "this node" a source among the node's addresses (the rules' ``fib
+   saddr type local`` / ``--src-type LOCAL``). ``origin=`` overrides the inference.
+2. **Firewall** — a load-balancer IP with ``loadBalancerSourceRanges`` drops other
+   sources before anything else.
+3. **Frontend** — a ClusterIP / external IP / load-balancer IP (address, protocol and
+   port), else a NodePort on one of the node's NodePort addresses.
+4. **Route** — the plan's internal (ClusterIP) or external route: traffic policy, the
+   Local-policy short-circuit of local Pods and the node, the endpoints with their
+   probabilities, masquerading (per endpoint: a Pod reaching itself is masqueraded), or
+   DROP / REJECT and why.
+5. **Nothing matched** — why not (a near miss: other port, not a NodePort address...),
+   and in nftables mode the ClusterIP and service-range checks (REJECT / DROP).
+
+Where the two proxy modes differ (``mode``: ``nftables`` or ``iptables``), the difference
+is upstream's, and the reason says so. The result is an :class:`Explanation`: data for
+the text and JSON printers (:mod:`kubeproxy.explain.output`) and for the kernel objects
+(:mod:`kubeproxy.explain.objects`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from enum import StrEnum
+
+from kubeproxy.model.plan import (
+    FamilyPlan,
+    Frontend,
+    FrontendKind,
+    Masquerade,
+    Route,
+    ServicePortPlan,
+    Verdict,
+)
+from kubeproxy.model.topology import TopologyMode
+from kubeproxy.model.types import (
+    Endpoint,
+    IPFamily,
+    L4Protocol,
+    ServicePortName,
+    TrafficPolicy,
+    family_of,
+)
+
+MODES = ("nftables", "iptables")
+
+
+class Origin(StrEnum):
+    NODE = "node"
+    POD = "pod"
+    OUTSIDE = "outside"
+
+
+class Outcome(StrEnum):
+    """What the proxy's rules do with the packet (``NONE``: they do not touch it)."""
+
+    DNAT = "DNAT"
+    DROP = "DROP"
+    REJECT = "REJECT"
+    ACCEPT = "ACCEPT"
+    NONE = "NONE"
+
+
+@dataclass(frozen=True, slots=True)
+class Packet:
+    """The first packet of a connection. ``src``/``dst`` are canonical IP strings."""
+
+    src: str
+    dst: str
+    port: int
+    protocol: L4Protocol = L4Protocol.TCP
+    in_interface: str | None = None
+
+    @property
+    def family(self) -> IPFamily:
+        return family_of(self.dst)
+
+    def __str__(self) -> str:
+        dst = f"[{self.dst}]" if ":" in self.dst else self.dst
+        via = f" in on {self.in_interface}" if self.in_interface else ""
+        return f"{self.protocol.value} {self.src} -> {dst}:{self.port}{via}"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeAddresses:
+    """The addresses this node owns, as far as known.
+
+    ``complete`` is True when they were read from the kernel (``--live``); otherwise only
+    the Node object's primary IPs are known, and an address inside ``--nodeport-addresses``
+    is assumed to be the node's.
+    """
+
+    addresses: frozenset[str] = frozenset()
+    complete: bool = False
+
+    def owns(self, ip: str) -> bool:
+        return ip in self.addresses or ipaddress.ip_address(ip).is_loopback
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A possible DNAT target: chosen with ``probability`` by a new connection."""
+
+    endpoint: Endpoint
+    probability: float
+    masquerade: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Excluded:
+    """An endpoint of the ServicePort (this family) that this packet cannot reach."""
+
+    endpoint: Endpoint
+    why: str
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    packet: Packet
+    mode: str
+    origin: Origin
+    verdict: Outcome
+    reasons: tuple[str, ...]
+    plan: ServicePortPlan | None = None
+    frontend: Frontend | None = None
+    # "internal" (ClusterIP route), "external", or "short-circuit" (Local policy: a local
+    # Pod or the node itself uses the cluster-wide endpoints).
+    route: str | None = None
+    candidates: tuple[Candidate, ...] = ()
+    excluded: tuple[Excluded, ...] = ()
+    masquerade: bool = False
+
+    @property
+    def service_port(self) -> ServicePortName | None:
+        return self.plan.name if self.plan is not None else None
+
+    @property
+    def endpoints(self) -> tuple[str, ...]:
+        return tuple(str(c.endpoint) for c in self.candidates)
+
+
+# ---------------------------------------------------------------------- origin
+
+
+@dataclass(frozen=True, slots=True)
+class _Source:
+    origin: Origin
+    pod_rule: bool  # the local-traffic detector matches
+    node_rule: bool  # the source is a local address
+    reason: str
+
+
+def _in_cidrs(ip: str, cidrs: Iterable[str]) -> bool:
+    addr = ipaddress.ip_address(ip)
+    return any(addr in ipaddress.ip_network(c) for c in cidrs)
+
+
+def _classify(
+    packet: Packet, fam: FamilyPlan, node: NodeAddresses, override: Origin | None
+) -> _Source:
+    local = fam.local
+    if override is not None:
+        pod = override is Origin.POD and local.implemented
+        why = f"origin {override.value} (given)"
+        if override is Origin.POD and not local.implemented:
+            why += (
+                f"; but local Pod traffic is {local.describe()}, so the rules treat it as "
+                "coming from outside"
+            )
+        return _Source(override, pod, override is Origin.NODE, why)
+    if local.cidrs and _in_cidrs(packet.src, local.cidrs):
+        return _Source(
+            Origin.POD, True, node.owns(packet.src), f"from a local Pod: {local.describe()}"
+        )
+    if local.interface is not None and packet.in_interface is not None:
+        name = packet.in_interface
+        hit = name.startswith(local.interface) if local.prefix else name == local.interface
+        if hit:
+            return _Source(
+                Origin.POD, True, node.owns(packet.src), f"from a local Pod: {local.describe()}"
+            )
+    if node.owns(packet.src):
+        return _Source(Origin.NODE, False, True, f"from this node: {packet.src} is a node address")
+    why = (
+        f"from outside: {packet.src} is not a node address, and local Pods are told by "
+        f"{local.describe()}"
+    )
+    if local.interface is not None and packet.in_interface is None:
+        why += " (give --in-interface, or --origin pod)"
+    return _Source(Origin.OUTSIDE, False, False, why)
+
+
+# ------------------------------------------------------------------- frontends
+
+
+def _nodeport_address(dst: str, fam: FamilyPlan, node: NodeAddresses) -> tuple[bool, str]:
+    """Whether the rules treat ``dst`` as a NodePort address, and why (not)."""
+    ports = fam.node_ports
+    if not ports.enabled:
+        return False, f"NodePorts are not served in {fam.family.value}"
+    if ipaddress.ip_address(dst).is_loopback:
+        if fam.localhost_nodeports:
+            return True, f"{dst} is loopback and localhost NodePorts are on (iptables mode)"
+        return False, (
+            f"{dst} is loopback: NodePorts are never served there in nftables mode, nor in "
+            "iptables mode with --iptables-localhost-nodeports=false or IPv6"
+        )
+    if ports.match_all:
+        if node.owns(dst):
+            return True, f"{dst} is a node address and NodePorts are served on every one"
+        known = "the node's addresses" if node.complete else "the Node object's primary IPs"
+        return False, f"{dst} is not one of {known} ({', '.join(sorted(node.addresses)) or 'none'})"
+    if not _in_cidrs(dst, ports.ranges):
+        return False, f"{dst} is not in --nodeport-addresses ({', '.join(ports.ranges)})"
+    if node.complete and dst not in node.addresses:
+        return False, f"{dst} is in --nodeport-addresses but is not an address of this node"
+    return True, f"{dst} is in --nodeport-addresses ({', '.join(ports.ranges)})"
+
+
+def _matches(
+    packet: Packet, plans: Sequence[ServicePortPlan], nodeport_ok: bool
+) -> list[tuple[ServicePortPlan, Frontend]]:
+    """Frontends capturing the packet, service IPs before NodePorts (as the rules)."""
+    by_ip: list[tuple[ServicePortPlan, Frontend]] = []
+    by_port: list[tuple[ServicePortPlan, Frontend]] = []
+    for plan in plans:
+        if plan.service_port.protocol is not packet.protocol:
+            continue
+        for f in plan.frontends:
+            if f.port != packet.port:
+                continue
+            if f.kind is FrontendKind.NODE_PORT:
+                if nodeport_ok:
+                    by_port.append((plan, f))
+            elif f.ip == packet.dst:
+                by_ip.append((plan, f))
+    return by_ip + by_port
+
+
+# ----------------------------------------------------------------------- routes
+
+
+def _why_no_hints(used: tuple[Endpoint, ...], fam: FamilyPlan) -> str:
+    """Which of topology's safeguards left every endpoint in (see model/topology.py)."""
+    ready = [ep for ep in used if ep.ready]
+    zone = fam.node.zone
+    if not all(ep.zone_hints for ep in ready):
+        return "not every ready endpoint has a zone hint (a change is under way)"
+    if zone is None:
+        return "this node has no topology.kubernetes.io/zone label"
+    return f"no endpoint is hinted for zone {zone} (filtering would leave none)"
+
+
+def _selection_reasons(
+    plan: ServicePortPlan, fam: FamilyPlan, route: Route, used: tuple[Endpoint, ...]
+) -> list[str]:
+    svc = plan.service_port
+    sel = plan.selection
+    out: list[str] = []
+    mode = sel.topology_mode
+    uses_cluster_set = route.policy is TrafficPolicy.CLUSTER or used == sel.cluster
+    if uses_cluster_set and mode is TopologyMode.PREFER_SAME_ZONE:
+        out.append(
+            f"topology: every ready endpoint has a zone hint and some name zone "
+            f"{fam.node.zone}: only those are used (hints from trafficDistribution or "
+            "topology-mode Auto)"
+        )
+    elif uses_cluster_set and mode is TopologyMode.PREFER_SAME_NODE:
+        out.append(
+            f"topology: every ready endpoint has a node hint and some name {fam.node.name}: "
+            "only those are used (trafficDistribution PreferSameNode)"
+        )
+    elif uses_cluster_set and used:
+        hinted = any(ep.zone_hints or ep.node_hints for ep in used)
+        if svc.traffic_distribution or hinted:
+            what = (
+                f"trafficDistribution {svc.traffic_distribution}"
+                if svc.traffic_distribution
+                else "the endpoints' hints"
+            )
+            out.append(f"topology: {what} not applied: {_why_no_hints(used, fam)}")
+    if used and all(ep.terminating for ep in used):
+        where = (
+            "on this node"
+            if route.policy is TrafficPolicy.LOCAL and used == sel.local
+            else "anywhere"
+        )
+        out.append(
+            f"no ready endpoint {where}: serving terminating endpoints are used (graceful drain)"
+        )
+    if svc.affinity_timeout is not None and used:
+        out.append(
+            f"sessionAffinity ClientIP ({svc.affinity_timeout}s): a client's first "
+            "connection picks at random, later ones within the timeout go to the same endpoint"
+        )
+    return out
+
+
+def _excluded(
+    plan: ServicePortPlan,
+    fam: FamilyPlan,
+    family_eps: Sequence[Endpoint],
+    used: tuple[Endpoint, ...],
+    local_only: bool,
+) -> tuple[Excluded, ...]:
+    chosen = set(used)
+    node = fam.node
+    any_ready = any(ep.ready for ep in family_eps)
+    out = []
+    for ep in family_eps:
+        if ep in chosen:
+            continue
+        if local_only and not ep.is_local(node.name):
+            why = f"on {ep.node_name or 'no node'}, not this node (Local traffic policy)"
+        elif not ep.ready and not (ep.serving and ep.terminating):
+            why = "terminating and not serving" if ep.terminating else "not ready"
+        elif not ep.ready:
+            why = "terminating (ready endpoints exist)" if any_ready else "terminating"
+        elif plan.selection.topology_mode is TopologyMode.PREFER_SAME_ZONE:
+            why = f"hinted for zone(s) {', '.join(sorted(ep.zone_hints))}, not {node.zone}"
+        elif plan.selection.topology_mode is TopologyMode.PREFER_SAME_NODE:
+            why = f"hinted for node(s) {', '.join(sorted(ep.node_hints))}, not {node.name}"
+        else:
+            why = "not used by this route"
+        out.append(Excluded(ep, why))
+    return tuple(out)
+
+
+def _unreachable(route: Route, what: str) -> tuple[Outcome, str]:
+    if route.verdict is Verdict.DROP:
+        return Outcome.DROP, (
+            f"{what}: endpoints exist, but none on this node for {route.policy.value} "
+            "traffic policy: DROP"
+        )
+    return Outcome.REJECT, f"{what}: no usable endpoint anywhere: REJECT"
+
+
+@dataclass(frozen=True, slots=True)
+class _Context:
+    packet: Packet
+    fam: FamilyPlan
+    mode: str
+    src: _Source
+    node: NodeAddresses
+
+
+def _decide(
+    ctx: _Context, plan: ServicePortPlan, frontend: Frontend, family_eps: Sequence[Endpoint]
+) -> Explanation:
+    packet, fam, mode, src, node = ctx.packet, ctx.fam, ctx.mode, ctx.src, ctx.node
+    reasons = [src.reason]
+    name = plan.name
+    reasons.append(f"matches {frontend.kind.value} {frontend} of {name}")
+    if frontend.kind is FrontendKind.LOAD_BALANCER and frontend.source_ranges:
+        allowed = _in_cidrs(packet.src, frontend.source_ranges)
+        applies = mode == "nftables" or plan.selection.has_any
+        ranges = ", ".join(frontend.source_ranges)
+        if not allowed and applies:
+            reasons.append(f"loadBalancerSourceRanges ({ranges}) do not include {packet.src}: DROP")
+            return Explanation(
+                packet, mode, src.origin, Outcome.DROP, tuple(reasons), plan, frontend, "external"
+            )
+        if allowed:
+            reasons.append(f"{packet.src} is in loadBalancerSourceRanges ({ranges})")
+
+    masq_why = ""
+    if frontend.kind is FrontendKind.CLUSTER_IP:
+        route = plan.internal
+        kind = "internal"
+        what = f"internalTrafficPolicy {route.policy.value}"
+        used = route.endpoints
+        reasons.append(
+            f"{what}: "
+            + (
+                "this node's endpoints only"
+                if route.policy is TrafficPolicy.LOCAL
+                else "endpoints cluster-wide"
+            )
+        )
+        if route.masquerade is Masquerade.ALWAYS:
+            masq, masq_why = True, "masqueraded: --masquerade-all"
+        elif route.masquerade is Masquerade.UNLESS_LOCAL:
+            masq = not src.pod_rule
+            masq_why = (
+                "not masqueraded: from a local Pod"
+                if not masq
+                else "masqueraded: not from a local Pod (replies must come back through this node)"
+            )
+        else:
+            masq, masq_why = False, f"not masqueraded: local Pod traffic is {fam.local.describe()}"
+    else:
+        ext = plan.external
+        assert ext is not None
+        route = ext
+        what = f"externalTrafficPolicy {route.policy.value}"
+        if route.policy is TrafficPolicy.CLUSTER:
+            kind, used, masq = "external", route.endpoints, True
+            reasons.append(f"{what}: endpoints cluster-wide")
+            masq_why = (
+                "masqueraded: external traffic with Cluster policy "
+                "(the endpoint may be on another node)"
+            )
+        elif src.pod_rule and route.short_circuit:
+            kind, used, masq = "short-circuit", route.short_circuit, False
+            reasons.append(
+                f"{what}, but from a local Pod: short-circuited to the endpoints cluster-wide, "
+                "as if it had gone out to the load balancer and back"
+            )
+            masq_why = "not masqueraded: from a local Pod"
+        elif src.node_rule and route.short_circuit and mode == "nftables" and not route.endpoints:
+            # The output path meets filter-output (dstnat - 10) before any DNAT: the
+            # no-endpoint element drops the node's connection before it is short-circuited.
+            kind, used, masq = "external", (), False
+            reasons.append(
+                f"{what}, and from this node: in nftables mode the node's own connections "
+                "meet the no-endpoints check (filter-output, before DNAT) first"
+            )
+        elif src.node_rule and route.short_circuit:
+            kind, used, masq = "short-circuit", route.short_circuit, True
+            reasons.append(
+                f"{what}, but from this node: short-circuited to the endpoints cluster-wide"
+            )
+            masq_why = "masqueraded: the node's own connection (its source is a local address)"
+        else:
+            kind, used, masq = "external", route.endpoints, False
+            reasons.append(f"{what}: this node's endpoints only")
+            masq_why = "not masqueraded: the client's address is kept (Local policy)"
+
+    reasons.extend(_selection_reasons(plan, fam, route, used))
+    local_only = route.policy is TrafficPolicy.LOCAL and kind != "short-circuit"
+    excluded = _excluded(plan, fam, family_eps, used, local_only)
+    if not used:
+        verdict, why = _unreachable(route, what)
+        if (
+            mode == "iptables"
+            and frontend.kind is not FrontendKind.CLUSTER_IP
+            and frontend.kind is not FrontendKind.NODE_PORT
+            and src.node_rule
+            and not node.owns(packet.dst)
+        ):
+            # Upstream hooks KUBE-EXTERNAL-SERVICES to INPUT and FORWARD only.
+            verdict = Outcome.NONE
+            why += (
+                " -- except for the node's own connections in iptables mode "
+                "(KUBE-EXTERNAL-SERVICES is not on the OUTPUT path, as upstream): not touched"
+            )
+        reasons.append(why)
+        return Explanation(
+            packet, mode, src.origin, verdict, tuple(reasons), plan, frontend, kind, (), excluded
+        )
+
+    hairpin = set(plan.hairpin)
+    candidates = []
+    for ep in used:
+        self_ = packet.src == ep.ip and (mode == "iptables" or ep.ip in hairpin)
+        candidates.append(Candidate(ep, 1 / len(used), masq or self_))
+    reasons.append(f"DNAT to one of {len(used)} endpoint(s), each with probability 1/{len(used)}")
+    reasons.append(masq_why)
+    if any(c.masquerade and not masq for c in candidates):
+        reasons.append(f"masqueraded when DNATed to {packet.src} itself (hairpin)")
+    return Explanation(
+        packet,
+        mode,
+        src.origin,
+        Outcome.DNAT,
+        tuple(reasons),
+        plan,
+        frontend,
+        kind,
+        tuple(candidates),
+        excluded,
+        all(c.masquerade for c in candidates),
+    )
+
+
+# -------------------------------------------------------------------- no match
+
+
+def _no_match(
+    ctx: _Context, plans: Sequence[ServicePortPlan], nodeport: tuple[bool, str]
+) -> Explanation:
+    packet, fam, mode, src = ctx.packet, ctx.fam, ctx.mode, ctx.src
+    reasons = [src.reason]
+    proto, port, dst = packet.protocol, packet.port, packet.dst
+    owners = [p for p in plans if dst in {f.ip for f in p.frontends}]
+    if owners:
+        have = sorted({f"{p.service_port.port}/{p.service_port.protocol.value}" for p in owners})
+        names = sorted({str(p.name.service) for p in owners})
+        reasons.append(
+            f"{dst} belongs to {', '.join(names)}, which has no port {port}/{proto.value} "
+            f"(ports: {', '.join(have)})"
+        )
+    same_port = [p for p in plans if p.service_port.node_port == port]
+    if same_port:
+        p = same_port[0]
+        if p.service_port.protocol is not proto:
+            reasons.append(
+                f"{port} is the NodePort of {p.name}, but for {p.service_port.protocol.value}"
+            )
+        elif not nodeport[0]:
+            reasons.append(f"{port} is the NodePort of {p.name}, but {nodeport[1]}")
+        elif not any(f.kind is FrontendKind.NODE_PORT for f in p.frontends):
+            reasons.append(f"{port} is the NodePort of {p.name}, not served in {fam.family.value}")
+    if not owners and not same_port:
+        reasons.append(f"no Service has {dst}:{port}/{proto.value} (nor a NodePort {port})")
+
+    cluster_ips = {p.cluster_ip for p in plans}
+    verdict = Outcome.NONE
+    health = [p for p in plans if p.service_port.health_check_node_port == port]
+    if health and proto is L4Protocol.TCP and nodeport[0]:
+        reasons.append(f"{port} is the healthCheckNodePort of {health[0].name.service}")
+        if mode == "iptables":
+            verdict = Outcome.ACCEPT
+            reasons.append("accepted for kubeproxy's health server (filter KUBE-NODEPORTS): ACCEPT")
+        else:
+            reasons.append("kubeproxy's health server answers it; no rule is needed")
+    elif dst in cluster_ips:
+        if mode == "nftables":
+            verdict = Outcome.REJECT
+            reasons.append(
+                f"{dst} is an allocated ClusterIP: other ports are rejected "
+                "(cluster-ips-check): REJECT"
+            )
+        else:
+            reasons.append(
+                f"{dst} is an allocated ClusterIP, but iptables mode (as upstream) leaves "
+                "other ports alone: not touched"
+            )
+    elif fam.service_cidrs and _in_cidrs(dst, fam.service_cidrs):
+        if mode == "nftables":
+            verdict = Outcome.DROP
+            reasons.append(
+                f"{dst} is in a service IP range ({', '.join(fam.service_cidrs)}) but "
+                "allocated to nothing: DROP"
+            )
+        else:
+            reasons.append(
+                f"{dst} is in a service IP range, but iptables mode (as upstream) leaves it "
+                "alone: not touched"
+            )
+    else:
+        reasons.append("kubeproxy's rules do not touch it")
+    return Explanation(packet, mode, src.origin, verdict, tuple(reasons))
+
+
+# ------------------------------------------------------------------------ entry
+
+
+def explain(
+    packet: Packet,
+    fam: FamilyPlan,
+    plans: Iterable[ServicePortPlan],
+    endpoints: Mapping[ServicePortName, Sequence[Endpoint]],
+    *,
+    mode: str = "nftables",
+    node: NodeAddresses = NodeAddresses(),
+    origin: Origin | None = None,
+) -> Explanation:
+    """The fate of ``packet``. ``plans``: every ServicePort's plan in ``fam.family``."""
+    if mode not in MODES:
+        raise ValueError(f"unknown proxy mode {mode!r}")
+    if family_of(packet.src) is not packet.family or fam.family is not packet.family:
+        raise ValueError(f"{packet.src} and {packet.dst} must both be {fam.family.value}")
+    ordered = sorted(plans, key=lambda p: p.name)
+    src = _classify(packet, fam, node, origin)
+    nodeport = _nodeport_address(packet.dst, fam, node)
+    matches = _matches(packet, ordered, nodeport[0])
+    ctx = _Context(packet, fam, mode, src, node)
+    if not matches:
+        return _no_match(ctx, ordered, nodeport)
+    plan, frontend = matches[0]
+    want_v6 = fam.family is IPFamily.IPv6
+    family_eps = [ep for ep in endpoints.get(plan.name, ()) if (":" in ep.ip) is want_v6]
+    result = _decide(ctx, plan, frontend, family_eps)
+    extra: list[str] = []
+    if frontend.kind is FrontendKind.NODE_PORT:
+        extra.append(nodeport[1])
+    others = [str(p.name) for p, f in matches[1:] if f.kind is frontend.kind]
+    if others:
+        extra.append(f"also claimed by {', '.join(others)} (a conflict: only one is programmed)")
+    if extra:
+        result = replace(result, reasons=(*result.reasons[:2], *extra, *result.reasons[2:]))
+    return result

@@ -1,0 +1,146 @@
+"""``explain``'s kernel objects (from the backends' renderers) and ``--live``'s comparison.
+
+The comparison is fed kernel listings as text here; tests/kernel/test_explain_agrees.py
+runs it against real kernels.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from kubeproxy.backends.iptables.names import ServicePortChains
+from kubeproxy.explain import live
+from kubeproxy.explain.objects import kernel_objects
+from kubeproxy.explain.packet import Explanation, Outcome, Packet, explain
+from kubeproxy.model.plan import FamilyPlan, plan_service_port
+from kubeproxy.model.types import Endpoint, ServicePort
+from tests.unit.conftest import endpoint, service_port
+from tests.unit.test_explain import CLIENT, NODE_IP, POD, family
+
+EPS = (endpoint("10.244.1.10", node="node-a"), endpoint("10.244.2.10", node="node-b"))
+
+
+def run(
+    svc: ServicePort, packet: Packet, mode: str, eps: tuple[Endpoint, ...] = EPS
+) -> tuple[Explanation, FamilyPlan]:
+    fam = family()
+    plan = plan_service_port(svc, eps, fam)
+    assert plan is not None
+    return explain(packet, fam, [plan], {svc.name: eps}, mode=mode), fam
+
+
+def test_nftables_cluster_ip_objects() -> None:
+    result, fam = run(service_port(), Packet(POD, "10.96.0.10", 80), "nftables")
+    assert [str(o) for o in kernel_objects(result, fam)] == [
+        "ip kube-proxy: service-ips element { 10.96.0.10 . tcp . 80 : goto cluster-ip-2 }",
+        "ip kube-proxy: chain cluster-ip-2",
+        "ip kube-proxy: ip-backends element { 10.96.0.10 . tcp . 80 . 0 : 10.244.1.10 . 8080 }",
+        "ip kube-proxy: ip-backends element { 10.96.0.10 . tcp . 80 . 1 : 10.244.2.10 . 8080 }",
+    ]
+
+
+def test_nftables_rejects_name_the_reject_chain() -> None:
+    result, fam = run(service_port(), Packet(POD, "10.96.0.10", 80), "nftables", eps=())
+    assert result.verdict is Outcome.REJECT
+    assert [str(o) for o in kernel_objects(result, fam)] == [
+        "ip kube-proxy: no-endpoint-services element { 10.96.0.10 . tcp . 80 : goto reject-chain }",
+        "ip kube-proxy: chain reject-chain",
+    ]
+
+
+def test_iptables_objects_are_upstreams_chains() -> None:
+    svc = service_port(node_port=30080)
+    result, fam = run(svc, Packet(CLIENT, NODE_IP, 30080), "iptables")
+    names = ServicePortChains(svc.name)
+    chains = [o.name for o in kernel_objects(result, fam) if o.kind == "chain"]
+    assert chains == [
+        names.ext,
+        names.svc,
+        names.sep("10.244.1.10:8080"),
+        names.sep("10.244.2.10:8080"),
+    ]
+    assert chains[1].startswith("KUBE-SVC-") and chains[2].startswith("KUBE-SEP-")
+    rules = [o for o in kernel_objects(result, fam) if o.kind == "rule"]
+    assert [(r.table, r.name) for r in rules] == [("nat", "KUBE-NODEPORTS")]
+
+
+def test_parse_elements_of_an_nft_listing() -> None:
+    # nft's own layout: tabs, then spaces to align continued elements.
+    text = (
+        "table ip kube-proxy {\n\tmap ip-backends {\n"
+        "\t\ttypeof ip daddr . meta l4proto . th dport . numgen random mod 1 : "
+        "ip daddr . th dport\n"
+        "\t\telements = { 10.96.0.10 . tcp . 80 . 0 : 10.244.1.10 . 8080,\n"
+        "\t\t\t     10.96.0.10 . tcp . 80 . 1 : 10.244.2.10 . 8080 }\n\t}\n}\n"
+    )
+    assert live.parse_elements(text) == {
+        "10.96.0.10 . tcp . 80 . 0": "10.244.1.10 . 8080",
+        "10.96.0.10 . tcp . 80 . 1": "10.244.2.10 . 8080",
+    }
+    assert live.parse_elements("table ip kube-proxy {\n set cluster-ips {\n }\n}") == {}
+
+
+def test_nft_drift_finds_missing_and_extra_endpoints() -> None:
+    result, fam = run(service_port(), Packet(POD, "10.96.0.10", 80), "nftables")
+    objects = kernel_objects(result, fam)
+    elements = {
+        "service-ips": {"10.96.0.10 . tcp . 80": "goto cluster-ip-2"},
+        "ip-backends": {
+            "10.96.0.10 . tcp . 80 . 0": "10.244.1.10 . 8080",
+            "10.96.0.10 . tcp . 80 . 1": "10.244.2.10 . 8080",
+        },
+    }
+    assert live.nft_drift(result, fam, objects, {"cluster-ip-2"}, elements) == []
+    elements["ip-backends"]["10.96.0.10 . tcp . 80 . 1"] = "10.244.2.99 . 8080"
+    elements["ip-backends"]["10.96.0.10 . tcp . 80 . 5"] = "10.244.2.98 . 8080"
+    del elements["service-ips"]["10.96.0.10 . tcp . 80"]
+    drift = live.nft_drift(result, fam, objects, set(), elements)
+    assert drift == [
+        "missing ip kube-proxy: service-ips element { 10.96.0.10 . tcp . 80 : goto cluster-ip-2 }",
+        "missing ip kube-proxy: chain cluster-ip-2",
+        "ip kube-proxy: ip-backends element { 10.96.0.10 . tcp . 80 . 1 : 10.244.2.10 . 8080 }:"
+        " the kernel has '10.244.2.99 . 8080'",
+        "extra endpoint 10.244.2.98:8080 in ip-backends (index 5)",
+    ]
+
+
+def test_iptables_drift_compares_endpoints() -> None:
+    svc = service_port()
+    result, fam = run(svc, Packet(POD, "10.96.0.10", 80), "iptables")
+    names = ServicePortChains(svc.name)
+    sep1, sep2 = names.sep("10.244.1.10:8080"), names.sep("10.244.2.10:8080")
+    stale = names.sep("10.244.2.77:8080")
+    save = f"""*nat
+:{names.svc} - [0:0]
+:{sep1} - [0:0]
+:{stale} - [0:0]
+-A {names.svc} -m comment --comment "default/web:http -> 10.244.1.10:8080" -j {sep1}
+-A {names.svc} -j {stale}
+-A {sep1} -s 10.244.1.10/32 -j KUBE-MARK-MASQ
+-A {sep1} -p tcp -m tcp -j DNAT --to-destination 10.244.1.10:8080
+-A {stale} -p tcp -m tcp -j DNAT --to-destination 10.244.2.77:8080
+COMMIT
+"""
+    assert live.iptables_drift(result, kernel_objects(result, fam), save) == [
+        f"missing nat: chain {sep2}",
+        f"missing endpoint 10.244.2.10:8080 in {names.svc}",
+        f"extra endpoint 10.244.2.77:8080 in {names.svc}",
+    ]
+
+
+def test_node_addresses_from_ip_json() -> None:
+    text = (
+        '[{"ifname":"lo","addr_info":[{"family":"inet","local":"127.0.0.1"}]},'
+        '{"ifname":"eth0","addr_info":[{"family":"inet6","local":"fe80::1"},'
+        '{"family":"inet","local":"192.168.50.1"}]}]'
+    )
+    got = live.node_addresses(lambda binary, args: text)
+    assert got == frozenset({"127.0.0.1", "fe80::1", "192.168.50.1"})
+
+
+def test_affinity_chains_are_listed() -> None:
+    svc = replace(service_port(), affinity_timeout=60)
+    result, fam = run(svc, Packet(POD, "10.96.0.10", 80), "nftables")
+    chains = [o.name for o in kernel_objects(result, fam) if o.kind == "chain"]
+    assert any(c.startswith("aff-") for c in chains)
+    assert any(c.startswith("affep-") for c in chains)

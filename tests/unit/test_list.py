@@ -1,0 +1,119 @@
+"""``kubeproxy list``: rows per frontend, and the two commands on the example cluster."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kubeproxy import cli
+from kubeproxy.explain.listing import rows, table
+from kubeproxy.model.plan import plan_service_port
+from kubeproxy.model.types import TrafficPolicy
+from tests.unit.conftest import endpoint, service_port
+from tests.unit.test_explain import family
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+FLAGS = ["--manifests", str(EXAMPLES), "--hostname-override", "node-a"]
+
+
+def test_one_row_per_frontend_with_counts() -> None:
+    svc = service_port(node_port=30080, etp=TrafficPolicy.LOCAL, external_ips=("203.0.113.1",))
+    eps = (
+        endpoint("10.244.1.10", node="node-a"),
+        endpoint("10.244.1.11", node="node-a", ready=False, serving=True, terminating=True),
+        endpoint("10.244.2.10", node="node-b"),
+    )
+    plan = plan_service_port(svc, eps, family())
+    assert plan is not None
+    listed = rows([plan], {svc.name: eps}, "node-a")
+    assert [(r.kind, r.frontend, r.policy) for r in listed] == [
+        ("ClusterIP", "10.96.0.10:80", "Cluster"),
+        ("ExternalIP", "203.0.113.1:80", "Local"),
+        ("NodePort", "*:30080", "Local"),
+    ]
+    assert {(r.ready, r.local, r.terminating) for r in listed} == {(2, 1, 1)}
+    assert [r.verdict for r in listed] == ["DNAT(2)", "DNAT(1)", "DNAT(1)"]
+    text = table(listed, wide=True)
+    assert text.splitlines()[0].split() == [
+        "FRONTEND", "TYPE", "SERVICE", "PORT", "POLICY", "READY", "LOCAL", "TERMINATING",
+        "VERDICT", "AFFINITY", "TOPOLOGY", "SOURCE-RANGES",
+    ]  # fmt: skip
+    assert "default/web" in text and "http/TCP" in text
+
+
+def test_local_policy_without_local_endpoints_shows_the_short_circuit() -> None:
+    svc = service_port(node_port=30080, etp=TrafficPolicy.LOCAL)
+    eps = (endpoint("10.244.2.10", node="node-b"),)
+    plan = plan_service_port(svc, eps, family())
+    assert plan is not None
+    listed = rows([plan], {svc.name: eps}, "node-a")
+    assert listed[-1].verdict == "DROP, pods/node: DNAT(1)"
+
+
+def test_list_on_the_examples(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["list", *FLAGS, "-o", "json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    by_frontend = {(r["frontend"], r["protocol"]): r for r in listed}
+    web = by_frontend[("10.96.0.10:80", "TCP")]
+    assert web["service"] == "demo/web"
+    assert web["endpoints"] == {"ready": 3, "local": 1, "terminating": 0, "used": 3}
+    assert by_frontend[("10.96.0.99:80", "TCP")]["verdict"] == "REJECT"
+    assert by_frontend[("*:30081", "TCP")]["policy"] == "Local"
+    assert cli.main(["list", *FLAGS]) == 0
+    assert capsys.readouterr().out.startswith("FRONTEND")
+
+
+def test_explain_on_the_examples(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["explain", *FLAGS, "--cluster-cidr", "10.244.0.0/16"]
+    packet = ["--src", "192.168.60.2", "--dst", "192.168.50.1", "--port", "30081"]
+    assert cli.main([*args, *packet, "-o", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["verdict"] == "DNAT"
+    assert out["endpoints"] == ["10.244.1.20:8080"]
+    assert out["masquerade"] is False
+    assert out["servicePort"] == "demo/web-local:http/TCP"
+    assert any("externalTrafficPolicy Local" in r for r in out["reasons"])
+    assert any("nodeport-backends" in o for o in out["kernelObjects"])
+    # The same flags as run: --proxy-mode iptables names upstream's chains.
+    assert cli.main([*args, *packet, "--proxy-mode", "iptables"]) == 0
+    text = capsys.readouterr().out
+    assert "Verdict:     DNAT" in text and "KUBE-SVL-" in text and "KUBE-SEP-" in text
+    # IPv6, and a packet nothing handles.
+    v6 = ["--src", "fd00:10:244:1::5", "--dst", "fd00:10:96::10", "--port", "80"]
+    assert cli.main([*args, *v6, "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["endpoints"][0].startswith("[fd00:10:244:")
+    assert cli.main([*args, "--src", "10.244.1.5", "--dst", "1.1.1.1", "--port", "80"]) == 0
+    assert "Verdict:     NONE" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "packet",
+    [
+        ["--src", "10.0.0.1", "--dst", "fd00::1", "--port", "80"],
+        ["--src", "nope", "--dst", "10.96.0.10", "--port", "80"],
+        ["--src", "10.0.0.1", "--dst", "10.96.0.10", "--port", "70000"],
+    ],
+)
+def test_explain_refuses_bad_packets(capsys: pytest.CaptureFixture[str], packet: list[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["explain", *FLAGS, *packet])
+    assert exc.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_readme_shows_real_output(capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's explain/list example: every line it shows is what the commands print."""
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    block = readme.split("```console\n", 1)[1].split("```", 1)[0]
+    commands = block.replace("\\\n", " ").split("$ kubeproxy ")[1:]
+    assert [c.split()[0] for c in commands] == ["list", "explain"]
+    for command in commands:
+        line, *shown = command.splitlines()
+        args = [a.replace("examples/", str(EXAMPLES)) for a in line.split()]
+        assert cli.main(args) == 0
+        printed = capsys.readouterr().out.splitlines()
+        for expected in shown:
+            if expected.strip() and expected.strip() != "...":
+                assert expected in printed, expected
