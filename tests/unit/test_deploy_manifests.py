@@ -140,7 +140,7 @@ def test_daemon_set_runs_kubeproxy_like_upstream_runs_kube_proxy() -> None:
     assert main["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": 10256}
     assert main["securityContext"]["capabilities"] == {
         "drop": ["ALL"],
-        "add": ["NET_ADMIN", "SYS_RESOURCE"],
+        "add": ["NET_ADMIN", "NET_RAW", "SYS_RESOURCE"],
     }
     paths = {v["name"]: v.get("hostPath", {}).get("path") for v in spec["volumes"]}
     assert paths["xtables-lock"] == "/run/xtables.lock"

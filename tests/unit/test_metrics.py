@@ -49,6 +49,10 @@ EXPECTED = {
     "python_gc_objects_collected_total": "counter",
     "python_gc_objects_uncollectable_total": "counter",
     "python_gc_collections_total": "counter",
+    # client-go's, for requests to the API server; go_goroutines' analogue.
+    "rest_client_requests_total": "counter",
+    "rest_client_request_duration_seconds": "histogram",
+    "go_goroutines": "gauge",
 }
 
 RESULT = SyncResult(full=True, elements=7, chains=3, no_local_internal=1, no_local_external=2)
