@@ -25,7 +25,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from kubeproxy.backends import Backend, SyncResult
@@ -73,6 +73,19 @@ class Servers:
     listeners: list[HealthServer | MetricsServer] = field(default_factory=list)
     # Servers that could not listen yet, retrying in the background.
     retries: list[asyncio.Task[None]] = field(default_factory=list)
+
+
+# At most this many changed ServicePorts are named in a sync's log line.
+NAMED_CHANGES = 10
+
+
+def changed_names(names: Collection[ServicePortName]) -> str:
+    """``"; changed: ns/a:http/TCP, ns/b:dns/UDP (+3 more)"`` for a sync's log line ("" if none)."""
+    if not names:
+        return ""
+    shown = sorted(str(n) for n in names)
+    more = f" (+{len(shown) - NAMED_CHANGES} more)" if len(shown) > NAMED_CHANGES else ""
+    return f"; changed: {', '.join(shown[:NAMED_CHANGES])}{more}"
 
 
 class Proxy:
@@ -246,7 +259,7 @@ class Proxy:
         log.log(
             logging.INFO if self.syncs == 1 else V2,
             "Synced %s rules in %.3fs: %d service ports (%d renders), %d elements, "
-            "%d shared chains, %d operations",
+            "%d shared chains, %d operations%s",
             "full" if result.full else "partial",
             seconds,
             result.service_ports,
@@ -254,6 +267,7 @@ class Proxy:
             result.elements,
             result.chains,
             result.operations,
+            changed_names(changes.service_ports),
         )
 
     # --------------------------------------------------------------------- run

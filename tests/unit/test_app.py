@@ -11,13 +11,14 @@ import socket
 
 import pytest
 
-from kubeproxy.app import Proxy, ServerBindError
+from kubeproxy.app import Proxy, ServerBindError, changed_names
 from kubeproxy.backends import SyncResult
 from kubeproxy.config import ProxyConfig
 from kubeproxy.dataplane.conntrack import FakeConntrack, Filter
 from kubeproxy.metrics import Metrics
 from kubeproxy.model.state import ProxyState, Snapshot
 from kubeproxy.model.types import IPFamily, L4Protocol, ServicePortName
+from tests.unit.conftest import port_name
 from tests.unit.test_health import fetch
 
 
@@ -147,3 +148,11 @@ def test_without_hard_fail_a_server_that_cannot_listen_is_retried(
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and errors[0].startswith("healthz server failed: "), errors
     assert any(r.getMessage() == f"Listening on 127.0.0.1:{taken} now" for r in caplog.records)
+
+
+def test_a_syncs_log_line_names_what_changed() -> None:
+    assert changed_names(set()) == ""
+    names = {port_name(f"svc-{i:02d}") for i in range(12)}
+    line = changed_names(names)
+    assert line.startswith("; changed: default/svc-00:http/TCP, ")
+    assert line.endswith("default/svc-09:http/TCP (+2 more)")
