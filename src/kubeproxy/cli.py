@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from kubeproxy import configfile, logs
+from kubeproxy import __version__, configfile, logs
 from kubeproxy.app import Proxy, ServerBindError, install_signal_handlers
 from kubeproxy.backends import BACKENDS, CLEANUPS, BackendError, cleanup_all, create_backend
 from kubeproxy.backends.planning import describe_snapshot
@@ -105,11 +105,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kubeproxy", description="A Python reimplementation of Kubernetes kube-proxy."
     )
+    version = f"kubeproxy v{__version__}"
+    parser.add_argument("--version", action="version", version=version)
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run the proxy until SIGTERM")
     _add_proxy_flags(run)
+    run.add_argument("--version", action="version", version=version)
     run.add_argument("--once", action="store_true", help="sync once and exit")
+    run.add_argument(
+        "--init-only",
+        action="store_true",
+        help="apply the node settings that need full root (conntrack sysctls; "
+        "route_localnet in iptables mode) and exit; then run with CAP_NET_ADMIN only",
+    )
     run.add_argument(
         "--cleanup",
         action="store_true",
@@ -315,6 +324,21 @@ def make_source(
     )
 
 
+def _init_only(cfg: configfile.KubeProxyConfiguration, config: ProxyConfig) -> int:
+    """upstream's --init-only: what needs more than CAP_NET_ADMIN, then exit."""
+    apply_conntrack_sysctls(cfg.conntrack)
+    if config.mode == "iptables":
+        from kubeproxy.backends.iptables.proxier import init_node
+
+        try:
+            init_node(config)
+        except BackendError as err:
+            log.error("%s", err)
+            return 1
+    log.info("System initialized and --init-only specified")
+    return 0
+
+
 def _cleanup() -> int:
     try:
         removed = cleanup_all()
@@ -451,7 +475,11 @@ def main(argv: list[str] | None = None) -> int:
         return _cleanup()
     try:
         cfg = load_configuration(args)
-        logs.setup(cfg.logging.verbosity, fmt=cfg.logging.format)
+        logs.setup(
+            cfg.logging.verbosity,
+            fmt=cfg.logging.format,
+            vmodule=[(i.file_pattern, i.verbosity) for i in cfg.logging.vmodule or ()],
+        )
         if getattr(args, "write_config_to", None) is not None:
             args.write_config_to.write_text(configfile.to_yaml(cfg))
             log.info("Wrote the effective configuration to %s", args.write_config_to)
@@ -480,6 +508,8 @@ def main(argv: list[str] | None = None) -> int:
             return _explain(config, snapshot, args)
         except ConfigError as err:
             parser.error(str(err))
+    if getattr(args, "init_only", False):
+        return _init_only(cfg, config)
     try:
         return asyncio.run(_run(cfg, config, source, args.once, metrics))
     except ServerBindError as err:

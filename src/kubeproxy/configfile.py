@@ -1292,6 +1292,18 @@ def _parse_bool_map(text: str) -> dict[str, bool]:
     return out
 
 
+def _parse_vmodule(text: str) -> tuple[VModuleItem, ...]:
+    """klog's ``--vmodule``: ``pattern=N[,pattern=N...]``."""
+    items = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        pattern, sep, number = part.partition("=")
+        if not sep:
+            raise argparse.ArgumentTypeError(f"invalid vmodule item {part!r} (not pattern=N)")
+        verbosity = _parse_uint32(number)
+        items.append(VModuleItem(file_pattern=pattern, verbosity=verbosity))
+    return tuple(items)
+
+
 _PARSERS: Mapping[str, Callable[[str], object]] = {
     "string": str,
     "bool": _parse_bool,
@@ -1303,6 +1315,7 @@ _PARSERS: Mapping[str, Callable[[str], object]] = {
     "ipport": _parse_ip_port,
     "list": _parse_list,
     "map": _parse_bool_map,
+    "vmodule": _parse_vmodule,
 }
 
 
@@ -1528,6 +1541,13 @@ FLAGS: tuple[FlagSpec, ...] = (
     ),
     FlagSpec("v", "logging.verbosity", "uint32", "log verbosity", wins_over_file=True),
     FlagSpec(
+        "vmodule",
+        "logging.vmodule",
+        "vmodule",
+        "comma-separated pattern=N settings for file-filtered logging",
+        wins_over_file=True,
+    ),
+    FlagSpec(
         "logging-format", "logging.format", "string", "log format (text, json)", wins_over_file=True
     ),
 )
@@ -1638,7 +1658,9 @@ def add_arguments(parser: argparse.ArgumentParser, *, skip: Sequence[str] = ()) 
             options.update(action="append", type=spec.parse)
         else:
             options.update(type=spec.parse)
-        parser.add_argument(name, dest=_dest(spec), **options)
+        # klog's -v shorthand.
+        names = (name, "-v") if spec.name == "v" else (name,)
+        parser.add_argument(*names, dest=_dest(spec), **options)
 
 
 def given_flags(args: argparse.Namespace, *, skip: Sequence[str] = ()) -> dict[str, object]:

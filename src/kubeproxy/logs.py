@@ -18,16 +18,21 @@
 
 ``--v`` works as in kube-proxy: 0 is the default, 2 adds per-sync detail (:data:`V2`), 4
 and above is debug output. :func:`set_verbosity` changes it at run time (the metrics
-server's ``PUT /debug/flags/v``). Both formats write to stderr, as upstream's.
+server's ``PUT /debug/flags/v``). ``--vmodule`` / ``logging.vmodule`` raise it for some
+source files, as klog's: ``proxier=4,kube*=2`` matches a file's name without ``.py``
+(glob), a pattern with a ``/`` the end of its path. Both formats write to stderr, as
+upstream's.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import logging
 import os
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 # klog's V(2): routine per-sync detail, shown with --v=2 and above.
@@ -103,24 +108,60 @@ def _short_caller(pathname: str, lineno: int) -> str:
     return f"{directory}/{name}:{lineno}" if directory else f"{name}:{lineno}"
 
 
-def setup(verbosity: int = 0, stream: TextIO | None = None, fmt: str = "text") -> None:
-    """Log to ``stream`` (stderr) in format ``fmt`` at klog verbosity ``verbosity``."""
+def setup(
+    verbosity: int = 0,
+    stream: TextIO | None = None,
+    fmt: str = "text",
+    vmodule: Sequence[tuple[str, int]] = (),
+) -> None:
+    """Log to ``stream`` (stderr) in format ``fmt`` at klog verbosity ``verbosity``,
+    raised to ``N`` for the source files each ``(pattern, N)`` of ``vmodule`` matches."""
     if fmt not in FORMATS:
         raise ValueError(f"unsupported log format {fmt!r} (supported: {', '.join(FORMATS)})")
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else KlogFormatter())
+    handler.addFilter(_VMODULE)
     root = logging.getLogger()
     root.handlers[:] = [handler]
+    _VMODULE.rules = tuple((pattern, _level(v)) for pattern, v in vmodule)
     set_verbosity(verbosity)
+
+
+def _level(verbosity: int) -> int:
+    if verbosity >= 4:
+        return logging.DEBUG
+    return V2 if verbosity >= 2 else logging.INFO
+
+
+class _VModuleFilter(logging.Filter):
+    """Lets a record below the global verbosity through when its file matches a rule."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.level = logging.INFO
+        self.rules: tuple[tuple[str, int], ...] = ()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= self.level:
+            return True
+        path = os.path.splitext(record.pathname)[0]
+        for pattern, level in self.rules:
+            name = path if "/" in pattern else os.path.basename(path)
+            if record.levelno >= level and (
+                fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(name, "*/" + pattern)
+            ):
+                return True
+        return False
+
+
+_VMODULE = _VModuleFilter()
 
 
 def set_verbosity(verbosity: int) -> None:
     """klog's ``-v``: which records pass, from now on (handlers stay as they are)."""
-    if verbosity >= 4:
-        logging.getLogger().setLevel(logging.DEBUG)
-    elif verbosity >= 2:
-        logging.getLogger().setLevel(V2)
-    else:
-        logging.getLogger().setLevel(logging.INFO)
+    _VMODULE.level = _level(verbosity)
+    # Records are made down to the lowest level a vmodule rule wants; the filter decides.
+    lowest = min([_VMODULE.level, *(level for _, level in _VMODULE.rules)])
+    logging.getLogger().setLevel(lowest)
     # Third-party chatter (file watcher internals) only at high verbosity.
     logging.getLogger("watchfiles").setLevel(logging.DEBUG if verbosity >= 6 else logging.WARNING)

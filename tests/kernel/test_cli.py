@@ -171,3 +171,30 @@ def test_help(command: list[str]) -> None:
     result = kubeproxy(*command)
     assert result.returncode == 0
     assert "--hostname-override" in result.stdout or "run" in result.stdout
+
+
+def test_version_and_the_v_shorthand() -> None:
+    for args in (["--version"], ["run", "--version"]):
+        result = kubeproxy(*args)
+        assert result.returncode == 0 and result.stdout.startswith("kubeproxy v"), result
+    result = kubeproxy(
+        "run", "-v", "2", "--manifests", str(EXAMPLES), "--write-config-to", "/dev/stdout"
+    )
+    assert result.returncode == 0 and "verbosity: 2" in result.stdout
+
+
+def test_init_only_sets_the_node_up_and_programs_nothing() -> None:
+    ns = f"kpinit{os.getpid()}"
+    delete_netns(ns)
+    add_netns(ns)
+    try:
+        result = kubeproxy(
+            "run", "--init-only", "--proxy-mode", "iptables", "--manifests", str(EXAMPLES),
+            "--hostname-override", NODE, ns=ns,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert "System initialized and --init-only specified" in result.stderr
+        assert ns_exec(ns, "cat", "/proc/sys/net/ipv4/conf/all/route_localnet").strip() == "1"
+        assert "KUBE-" not in ns_exec(ns, "iptables-save") + ns_exec(ns, "nft", "list", "ruleset")
+    finally:
+        delete_netns(ns)

@@ -87,3 +87,25 @@ def test_verbosity_changes_without_replacing_the_handler(stream: io.StringIO) ->
 def test_unknown_formats_are_refused() -> None:
     with pytest.raises(ValueError, match="unsupported log format 'xml'"):
         logs.setup(0, io.StringIO(), fmt="xml")
+
+
+def test_vmodule_raises_verbosity_for_matching_files_only(stream: io.StringIO) -> None:
+    logs.setup(0, stream, vmodule=[("test_lo*", 4), ("unit/nothing", 2)])
+    log = logging.getLogger("kubeproxy.test")
+    log.debug("debug here")  # this file matches test_lo*=4
+    logging.getLogger().handlers[0].handle(
+        logging.LogRecord("x", V2, "/src/kubeproxy/app.py", 1, "v2 elsewhere", None, None)
+    )
+    logging.getLogger().handlers[0].handle(
+        logging.LogRecord("x", V2, "/src/unit/nothing.py", 1, "v2 by path", None, None)
+    )
+    text = stream.getvalue()
+    assert "debug here" in text and "v2 by path" in text
+    assert "v2 elsewhere" not in text
+    # The global verbosity still applies to everything, and can change at run time.
+    logs.set_verbosity(2)
+    logging.getLogger().handlers[0].handle(
+        logging.LogRecord("x", V2, "/src/kubeproxy/app.py", 1, "now shown", None, None)
+    )
+    assert "now shown" in stream.getvalue()
+    logs.setup(0, stream)  # no rules left behind for other tests

@@ -174,9 +174,11 @@ def run_demo(directory: Path, requests: int, out: Any = sys.stdout) -> int:
         except TimeoutError:
             print(log.read_text(), file=out)
             raise
+        # The sync's log line, without the list of what changed (everything, here).
+        synced = log.read_text().strip().splitlines()[-1].split("] ", 1)[-1]
         print(
             f"kubeproxy programmed node-a in {time.monotonic() - started:.2f}s "
-            f"(log: {log.read_text().strip().splitlines()[-1].split('] ', 1)[-1]})\n",
+            f"(log: {synced.split('; changed: ')[0]})\n",
             file=out,
         )
         cluster = load_cluster(manifests)

@@ -149,20 +149,8 @@ class IptablesBackend:
         liberal = self.proc / "sys/net/netfilter/nf_conntrack_tcp_be_liberal"
         with contextlib.suppress(OSError, ValueError):
             self.tcp_be_liberal = self.tcp_be_liberal or int(liberal.read_text()) != 0
-        if IPFamily.IPv4 in self.runners and self._localhost_nodeports():
-            # NodePorts on 127.0.0.1 need route_localnet (upstream sets it, and fails
-            # to start when it cannot).
-            log.info(
-                "Setting route_localnet=1 to allow NodePorts on localhost; to change this "
-                "set iptables.localhostNodePorts to false or --nodeport-addresses to "
-                "exclude loopback"
-            )
-            path = self.proc / "sys/net/ipv4/conf/all/route_localnet"
-            try:
-                if path.read_text().strip() != "1":
-                    path.write_text("1")
-            except OSError as err:
-                raise BackendError(f"cannot set {path}: {err.strerror or err}") from None
+        if IPFamily.IPv4 in self.runners:
+            init_node(self.config, self.proc)
         self.accounting = self._ensure_counters()
 
     def _ensure_counters(self) -> frozenset[str]:
@@ -190,14 +178,6 @@ class IptablesBackend:
             with contextlib.suppress(NfacctError):
                 out[name] = self.nfacct.packets(name)
         return out
-
-    def _localhost_nodeports(self) -> bool:
-        npa = self.config.nodeport_addresses
-        if not self.config.localhost_nodeports or npa.primary:
-            return False
-        v4 = [ipaddress.ip_network(c) for c in npa.cidrs if ":" not in c]
-        loopback = ipaddress.ip_address("127.0.0.1")
-        return not v4 or any(loopback in n for n in v4)
 
     def stop(self) -> None:
         """Nothing to release: the rules stay, so traffic flows across a restart."""
@@ -534,6 +514,38 @@ def declare_largest_first(restore: Restore) -> None:
     """
     for _, part in restore:
         part.chains.sort(reverse=True)
+
+
+def localhost_nodeports(config: ProxyConfig) -> bool:
+    """Whether IPv4 NodePorts answer on 127.0.0.1 (iptables.localhostNodePorts, and
+    --nodeport-addresses covering loopback)."""
+    npa = config.nodeport_addresses
+    if not config.localhost_nodeports or npa.primary:
+        return False
+    v4 = [ipaddress.ip_network(c) for c in npa.cidrs if ":" not in c]
+    loopback = ipaddress.ip_address("127.0.0.1")
+    return not v4 or any(loopback in n for n in v4)
+
+
+def init_node(config: ProxyConfig, proc: Path = Path("/proc")) -> None:
+    """The node settings iptables mode needs (also what ``--init-only`` does for it):
+    NodePorts on 127.0.0.1 need route_localnet; upstream sets it, and fails to start
+    when it cannot. Raises BackendError."""
+    if IPFamily.IPv4 not in config.families or not localhost_nodeports(config):
+        return
+    log.info(
+        "Setting route_localnet=1 to allow NodePorts on localhost; to change this "
+        "set iptables.localhostNodePorts to false or --nodeport-addresses to "
+        "exclude loopback"
+    )
+    path = proc / "sys/net/ipv4/conf/all/route_localnet"
+    try:
+        # Written only when needed: a container's /proc/sys is read-only (--init-only,
+        # run privileged, sets it first).
+        if path.read_text().strip() != "1":
+            path.write_text("1")
+    except OSError as err:
+        raise BackendError(f"cannot set {path}: {err.strerror or err}") from None
 
 
 def open_runners(config: ProxyConfig, netns: str | None = None) -> dict[IPFamily, Iptables]:
