@@ -199,7 +199,11 @@ def load_configuration(args: argparse.Namespace) -> configfile.KubeProxyConfigur
     try:
         if args.config:
             text, options = split_config(_read(args.config), str(args.config))
-            cfg, errors = configfile.decode(text, source=str(args.config))
+            # Upstream decodes v1alpha1 strictly, then leniently with a log line naming
+            # the unknown fields (real clusters carry stale ones, e.g. udpIdleTimeout).
+            cfg, errors = configfile.decode(
+                text, source=str(args.config), strict=False, warn=log.warning
+            )
             # kubeproxy's own settings from the file; flags win.
             if args.manifests is None:
                 args.manifests = options.manifests
@@ -488,7 +492,9 @@ def main(argv: list[str] | None = None) -> int:
         metrics = Metrics(config.mode)
         source = make_source(cfg, config, args, observe=metrics.api_request)
     except ConfigError as err:
-        parser.error(str(err))
+        # As upstream: the error (every problem at once), no usage banner, exit 1.
+        sys.stderr.write(f"Error: {err}\n")
+        return 1
     if args.command == "render":
         try:
             if args.objects:

@@ -207,8 +207,9 @@ def test_write_config_to_and_config_file(lab: Lab, manifests: ManifestDir, tmp_p
     assert result.returncode == 0, result.stderr
     text = written.read_text()
     assert "kind: KubeProxyConfiguration" in text and "minSyncPeriod: 1s" in text
-    # Strict decoding: an unknown field is an error, reported with its path together with
-    # the invalid values of the rest of the file, and nothing is touched.
+    # As upstream: an unknown field falls back to lenient decoding with a warning naming
+    # it; invalid values are errors, every one reported with its path (no usage banner,
+    # exit 1), and nothing is touched.
     bad = tmp_path / "bad.yaml"
     bad.write_text(
         "apiVersion: kubeproxy.config.k8s.io/v1alpha1\n"
@@ -216,8 +217,10 @@ def test_write_config_to_and_config_file(lab: Lab, manifests: ManifestDir, tmp_p
         "  bogus: 1\n"
     )
     result = lab.sync_once(manifests.path, "--config", str(bad))
-    assert result.returncode == 2
-    assert "nftables.bogus" in result.stderr, result.stderr
+    assert result.returncode == 1 and "usage:" not in result.stderr, result.stderr
+    assert 'Using lenient decoding as strict decoding failed: unknown field "nftables.bogus"' in (
+        result.stderr
+    ), result.stderr
     assert "nftables.minSyncPeriod: Invalid value" in result.stderr, result.stderr
     # Every validation error at once, with its field path.
     bad.write_text(
@@ -226,7 +229,7 @@ def test_write_config_to_and_config_file(lab: Lab, manifests: ManifestDir, tmp_p
         "  syncPeriod: -2s\nclusterCIDR: not-a-cidr\n"
     )
     result = lab.sync_once(manifests.path, "--config", str(bad))
-    assert result.returncode == 2
+    assert result.returncode == 1
     for path in ("nftables.minSyncPeriod", "nftables.syncPeriod", "clusterCIDR"):
         assert path in result.stderr, (path, result.stderr)
     # The example configuration works.

@@ -286,7 +286,9 @@ def test_decode_keeps_what_it_could_decode_alongside_the_errors() -> None:
     assert cfg.nftables.sync_period == seconds(30)  # defaults applied
 
 
-def test_a_file_with_unknown_fields_and_invalid_values_reports_both(tmp_path: Path) -> None:
+def test_a_file_with_unknown_fields_and_invalid_values_warns_and_reports(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from kubeproxy.cli import build_parser, load_configuration
     from kubeproxy.config import ConfigError
 
@@ -304,8 +306,11 @@ def test_a_file_with_unknown_fields_and_invalid_values_reports_both(tmp_path: Pa
         load_configuration(args)
     lines = str(caught.value).splitlines()
     assert lines[0] == f"invalid configuration in {bad}:"
+    # Unknown fields: upstream's lenient fallback, a warning; everything else an error.
+    assert [r.message for r in caplog.records if "lenient" in r.message] == [
+        'Using lenient decoding as strict decoding failed: unknown field "nftables.bogus"'
+    ]
     assert [line.strip() for line in lines[1:]] == [
-        'unknown field "nftables.bogus"',
         "bindAddressHardFail: cannot unmarshal string into bool",
         "oomScoreAdj: Invalid value: 5000: must be within the range [-1000, 1000]",
         "nftables.minSyncPeriod: Invalid value: -1s: must be greater than or equal to 0",
