@@ -27,7 +27,7 @@ from kubeproxy.health import (
     health_check_node_ports,
     local_ready_endpoints,
 )
-from kubeproxy.health.proxy import format_time
+from kubeproxy.health.proxy import ZERO_TIME, format_time
 from kubeproxy.health.services import health_check_hosts, local_addresses
 from kubeproxy.metrics import Metrics
 from kubeproxy.model.nodeports import NodePortAddresses
@@ -97,11 +97,11 @@ def test_times_are_rfc3339_like_go() -> None:
     assert format_time(T0 + 0.000123) == "2023-11-14T22:13:20.000123Z"
 
 
-def test_healthy_before_the_first_sync_even_with_an_old_queued_update() -> None:
+def test_healthy_while_starting_then_unhealthy_if_the_first_state_never_comes() -> None:
     clock = FakeClock()
     health = ProxyHealth(TIMEOUT, clock)
-    health.queued_update()
-    clock.advance(10 * TIMEOUT)
+    health.queued_update()  # queued updates before the sync loop starts do not count
+    clock.advance(TIMEOUT - 1)
     code, body = health.healthz()
     assert code == 200
     assert body == {
@@ -110,6 +110,17 @@ def test_healthy_before_the_first_sync_even_with_an_old_queued_update() -> None:
         "nodeEligible": True,
         "healthy": True,
     }
+    # Upstream would stay healthy forever (its gap); ours turns unhealthy, but /livez
+    # stays up: restarting does not bring the API server back.
+    clock.advance(2)
+    code, body = health.healthz()
+    assert (code, body["healthy"]) == (503, False)
+    assert body["lastUpdated"] == ZERO_TIME
+    assert health.livez()[0] == 200
+    assert not health.is_healthy()
+    # The sync loop starts: healthy again.
+    health.updated()
+    assert health.healthz()[0] == 200
 
 
 def test_unhealthy_once_the_oldest_queued_update_is_health_timeout_old() -> None:

@@ -7,6 +7,13 @@ succeeded (:meth:`ProxyHealth.updated`) since. Before the first ``updated()`` qu
 updates do not count: upstream is healthy while starting up, and calls ``Updated`` once
 when its sync loop starts so that a proxy whose syncs never succeed does turn unhealthy.
 
+Where upstream has a gap, ours: upstream is healthy from start until its sync loop
+starts, which without an API server (or its informers' first list) may be never — a node
+that never programmed a rule would look healthy forever. Here ``/healthz`` (and the
+per-Service health checks) turn unhealthy once ``health_timeout`` has passed since the
+start without the sync loop starting; ``/livez`` does not, since restarting the process
+does not bring the API server back.
+
 ``/healthz`` also fails while the Node is going away (deletionTimestamp set, or the
 cluster autoscaler's ``ToBeDeletedByClusterAutoscaler`` taint), so load balancers drain
 the node; ``/livez`` ignores the Node so a liveness probe does not restart kube-proxy on
@@ -63,6 +70,7 @@ class ProxyHealth:
         self._last_updated: float | None = None
         self._oldest_queued: float | None = None
         self._node_eligible = True
+        self._started = clock()
 
     def queued_update(self) -> None:
         """A change is waiting for a sync (upstream QueuedUpdate); the oldest one counts."""
@@ -82,11 +90,16 @@ class ProxyHealth:
     def node_eligible(self) -> bool:
         return self._node_eligible
 
-    def is_healthy(self, now: float | None = None) -> bool:
-        """The proxy's own health, ignoring the Node (what per-Service health checks use)."""
-        if self._last_updated is None or self._oldest_queued is None:
-            return True
+    def is_healthy(self, now: float | None = None, *, waiting_counts: bool = True) -> bool:
+        """The proxy's own health, ignoring the Node (what per-Service health checks use).
+
+        ``waiting_counts``: whether waiting longer than ``health_timeout`` for the first
+        complete state (the sync loop not started) is unhealthy (not for ``/livez``)."""
         current = self._clock() if now is None else now
+        if self._last_updated is None:
+            return not waiting_counts or current - self._started < self.health_timeout
+        if self._oldest_queued is None:
+            return True
         return current - self._oldest_queued < self.health_timeout
 
     def healthz(self) -> tuple[int, dict[str, object]]:
@@ -97,7 +110,7 @@ class ProxyHealth:
 
     def _report(self, *, with_node: bool) -> tuple[int, dict[str, object]]:
         now = self._clock()
-        healthy = self.is_healthy(now)
+        healthy = self.is_healthy(now, waiting_counts=with_node)
         ok = healthy and (self._node_eligible or not with_node)
         # Older releases reported when the sync loop last ran; upstream keeps that meaning
         # by answering "now" while healthy, and the real last success when not.
