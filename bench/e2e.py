@@ -207,13 +207,15 @@ def stop(proc: subprocess.Popen[str]) -> None:
 
 
 def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (a child is listed under the thread that forked it)."""
     pids = [pid]
-    try:
-        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    except OSError:
-        return pids
-    for child in children:
-        pids.extend(_tree(int(child)))
+    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            listed = children.read_text().split()
+        except OSError:
+            continue
+        for child in listed:
+            pids.extend(_tree(int(child)))
     return pids
 
 
@@ -320,13 +322,17 @@ class Api:
 # -------------------------------------------------------------------------------- runs
 
 
-def run(source: str, services: int, rounds: int, src: Path) -> dict[str, Any]:
-    with lab() as the_lab, tempfile.TemporaryFile("w+") as log:
+def run(size: Size, source: str) -> dict[str, Any]:
+    log_path = size.profile.with_suffix(".log") if size.profile is not None else None
+    with (
+        lab() as the_lab,
+        open(log_path or os.devnull, "w+") if log_path else tempfile.TemporaryFile("w+") as log,
+    ):
         feed: Manifests | Api = (
-            Manifests(services) if source == "manifests" else Api(the_lab, services)
+            Manifests(size.services) if source == "manifests" else Api(the_lab, size.services)
         )
         try:
-            return _measure(the_lab, feed, Size(services, rounds, src), log)
+            return _measure(the_lab, feed, size, log)
         except Exception:
             log.seek(0)
             sys.stderr.write(log.read()[-4000:])
@@ -340,6 +346,35 @@ class Size:
     services: int
     rounds: int
     src: Path  # the checkout's src directory the proxy runs from
+    # py-spy's collapsed stacks of the change rounds (and the proxy's log, at --v=2, beside)
+    profile: Path | None = None
+
+
+def _py_spy(pid: int, out: Path | None) -> subprocess.Popen[str] | None:
+    """Sample the proxy's threads during the changes (not the cold start) with py-spy."""
+    if out is None:
+        return None
+    spy = subprocess.Popen(
+        [
+            str(Path(sys.executable).with_name("py-spy")),
+            "record",
+            "--pid",
+            str(pid),
+            "--rate",
+            "1000",
+            "--threads",
+            "--idle",
+            "--format",
+            "raw",
+            "--output",
+            str(out),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    time.sleep(1.0)
+    return spy
 
 
 def _measure(the_lab: Lab, feed: Manifests | Api, size: Size, log: IO[str]) -> dict[str, Any]:
@@ -359,6 +394,7 @@ def _measure(the_lab: Lab, feed: Manifests | Api, size: Size, log: IO[str]) -> d
         "127.0.0.1:10256",
         "--metrics-bind-address",
         "127.0.0.1:10249",
+        "--v=2" if size.profile is not None else "--v=0",
         *feed.args(),
     ]
     services = size.services
@@ -377,9 +413,13 @@ def _measure(the_lab: Lab, feed: Manifests | Api, size: Size, log: IO[str]) -> d
                 raise RuntimeError(f"svc-{i} is not programmed after the cold start")
         time.sleep(1.0)
         results: dict[str, list[Waited]] = {"add": [], "change": [], "delete": []}
+        spy = _py_spy(proxy.pid, size.profile)
         for r in range(size.rounds):
             for kind, waited in _round(the_lab, feed, services + r, services + size.rounds + r):
                 results[kind].append(waited)
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(30)
         hwm_kb = _status_kb(proxy.pid, "VmHWM:")
     finally:
         rss.close()
@@ -451,11 +491,22 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--src", type=Path, default=ROOT / "src")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="directory for py-spy samples of the proxy during the changes (needs py-spy)",
+    )
     args = parser.parse_args()
     rows = []
     for source in args.sources.split(","):
         for size in (int(s) for s in args.sizes.split(",")):
-            row = {"source": source, **run(source, size, args.rounds, args.src.resolve())}
+            profile = None
+            if args.profile is not None:
+                args.profile.mkdir(parents=True, exist_ok=True)
+                profile = args.profile / f"{source}-{size}.txt"
+            spec = Size(size, args.rounds, args.src.resolve(), profile)
+            row = {"source": source, **run(spec, source)}
             rows.append(row)
             print(table([row]).splitlines()[-1], file=sys.stderr, flush=True)
     print(table(rows))

@@ -542,7 +542,7 @@ def test_watch_broken_file_keeps_its_last_good_objects(
 class LosesEvents(ManifestSource):
     """Every path the watcher reports is lost (as in an inotify queue overflow)."""
 
-    def _changed(self, reported: Iterable[Path]) -> None:
+    def _changed(self, reported: Iterable[str]) -> None:
         for _ in reported:
             pass
 

@@ -67,6 +67,9 @@ class _FileEntry:
 
 
 Stamp = tuple[int, ...]
+# A file's absolute path as a string: the index holds ten thousands of them, and strings
+# hash and compare several times faster than Path objects.
+FilePath = str
 
 
 @dataclass
@@ -81,27 +84,33 @@ class ManifestSource:
     poll_interval: float = 10.0
     # Seconds the watcher waits for more changes once it has seen one (watchfiles' step).
     watch_step: float = 0.002
-    _files: dict[Path, _FileEntry] = field(default_factory=dict)
+    _files: dict[FilePath, _FileEntry] = field(default_factory=dict)
     # Every file defining each object (the first in sorted order wins).
-    _owners: dict[ObjectKey, set[Path]] = field(default_factory=dict)
+    _owners: dict[ObjectKey, set[FilePath]] = field(default_factory=dict)
     # What the events so far said: the state a consumer has.
     _current: dict[ObjectKey, Model] = field(default_factory=dict)
     # Objects whose winning definition may differ from _current.
     _dirty: set[ObjectKey] = field(default_factory=set)
     _duplicates: dict[ObjectKey, set[str]] = field(default_factory=dict)
+    # Known files by directory: what a directory deleted or moved out took away.
+    _by_dir: dict[FilePath, set[FilePath]] = field(default_factory=dict)
+
+    @property
+    def _root(self) -> FilePath:
+        return os.path.abspath(self.directory)
 
     # ---------------------------------------------------------------- loading
 
-    def _paths(self, top: Path | None = None) -> Iterator[Path]:
-        for root, dirs, files in os.walk(top or self.directory):
+    def _paths(self, top: FilePath | None = None) -> Iterator[FilePath]:
+        for root, dirs, files in os.walk(top or self._root):
             dirs[:] = [d for d in dirs if not d.startswith(".")]
             for name in files:
                 if not name.startswith(".") and name.endswith(_SUFFIXES):
-                    yield Path(root) / name
+                    yield os.path.join(root, name)
 
-    def _scan(self) -> dict[Path, Stamp]:
+    def _scan(self) -> dict[FilePath, Stamp]:
         """Every manifest file with its stamp (no state touched: runs in a thread)."""
-        stamps: dict[Path, Stamp] = {}
+        stamps: dict[FilePath, Stamp] = {}
         for path in self._paths():
             stamp = _stamp(path)
             if stamp is not None:
@@ -148,29 +157,36 @@ class ManifestSource:
             objects[(kind, key)] = parsed
         return _FileEntry(stamp, objects)
 
-    def _refresh(self, path: Path, stamp: Stamp | None) -> None:
+    def _refresh(self, path: FilePath, stamp: Stamp | None) -> None:
         """Bring one file's entry up to date (stamp None: the file is gone)."""
         entry = self._files.get(path)
         if stamp is None:
             if entry is not None:
                 del self._files[path]
+                parent = os.path.dirname(path)
+                siblings = self._by_dir[parent]
+                siblings.discard(path)
+                if not siblings:
+                    del self._by_dir[parent]
                 self._disown(path, entry.objects.keys())
             return
         if entry is not None and entry.stamp == stamp:
             return
-        fresh = self._read(path, stamp)
+        fresh = self._read(Path(path), stamp)
         if fresh is None:
             # Keep what the file held at its last good read, under the new stamp so the
             # broken version is read (and logged) once, not on every re-scan.
             fresh = _FileEntry(stamp, entry.objects if entry is not None else {})
         self._files[path] = fresh
+        if entry is None:
+            self._by_dir.setdefault(os.path.dirname(path), set()).add(path)
         before = entry.objects.keys() if entry is not None else set()
         self._disown(path, before - fresh.objects.keys())
         for key in fresh.objects:
             self._owners.setdefault(key, set()).add(path)
         self._dirty.update(fresh.objects.keys())
 
-    def _disown(self, path: Path, keys: Iterable[ObjectKey]) -> None:
+    def _disown(self, path: FilePath, keys: Iterable[ObjectKey]) -> None:
         for key in keys:
             owners = self._owners.get(key)
             if owners is not None:
@@ -185,7 +201,8 @@ class ManifestSource:
         if not owners:
             self._duplicates.pop(key, None)
             return None
-        first, *others = sorted(owners)
+        # Path order (by components: "a/x.yaml" before "a.yaml"), as the full scan had it.
+        first, *others = sorted(owners, key=_parts) if len(owners) > 1 else owners
         if others:
             # key[1] is the raw (unvalidated) name: escape it to keep one line.
             messages = {
@@ -214,37 +231,42 @@ class ManifestSource:
                 after[key] = self._current[key] = obj
         return diff(before, after)
 
-    def _rescan(self, stamps: Mapping[Path, Stamp]) -> None:
+    def _rescan(self, stamps: Mapping[FilePath, Stamp]) -> None:
         """Apply a full scan: files gone, new or changed since their last read."""
         for path in self._files.keys() - stamps.keys():
             self._refresh(path, None)
-        # Sorted, so duplicates within one scan are read (and logged) in a stable order.
-        for path in sorted(stamps):
+        changed = [
+            path
+            for path, stamp in stamps.items()
+            if (entry := self._files.get(path)) is None or entry.stamp != stamp
+        ]
+        # Sorted, so duplicates within one file are read (and logged) in a stable order.
+        for path in sorted(changed, key=_parts):
             self._refresh(path, stamps[path])
 
-    def _changed(self, reported: Iterable[Path]) -> None:
+    def _changed(self, reported: Iterable[FilePath]) -> None:
         """Apply the paths the watcher reported (files, or directories moved in or out)."""
-        for path in reported:
-            if self._hidden(path):
+        root = self._root
+        for reported_path in reported:
+            path = os.path.abspath(reported_path)
+            relative = os.path.relpath(path, root)
+            if relative.startswith(".") and relative != ".":
+                continue  # hidden, or outside the directory
+            if any(part.startswith(".") for part in relative.split(os.sep)[1:]):
                 continue
-            if path.is_dir():  # a directory created or moved in: everything under it
+            if os.path.isdir(path):  # a directory created or moved in: everything under it
                 for inner in self._paths(path):
                     self._refresh(inner, _stamp(inner))
                 continue
-            if path.name.endswith(_SUFFIXES) or path in self._files:
+            if path.endswith(_SUFFIXES) or path in self._files:
                 self._refresh(path, _stamp(path))
-            if path not in self._files and not path.exists():
-                # Possibly a directory deleted or moved out: the files known under it.
-                prefix = f"{path}{os.sep}"
-                for known in [p for p in self._files if str(p).startswith(prefix)]:
-                    self._refresh(known, _stamp(known))
-
-    def _hidden(self, path: Path) -> bool:
-        try:
-            parts = path.relative_to(self.directory).parts
-        except ValueError:
-            return True
-        return any(part.startswith(".") for part in parts)
+            if not os.path.exists(path):
+                # Perhaps a directory deleted or moved out: the files known under it.
+                prefix = path + os.sep
+                gone = [d for d in self._by_dir if d == path or d.startswith(prefix)]
+                for directory in gone:
+                    for known in list(self._by_dir.get(directory, ())):
+                        self._refresh(known, _stamp(known))
 
     def load(self) -> dict[ObjectKey, Model]:
         """Re-scan the directory (re-parsing only changed files); the full desired state."""
@@ -272,7 +294,7 @@ class ManifestSource:
         only when their stat changed), which repairs a lost event (an inotify queue
         overflow, say) and covers filesystems without inotify.
         """
-        reported: asyncio.Queue[set[Path] | None] = asyncio.Queue()
+        reported: asyncio.Queue[set[FilePath] | None] = asyncio.Queue()
         closed = _Stop(stop)
         watcher = asyncio.create_task(self._watch_paths(closed, reported))
         await asyncio.sleep(0)  # the watcher's first step sets up its inotify watches
@@ -304,7 +326,9 @@ class ManifestSource:
             closed.closed = True
             await watcher
 
-    async def _watch_paths(self, stop: _Stop, reported: asyncio.Queue[set[Path] | None]) -> None:
+    async def _watch_paths(
+        self, stop: _Stop, reported: asyncio.Queue[set[FilePath] | None]
+    ) -> None:
         """Put each set of paths inotify reports into ``reported``; None when stopped."""
         step = max(1, round(self.watch_step * 1000))
         try:
@@ -318,7 +342,7 @@ class ManifestSource:
                 debounce=max(step, 50),
                 recursive=True,
             ):
-                reported.put_nowait({Path(path) for _, path in changes})
+                reported.put_nowait({path for _, path in changes})
         finally:
             reported.put_nowait(None)
 
@@ -349,10 +373,14 @@ def diff(old: Mapping[ObjectKey, Model], new: Mapping[ObjectKey, Model]) -> list
     return events
 
 
-def _stamp(path: Path) -> Stamp | None:
+def _parts(path: FilePath) -> tuple[str, ...]:
+    return tuple(path.split(os.sep))
+
+
+def _stamp(path: FilePath) -> Stamp | None:
     """What tells a file changed; None if it is gone (or not a regular file)."""
     try:
-        st = path.stat()
+        st = os.stat(path)
     except OSError:
         return None
     if not stat.S_ISREG(st.st_mode):
