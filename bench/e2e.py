@@ -209,9 +209,13 @@ def stop(proc: subprocess.Popen[str]) -> None:
 def _tree(pid: int) -> list[int]:
     """``pid`` and its descendants (a child is listed under the thread that forked it)."""
     pids = [pid]
-    for children in Path(f"/proc/{pid}/task").glob("*/children"):
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:  # gone meanwhile
+        return pids
+    for task in tasks:
         try:
-            listed = children.read_text().split()
+            listed = Path(f"/proc/{pid}/task/{task}/children").read_text().split()
         except OSError:
             continue
         for child in listed:

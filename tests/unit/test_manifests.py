@@ -542,9 +542,10 @@ def test_watch_broken_file_keeps_its_last_good_objects(
 class LosesEvents(ManifestSource):
     """Every path the watcher reports is lost (as in an inotify queue overflow)."""
 
-    def _changed(self, reported: Iterable[str]) -> None:
+    def _changed(self, reported: Iterable[str]) -> bool:
         for _ in reported:
             pass
+        return False
 
 
 def test_watch_lost_event_is_repaired_by_the_rescan(tmp_path: Path) -> None:
@@ -577,5 +578,22 @@ def test_watch_duplicate_first_path_wins_as_files_come_and_go(tmp_path: Path) ->
         assert port(await anext(w.batches)) == 2223
         replace(tmp_path / "a.yaml", docs(service_obj(ports=[{"port": 3333}])))
         assert port(await anext(w.batches)) == 3333
+
+    watching(tmp_path, scenario)
+
+
+def test_watch_configmap_volume_swap_is_seen(tmp_path: Path) -> None:
+    # A ConfigMap volume: the files are symlinks through "..data", a hidden symlink to a
+    # hidden timestamped directory; an update writes a new directory and renames a new
+    # "..data" over the old one. No event names a manifest file.
+    write(tmp_path / "..v1" / "web.yaml", docs(service_obj()))
+    (tmp_path / "..data").symlink_to("..v1")
+    (tmp_path / "web.yaml").symlink_to("..data/web.yaml")
+
+    async def scenario(w: Watching) -> None:
+        write(tmp_path / "..v2" / "web.yaml", docs(service_obj(ports=[{"port": 81}])))
+        (tmp_path / "..data_tmp").symlink_to("..v2")
+        (tmp_path / "..data_tmp").replace(tmp_path / "..data")
+        assert await w.next() == [("MODIFIED", "Service", "default/web")]
 
     watching(tmp_path, scenario)

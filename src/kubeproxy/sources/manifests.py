@@ -244,15 +244,22 @@ class ManifestSource:
         for path in sorted(changed, key=_parts):
             self._refresh(path, stamps[path])
 
-    def _changed(self, reported: Iterable[FilePath]) -> None:
-        """Apply the paths the watcher reported (files, or directories moved in or out)."""
+    def _changed(self, reported: Iterable[FilePath]) -> bool:
+        """Apply the paths the watcher reported (files, or directories moved in or out).
+
+        True if only a full re-scan can tell what changed: a hidden directory (or a
+        symlink to one) appeared, and manifest files may be symlinks through it, as in a
+        ConfigMap volume, whose update swaps its "..data" symlink and nothing else.
+        """
         root = self._root
+        rescan = False
         for reported_path in reported:
             path = os.path.abspath(reported_path)
             relative = os.path.relpath(path, root)
-            if relative.startswith(".") and relative != ".":
-                continue  # hidden, or outside the directory
-            if any(part.startswith(".") for part in relative.split(os.sep)[1:]):
+            if relative == os.pardir or relative.startswith(os.pardir + os.sep):
+                continue  # outside the directory
+            if any(part.startswith(".") and part != "." for part in relative.split(os.sep)):
+                rescan = rescan or os.path.isdir(path)
                 continue
             if os.path.isdir(path):  # a directory created or moved in: everything under it
                 for inner in self._paths(path):
@@ -267,6 +274,7 @@ class ManifestSource:
                 for directory in gone:
                     for known in list(self._by_dir.get(directory, ())):
                         self._refresh(known, _stamp(known))
+        return rescan
 
     def load(self) -> dict[ObjectKey, Model]:
         """Re-scan the directory (re-parsing only changed files); the full desired state."""
@@ -315,8 +323,8 @@ class ManifestSource:
                 if any(paths is None for paths in batch):
                     await watcher  # raises what stopped the watcher, if anything did
                     return
-                self._changed(path for paths in batch if paths for path in paths)
-                if loop.time() >= next_scan:
+                rescan = self._changed(path for paths in batch if paths for path in paths)
+                if rescan or loop.time() >= next_scan:
                     self._rescan(await asyncio.to_thread(self._scan))
                     next_scan = loop.time() + self.poll_interval
                 events = self._flush()
