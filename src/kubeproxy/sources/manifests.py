@@ -83,7 +83,7 @@ class ManifestSource:
     directory: Path
     poll_interval: float = 10.0
     # Seconds the watcher waits for more changes once it has seen one (watchfiles' step).
-    watch_step: float = 0.002
+    watch_step: float = 0.001
     _files: dict[FilePath, _FileEntry] = field(default_factory=dict)
     # Every file defining each object (the first in sorted order wins).
     _owners: dict[ObjectKey, set[FilePath]] = field(default_factory=dict)
