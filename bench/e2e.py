@@ -336,6 +336,7 @@ class Api:
 
 
 def run(size: Size, source: str) -> dict[str, Any]:
+    # The proxy's log (--v=2): kept beside the profile, or shown only if the run fails.
     log_path = size.profile.with_suffix(".log") if size.profile is not None else None
     with (
         lab() as the_lab,
@@ -359,13 +360,13 @@ class Size:
     services: int
     rounds: int
     src: Path  # the checkout's src directory the proxy runs from
-    # py-spy's collapsed stacks of the change rounds (and the proxy's log, at --v=2, beside)
+    # The proxy's log, and py-spy's collapsed stacks of the change rounds if py-spy is there.
     profile: Path | None = None
 
 
 def _py_spy(pid: int, out: Path | None) -> subprocess.Popen[str] | None:
     """Sample the proxy's threads during the changes (not the cold start) with py-spy."""
-    if out is None:
+    if out is None or not Path(sys.executable).with_name("py-spy").exists():
         return None
     spy = subprocess.Popen(
         [
@@ -407,7 +408,7 @@ def _measure(the_lab: Lab, feed: Manifests | Api, size: Size, log: IO[str]) -> d
         "127.0.0.1:10256",
         "--metrics-bind-address",
         "127.0.0.1:10249",
-        "--v=2" if size.profile is not None else "--v=0",
+        "--v=2",
         *feed.args(),
     ]
     services = size.services
@@ -509,7 +510,8 @@ def main() -> int:
         "--profile",
         type=Path,
         default=None,
-        help="directory for py-spy samples of the proxy during the changes (needs py-spy)",
+        help="directory for the proxy's logs, and py-spy samples of the proxy during the "
+        "changes if py-spy is installed beside this Python",
     )
     args = parser.parse_args()
     rows = []
