@@ -1,7 +1,7 @@
 """Change-to-packet latency, cold start and memory of a real ``kubeproxy run``, from outside.
 
     python -m bench.e2e [--sizes 100,10000] [--sources manifests,api] [--rounds 10]
-                        [--src DIR] [--out FILE]
+                        [--src DIR] [--out FILE] [--profile DIR]
 
 (as root, from the repository root.) For each source and size, in two network namespaces
 this module creates and deletes by their own names:
@@ -36,7 +36,8 @@ Service (the highest-numbered; one full sync programs all) answering, then a sam
 others is checked. **Peak RSS** is that of the whole process tree (the proxy and its
 ``nft`` children), summed over the tree and sampled every 5 ms from this process, and
 the proxy's own high-water mark (VmHWM). Results go to stdout as Markdown and to
-``--out`` as JSON.
+``--out`` as JSON; ``--profile`` keeps the proxy's logs (``--v=2``: each sync's time) and,
+if py-spy is installed beside this Python, samples of the proxy during the changes.
 """
 
 from __future__ import annotations
