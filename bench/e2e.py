@@ -77,6 +77,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ENDPOINTS = 10
 NODE_IP, PEER_IP = "192.168.77.1", "192.168.77.2"
 PROBE_DEADLINE = 60.0
+COLD_DEADLINE = 900.0
 
 ECHO = """
 import socket
@@ -120,7 +121,9 @@ class Waited:
     refused: int  # probes refused before the awaited answer
 
 
-def wait_for(ip: str, done: Callable[[str | None], bool], started: float) -> Waited:
+def wait_for(
+    ip: str, done: Callable[[str | None], bool], started: float, deadline: float = PROBE_DEADLINE
+) -> Waited:
     """Probe ``ip`` back to back until ``done(answer)``; seconds since ``started``."""
     probes = refused = 0
     while True:
@@ -130,8 +133,8 @@ def wait_for(ip: str, done: Callable[[str | None], bool], started: float) -> Wai
             return Waited(time.perf_counter() - started, probes, refused)
         if answer is None:
             refused += 1
-        if time.perf_counter() - started > PROBE_DEADLINE:
-            raise TimeoutError(f"{ip}: no expected answer after {PROBE_DEADLINE:.0f}s")
+        if time.perf_counter() - started > deadline:
+            raise TimeoutError(f"{ip}: no expected answer after {deadline:.0f}s")
 
 
 # --------------------------------------------------------------------------- the lab
@@ -421,7 +424,8 @@ def _measure(the_lab: Lab, feed: Manifests | Api, size: Size, log: IO[str]) -> d
     call = the_lab.probes.call
     try:
         expected = _endpoints(last * ENDPOINTS)
-        cold = call(wait_for, cluster_ip(last), expected.__contains__, started).seconds
+        cold = call(wait_for, cluster_ip(last), expected.__contains__, started, COLD_DEADLINE)
+        cold_seconds = cold.seconds
         for i in range(0, services, max(1, services // 20)):
             first = _endpoints(i * ENDPOINTS)
             if call(probe, cluster_ip(i)) not in first:
@@ -443,7 +447,7 @@ def _measure(the_lab: Lab, feed: Manifests | Api, size: Size, log: IO[str]) -> d
         raise RuntimeError(f"kubeproxy exited with {proxy.returncode}")
     out: dict[str, Any] = {
         "services": services,
-        "cold_seconds": cold,
+        "cold_seconds": cold_seconds,
         "tree_peak_rss_mb": rss.peak_kb / 1024,
         "proxy_hwm_mb": hwm_kb / 1024,
     }
