@@ -12,7 +12,9 @@ import itertools
 import json
 import logging
 import os
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -432,3 +434,166 @@ def test_watch_yields_initial_state_then_batches_on_edit(tmp_path: Path) -> None
     assert summary(edited) == [("MODIFIED", "Service", "default/web")]
     new = edited[0].new
     assert isinstance(new, Service) and new.ports[0].port >= 1000
+
+
+# ==================================================== watching: only what the watcher reports
+
+
+class Watching:
+    """A running ``watch()``: the test changes files and awaits the batches they cause."""
+
+    def __init__(self, source: ManifestSource) -> None:
+        self.stop = asyncio.Event()
+        self.source = source
+        self.batches = self.source.watch(self.stop)
+
+    async def next(self) -> list[tuple[str, str, str]]:
+        return summary(await asyncio.wait_for(anext(self.batches), 10))
+
+    async def settled(self) -> list[tuple[str, str, str]]:
+        """The batch of a sentinel change made now: whatever came before it shows too."""
+        sentinel = self.source.directory / "zz-sentinel.yaml"
+        port = next(_mtime)
+        replace(sentinel, docs(service_obj("sentinel", ports=[{"port": port}])))
+        seen: list[tuple[str, str, str]] = []
+        while not any(name == "default/sentinel" for _, _, name in seen):
+            seen += await self.next()
+        return [s for s in seen if s[2] != "default/sentinel"]
+
+    async def close(self) -> None:
+        self.stop.set()
+        await self.batches.aclose()
+
+
+def replace(path: Path, text: str) -> None:
+    """Write a file the way careful writers (and kubectl-like tools) do: rename over it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def watching(directory: Path, scenario: Any) -> None:
+    async def main() -> None:
+        w = Watching(ManifestSource(directory, poll_interval=60.0))
+        try:
+            await w.next()  # the initial state
+            await scenario(w)
+        finally:
+            await w.close()
+
+    asyncio.run(main())
+
+
+def test_watch_rename_over_and_delete(tmp_path: Path) -> None:
+    replace(tmp_path / "web.yaml", docs(service_obj(), slice_obj()))
+
+    async def scenario(w: Watching) -> None:
+        replace(tmp_path / "web.yaml", docs(service_obj(ports=[{"port": 81}]), slice_obj()))
+        assert await w.next() == [("MODIFIED", "Service", "default/web")]
+        (tmp_path / "web.yaml").unlink()
+        assert sorted(await w.next()) == [
+            ("DELETED", "EndpointSlice", "default/web-abc"),
+            ("DELETED", "Service", "default/web"),
+        ]
+
+    watching(tmp_path, scenario)
+
+
+def test_watch_directory_moved_in_and_out(tmp_path: Path) -> None:
+    root = tmp_path / "manifests"
+    root.mkdir()
+    # Prepared where the source does not look (a hidden directory), then moved in whole.
+    write(root / ".staging" / "app" / "web.yaml", docs(service_obj()))
+    write(root / ".staging" / "db.yaml", docs(service_obj("db")))
+
+    async def scenario(w: Watching) -> None:
+        assert await w.settled() == []
+        (root / ".staging").rename(root / "team")
+        assert sorted(await w.settled()) == [
+            ("ADDED", "Service", "default/db"),
+            ("ADDED", "Service", "default/web"),
+        ]
+        (root / "team").rename(tmp_path / "elsewhere")
+        assert sorted(await w.settled()) == [
+            ("DELETED", "Service", "default/db"),
+            ("DELETED", "Service", "default/web"),
+        ]
+
+    watching(root, scenario)
+
+
+def test_watch_broken_file_keeps_its_last_good_objects(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    replace(tmp_path / "web.yaml", docs(service_obj()))
+
+    async def scenario(w: Watching) -> None:
+        with caplog.at_level(logging.ERROR, logger=LOGGER):
+            replace(tmp_path / "web.yaml", "kind: Service\nmetadata: {name: [\n")
+            assert await w.settled() == []
+        assert any("web.yaml" in line for line in error_lines(caplog))
+        replace(tmp_path / "web.yaml", docs(service_obj(ports=[{"port": 81}])))
+        assert await w.next() == [("MODIFIED", "Service", "default/web")]
+
+    watching(tmp_path, scenario)
+
+
+class LosesEvents(ManifestSource):
+    """Every path the watcher reports is lost (as in an inotify queue overflow)."""
+
+    def _changed(self, reported: Iterable[str]) -> bool:
+        for _ in reported:
+            pass
+        return False
+
+
+def test_watch_lost_event_is_repaired_by_the_rescan(tmp_path: Path) -> None:
+    async def main() -> None:
+        w = Watching(LosesEvents(tmp_path, poll_interval=0.3))
+        try:
+            assert await w.next() == []
+            write(tmp_path / "web.yaml", docs(service_obj()))
+            assert await w.next() == [("ADDED", "Service", "default/web")]
+        finally:
+            await w.close()
+
+    asyncio.run(main())
+
+
+def test_watch_duplicate_first_path_wins_as_files_come_and_go(tmp_path: Path) -> None:
+    replace(tmp_path / "a.yaml", docs(service_obj(ports=[{"port": 1111}])))
+    replace(tmp_path / "b.yaml", docs(service_obj(ports=[{"port": 2222}])))
+
+    def port(events: list[Event]) -> int:
+        (event,) = events
+        assert isinstance(event.new, Service)
+        return event.new.ports[0].port
+
+    async def scenario(w: Watching) -> None:
+        # The losing copy changes: nothing to report.
+        replace(tmp_path / "b.yaml", docs(service_obj(ports=[{"port": 2223}])))
+        assert await w.settled() == []
+        (tmp_path / "a.yaml").unlink()
+        assert port(await anext(w.batches)) == 2223
+        replace(tmp_path / "a.yaml", docs(service_obj(ports=[{"port": 3333}])))
+        assert port(await anext(w.batches)) == 3333
+
+    watching(tmp_path, scenario)
+
+
+def test_watch_configmap_volume_swap_is_seen(tmp_path: Path) -> None:
+    # A ConfigMap volume: the files are symlinks through "..data", a hidden symlink to a
+    # hidden timestamped directory; an update writes a new directory and renames a new
+    # "..data" over the old one. No event names a manifest file.
+    write(tmp_path / "..v1" / "web.yaml", docs(service_obj()))
+    (tmp_path / "..data").symlink_to("..v1")
+    (tmp_path / "web.yaml").symlink_to("..data/web.yaml")
+
+    async def scenario(w: Watching) -> None:
+        write(tmp_path / "..v2" / "web.yaml", docs(service_obj(ports=[{"port": 81}])))
+        (tmp_path / "..data_tmp").symlink_to("..v2")
+        (tmp_path / "..data_tmp").replace(tmp_path / "..data")
+        assert await w.next() == [("MODIFIED", "Service", "default/web")]
+
+    watching(tmp_path, scenario)

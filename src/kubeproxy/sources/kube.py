@@ -30,9 +30,10 @@ a label selector cannot say "absent or equal to X", so the proxy-name label is t
 filtered here instead of by the API server.
 
 Batching: informers append events to one queue; the consumer receives everything that
-arrived while it was busy, and a batch is closed only after ``batch_quiet`` seconds
-without new events (at most ``batch_max_delay`` after the first), so a flood of
-thousands of events becomes a handful of batches.
+arrived while it was busy. By default a batch is handed over as soon as the consumer asks
+(a lone change waits for nothing; a flood is coalesced by the syncs themselves: what
+arrives during one goes into the next); with ``batch_quiet`` > 0 a batch is closed only
+after that long without new events (at most ``batch_max_delay`` after the first).
 """
 
 from __future__ import annotations
@@ -236,6 +237,10 @@ class _Batcher:
                 return None
             self._arrived.clear()
             await self._arrived.wait()
+        if self._quiet <= 0:
+            # One turn of the loop: events already read from other watches join in.
+            await asyncio.sleep(0)
+            return None if self._stop.is_set() else self.take()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._max_delay
         while (left := deadline - loop.time()) > 0 and not self._stop.is_set():

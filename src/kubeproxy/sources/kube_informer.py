@@ -90,7 +90,11 @@ class Tuning:
     # Decoded between two returns to the event loop during a large list.
     decode_chunk: int = 500
     # KubeSource batching: a batch is closed after this much quiet, or this long at most.
-    batch_quiet: float = 0.02
+    # 0: hand over what has arrived as soon as the consumer asks (after one turn of the
+    # event loop). Coalescing then comes from the sync itself, as upstream: events that
+    # arrive while a sync runs are folded into the change trackers and all go into the
+    # next one, so a flood costs a few syncs without delaying a lone change.
+    batch_quiet: float = 0.0
     batch_max_delay: float = 0.25
 
 

@@ -4,9 +4,8 @@ Files ending in ``.yaml``, ``.yml`` or ``.json`` anywhere under the directory (h
 and directories skipped) are read; a file may hold several YAML documents and ``kind: List``
 documents are unpacked, as ``kubectl apply -f`` accepts. Objects of other kinds are ignored.
 
-Each (re)load is diffed against the previous one by kind and namespace/name, producing the
-same ADDED / MODIFIED / DELETED events a Kubernetes watch produces, so the rest of the
-proxy cannot tell the sources apart.
+Changes produce the same ADDED / MODIFIED / DELETED events a Kubernetes watch produces
+(by kind and namespace/name), so the rest of the proxy cannot tell the sources apart.
 
 Bad input, decided here:
 
@@ -19,8 +18,11 @@ With ``raw=True`` Pods are read too and every object is passed on undecoded, as 
 :class:`~kubeproxy.sources.events.RawObject`, for
 :mod:`kubeproxy.controlplane.standalone` to complete (and parse) before the proxy sees it.
 
-Parsing is cached per file by (mtime, size, inode), so a reload costs work only for the
-files that changed.
+A change costs O(change), not O(directory): the file watcher (inotify, through watchfiles)
+reports the paths that changed, and only those files are re-read and only their objects
+compared; each object remembers which files define it, so the duplicate rule holds as
+files come and go. A periodic full re-scan (stat calls only; a file is re-parsed only when
+its (mtime, ctime, size, inode) changed) is the safety net for lost events.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ import asyncio
 import json
 import logging
 import os
-from collections.abc import AsyncGenerator, Iterator, Mapping
+import stat
+from collections.abc import AsyncGenerator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,23 +71,57 @@ class _FileEntry:
     objects: dict[ObjectKey, Model | None]  # None: present in the file but invalid/ignored
 
 
+Stamp = tuple[int, ...]
+# A file's absolute path as a string: the index holds ten thousands of them, and strings
+# hash and compare several times faster than Path objects.
+FilePath = str
+
+
 @dataclass
 class ManifestSource:
+    """The directory's objects as watch events (see the module docstring).
+
+    ``poll_interval`` is the period of the safety-net re-scan of the whole directory;
+    between re-scans only the paths the watcher reports are looked at.
+    """
+
     directory: Path
-    poll_interval: float = 1.0
+    poll_interval: float = 10.0
     raw: bool = False  # Pods too, every object as a RawObject (see the module docstring)
-    _files: dict[Path, _FileEntry] = field(default_factory=dict)
+    # Seconds the watcher waits for more changes once it has seen one (watchfiles' step).
+    watch_step: float = 0.001
+    _files: dict[FilePath, _FileEntry] = field(default_factory=dict)
+    # Every file defining each object (the first in sorted order wins).
+    _owners: dict[ObjectKey, set[FilePath]] = field(default_factory=dict)
+    # What the events so far said: the state a consumer has.
     _current: dict[ObjectKey, Model] = field(default_factory=dict)
-    _duplicates: set[str] = field(default_factory=set)
+    # Objects whose winning definition may differ from _current.
+    _dirty: set[ObjectKey] = field(default_factory=set)
+    _duplicates: dict[ObjectKey, set[str]] = field(default_factory=dict)
+    # Known files by directory: what a directory deleted or moved out took away.
+    _by_dir: dict[FilePath, set[FilePath]] = field(default_factory=dict)
+
+    @property
+    def _root(self) -> FilePath:
+        return os.path.abspath(self.directory)
 
     # ---------------------------------------------------------------- loading
 
-    def _paths(self) -> Iterator[Path]:
-        for root, dirs, files in os.walk(self.directory):
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            for name in sorted(files):
+    def _paths(self, top: FilePath | None = None) -> Iterator[FilePath]:
+        for root, dirs, files in os.walk(top or self._root):
+            dirs[:] = [d for d in dirs if not d.startswith(".")]
+            for name in files:
                 if not name.startswith(".") and name.endswith(_SUFFIXES):
-                    yield Path(root) / name
+                    yield os.path.join(root, name)
+
+    def _scan(self) -> dict[FilePath, Stamp]:
+        """Every manifest file with its stamp (no state touched: runs in a thread)."""
+        stamps: dict[FilePath, Stamp] = {}
+        for path in self._paths():
+            stamp = _stamp(path)
+            if stamp is not None:
+                stamps[path] = stamp
+        return stamps
 
     def _read(self, path: Path, stamp: tuple[int, ...]) -> _FileEntry | None:
         """Parse one file; None if it cannot be read or decoded."""
@@ -129,78 +166,213 @@ class ManifestSource:
             objects[(kind, key)] = parsed
         return _FileEntry(stamp, objects)
 
-    def load(self) -> dict[ObjectKey, Model]:
-        """Read the directory (re-parsing only changed files); the full desired state."""
-        seen: dict[Path, _FileEntry] = {}
-        # Sorted as a whole (os.walk lists a directory's files before its subdirectories'),
-        # so "the first path wins" for duplicates means the first path in sorted order.
-        for path in sorted(self._paths()):
-            try:
-                st = path.stat()
-            except OSError:
+    def _refresh(self, path: FilePath, stamp: Stamp | None) -> None:
+        """Bring one file's entry up to date (stamp None: the file is gone)."""
+        entry = self._files.get(path)
+        if stamp is None:
+            if entry is not None:
+                del self._files[path]
+                parent = os.path.dirname(path)
+                siblings = self._by_dir[parent]
+                siblings.discard(path)
+                if not siblings:
+                    del self._by_dir[parent]
+                self._disown(path, entry.objects.keys())
+            return
+        if entry is not None and entry.stamp == stamp:
+            return
+        fresh = self._read(Path(path), stamp)
+        if fresh is None:
+            # Keep what the file held at its last good read, under the new stamp so the
+            # broken version is read (and logged) once, not on every re-scan.
+            fresh = _FileEntry(stamp, entry.objects if entry is not None else {})
+        self._files[path] = fresh
+        if entry is None:
+            self._by_dir.setdefault(os.path.dirname(path), set()).add(path)
+        before = entry.objects.keys() if entry is not None else set()
+        self._disown(path, before - fresh.objects.keys())
+        for key in fresh.objects:
+            self._owners.setdefault(key, set()).add(path)
+        self._dirty.update(fresh.objects.keys())
+
+    def _disown(self, path: FilePath, keys: Iterable[ObjectKey]) -> None:
+        for key in keys:
+            owners = self._owners.get(key)
+            if owners is not None:
+                owners.discard(path)
+                if not owners:
+                    del self._owners[key]
+            self._dirty.add(key)
+
+    def _winner(self, key: ObjectKey) -> Model | None:
+        """The object as its first defining file (sorted) has it; logs new duplicates."""
+        owners = self._owners.get(key)
+        if not owners:
+            self._duplicates.pop(key, None)
+            return None
+        # Path order (by components: "a/x.yaml" before "a.yaml"), as the full scan had it.
+        first, *others = sorted(owners, key=_parts) if len(owners) > 1 else owners
+        if others:
+            # key[1] is the raw (unvalidated) name: escape it to keep one line.
+            messages = {
+                f"Skipping duplicate {key[0]} {_escape(str(key[1]))} in {path} "
+                f"(already defined in {first})"
+                for path in others
+            }
+            # Log each duplicate when it appears, not on every change.
+            for message in sorted(messages - self._duplicates.get(key, set())):
+                log.error("%s", message)
+            self._duplicates[key] = messages
+        else:
+            self._duplicates.pop(key, None)
+        return self._files[first].objects[key]
+
+    def _flush(self) -> list[Event]:
+        """Events for the objects touched since the last flush."""
+        dirty, self._dirty = self._dirty, set()
+        before = {key: self._current[key] for key in dirty if key in self._current}
+        after: dict[ObjectKey, Model] = {}
+        for key in dirty:
+            obj = self._winner(key)
+            if obj is None:
+                self._current.pop(key, None)
+            else:
+                after[key] = self._current[key] = obj
+        return diff(before, after)
+
+    def _rescan(self, stamps: Mapping[FilePath, Stamp]) -> None:
+        """Apply a full scan: files gone, new or changed since their last read."""
+        for path in self._files.keys() - stamps.keys():
+            self._refresh(path, None)
+        changed = [
+            path
+            for path, stamp in stamps.items()
+            if (entry := self._files.get(path)) is None or entry.stamp != stamp
+        ]
+        # Sorted, so duplicates within one file are read (and logged) in a stable order.
+        for path in sorted(changed, key=_parts):
+            self._refresh(path, stamps[path])
+
+    def _changed(self, reported: Iterable[FilePath]) -> bool:
+        """Apply the paths the watcher reported (files, or directories moved in or out).
+
+        True if only a full re-scan can tell what changed: a hidden directory (or a
+        symlink to one) appeared, and manifest files may be symlinks through it, as in a
+        ConfigMap volume, whose update swaps its "..data" symlink and nothing else.
+        """
+        root = self._root
+        rescan = False
+        for reported_path in reported:
+            path = os.path.abspath(reported_path)
+            relative = os.path.relpath(path, root)
+            if relative == os.pardir or relative.startswith(os.pardir + os.sep):
+                continue  # outside the directory
+            if any(part.startswith(".") and part != "." for part in relative.split(os.sep)):
+                rescan = rescan or os.path.isdir(path)
                 continue
-            # ctime too: a chmod that makes an unreadable file readable changes only ctime.
-            stamp = (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino)
-            entry = self._files.get(path)
-            if entry is None or entry.stamp != stamp:
-                fresh = self._read(path, stamp)
-                if fresh is None:
-                    # Keep what the file held at its last good read, under the new stamp so
-                    # the broken version is read (and logged) once, not on every reload.
-                    fresh = _FileEntry(stamp, entry.objects if entry is not None else {})
-                entry = fresh
-            seen[path] = entry
-        self._files = seen
+            if os.path.isdir(path):  # a directory created or moved in: everything under it
+                for inner in self._paths(path):
+                    self._refresh(inner, _stamp(inner))
+                continue
+            if path.endswith(_SUFFIXES) or path in self._files:
+                self._refresh(path, _stamp(path))
+            if not os.path.exists(path):
+                # Perhaps a directory deleted or moved out: the files known under it.
+                prefix = path + os.sep
+                gone = [d for d in self._by_dir if d == path or d.startswith(prefix)]
+                for directory in gone:
+                    for known in list(self._by_dir.get(directory, ())):
+                        self._refresh(known, _stamp(known))
+        return rescan
+
+    def load(self) -> dict[ObjectKey, Model]:
+        """Re-scan the directory (re-parsing only changed files); the full desired state."""
+        self._rescan(self._scan())
         merged: dict[ObjectKey, Model] = {}
-        owner: dict[ObjectKey, Path] = {}
-        duplicates: set[str] = set()
-        for path, entry in seen.items():
-            for key, obj in entry.objects.items():
-                if key in owner:
-                    # key[1] is the raw (unvalidated) name: escape it to keep one line.
-                    duplicates.add(
-                        f"Skipping duplicate {key[0]} {_escape(str(key[1]))} in {path} "
-                        f"(already defined in {owner[key]})"
-                    )
-                    continue
-                owner[key] = path
-                if obj is not None:
-                    merged[key] = obj
-        # Log each duplicate when it appears, not on every reload.
-        for message in sorted(duplicates - self._duplicates):
-            log.error("%s", message)
-        self._duplicates = duplicates
+        for key in sorted(self._owners):
+            obj = self._winner(key)
+            if obj is not None:
+                merged[key] = obj
         return merged
 
     def reload(self) -> list[Event]:
-        """Load and diff against the previous load: the watch-style events to apply."""
-        new = self.load()
-        events = diff(self._current, new)
-        self._current = new
-        return events
+        """Re-scan the whole directory: the watch-style events since the last call."""
+        self._rescan(self._scan())
+        return self._flush()
 
     # --------------------------------------------------------------- watching
 
     async def watch(self, stop: asyncio.Event) -> AsyncGenerator[list[Event], None]:
         """Yield the initial state, then a batch of events whenever files change.
 
-        Besides inotify events, the directory is re-checked every ``poll_interval``
-        (cheap: files are only re-parsed when their stat changes), which also covers a
-        change made before the watcher started and filesystems without inotify.
+        The file watcher starts before the initial scan, so no change falls between the
+        two. Only the paths it reports are looked at. Every ``poll_interval`` the whole
+        directory is re-scanned as well (the stat calls in a thread; files are re-parsed
+        only when their stat changed), which repairs a lost event (an inotify queue
+        overflow, say) and covers filesystems without inotify.
         """
-        yield self.reload()
-        async for _ in awatch(
-            self.directory,
-            stop_event=stop,
-            debounce=200,
-            step=50,
-            rust_timeout=int(self.poll_interval * 1000),
-            yield_on_timeout=True,
-            recursive=True,
-        ):
-            events = self.reload()
-            if events:
-                yield events
+        reported: asyncio.Queue[set[FilePath] | None] = asyncio.Queue()
+        closed = _Stop(stop)
+        watcher = asyncio.create_task(self._watch_paths(closed, reported))
+        await asyncio.sleep(0)  # the watcher's first step sets up its inotify watches
+        try:
+            yield self.reload()
+            loop = asyncio.get_running_loop()
+            next_scan = loop.time() + self.poll_interval
+            while True:
+                try:
+                    first = await asyncio.wait_for(
+                        reported.get(), max(0.0, next_scan - loop.time())
+                    )
+                except TimeoutError:
+                    first = set()
+                batch = [first]
+                while not reported.empty():
+                    batch.append(reported.get_nowait())
+                if any(paths is None for paths in batch):
+                    await watcher  # raises what stopped the watcher, if anything did
+                    return
+                rescan = self._changed(path for paths in batch if paths for path in paths)
+                if rescan or loop.time() >= next_scan:
+                    self._rescan(await asyncio.to_thread(self._scan))
+                    next_scan = loop.time() + self.poll_interval
+                events = self._flush()
+                if events:
+                    yield events
+        finally:
+            closed.closed = True
+            await watcher
+
+    async def _watch_paths(
+        self, stop: _Stop, reported: asyncio.Queue[set[FilePath] | None]
+    ) -> None:
+        """Put each set of paths inotify reports into ``reported``; None when stopped."""
+        step = max(1, round(self.watch_step * 1000))
+        try:
+            async for changes in awatch(
+                self.directory,
+                stop_event=stop,
+                watch_filter=None,
+                # watchfiles returns once no new change came for a step (a fixed 50 ms by
+                # default); while changes keep coming, at least every 50 ms.
+                step=step,
+                debounce=max(step, 50),
+                recursive=True,
+            ):
+                reported.put_nowait({path for _, path in changes})
+        finally:
+            reported.put_nowait(None)
+
+
+class _Stop:
+    """Stops the file watcher when the source is stopped or its generator closed."""
+
+    def __init__(self, stop: asyncio.Event) -> None:
+        self.stop = stop
+        self.closed = False
+
+    def is_set(self) -> bool:
+        return self.closed or self.stop.is_set()
 
 
 def diff(old: Mapping[ObjectKey, Model], new: Mapping[ObjectKey, Model]) -> list[Event]:
@@ -216,6 +388,22 @@ def diff(old: Mapping[ObjectKey, Model], new: Mapping[ObjectKey, Model]) -> list
         elif before != after:
             events.append(Event.modified(before, after))
     return events
+
+
+def _parts(path: FilePath) -> tuple[str, ...]:
+    return tuple(path.split(os.sep))
+
+
+def _stamp(path: FilePath) -> Stamp | None:
+    """What tells a file changed; None if it is gone (or not a regular file)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    # ctime too: a chmod that makes an unreadable file readable changes only ctime.
+    return (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino)
 
 
 def _documents(docs: list[Any]) -> Iterator[Mapping[str, Any]]:
