@@ -107,6 +107,7 @@ _OTHER_RESOURCES = {
 class RequestRecord:
     path: str
     params: dict[str, str]
+    method: str = "GET"
 
     @property
     def watch(self) -> bool:
@@ -260,6 +261,8 @@ class ApiServer:
         self.rv = 1
         self.compacted = 0
         self.requests: list[RequestRecord] = []
+        # Events created (POST .../events.k8s.io/v1/namespaces/NS/events), as posted.
+        self.events: list[Obj] = []
         self._stores = {kind: _Store(t) for kind, t in TYPES.items()}
         self._watchers: set[_Watcher] = set()
         self._runner: web.AppRunner | None = None
@@ -282,6 +285,7 @@ class ApiServer:
         """Listen (again: on the same port after :meth:`stop`)."""
         app = web.Application()
         app.router.add_route("GET", "/{path:.*}", self._handle)
+        app.router.add_route("POST", "/{path:.*}", self._create)
         runner = web.AppRunner(
             app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0
         )
@@ -432,6 +436,34 @@ class ApiServer:
             if params.get("watch") in ("true", "1"):
                 return await self._watch(request, rtype, namespace, params)
             return _json(200, self._list(rtype, namespace, params))
+        except ApiError as err:
+            return _json(err.code, err.status)
+
+    async def _create(self, request: web.Request) -> web.StreamResponse:
+        """Only Events can be created, as the API server does it: 201 with the object."""
+        self.requests.append(RequestRecord(request.path, dict(request.query), "POST"))
+        try:
+            if self._failure is not None:
+                code, reason = self._failure
+                raise ApiError(code, reason, f"injected failure {code}")
+            m = re.fullmatch(r"/apis/events\.k8s\.io/v1/namespaces/([^/]+)/events", request.path)
+            if m is None:
+                raise ApiError(405, "MethodNotAllowed", f"POST {request.path} is not served")
+            if request.headers.get("Content-Type") != "application/json":
+                raise ApiError(415, "UnsupportedMediaType", "the body must be JSON")
+            obj = json.loads(await request.read())
+            if (obj.get("apiVersion"), obj.get("kind")) != ("events.k8s.io/v1", "Event"):
+                raise ApiError(400, "BadRequest", "not an events.k8s.io/v1 Event")
+            if obj.get("metadata", {}).get("namespace", m.group(1)) != m.group(1):
+                raise ApiError(400, "BadRequest", "the namespace of the body does not match")
+            required = ("eventTime", "reportingController", "reportingInstance", "action")
+            missing = [f for f in required if not obj.get(f)]
+            if missing:
+                raise ApiError(422, "Invalid", f"Event is invalid: {', '.join(missing)} required")
+            self.rv += 1
+            obj["metadata"] = {**obj["metadata"], "resourceVersion": str(self.rv)}
+            self.events.append(obj)
+            return _json(201, obj)
         except ApiError as err:
             return _json(err.code, err.status)
 

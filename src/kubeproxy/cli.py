@@ -325,6 +325,7 @@ def make_source(
         burst=cc.burst,
         content_type=cc.content_type,
         observe=observe,
+        announce=args.command == "run" and not getattr(args, "once", False),
     )
 
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 from kubeproxy.metrics import Metrics
 from kubeproxy.sources import initial_state
 from kubeproxy.sources.kube import KubeSource
-from tests.api.conftest import run, source_for
+from tests.api.conftest import NODE, eventually, run, source_for
 from tests.apiserver import ApiServer
 from tests.unit.conftest import service_obj
 
@@ -50,5 +50,43 @@ def test_each_request_is_counted_by_code_host_and_method() -> None:
             "rest_client_requests_total", {"code": "<error>", "host": host, "method": "GET"}
         )
         assert errors is not None and errors >= 1
+
+    run(scenario)
+
+
+def test_the_proxy_records_upstreams_starting_event_once() -> None:
+    async def scenario() -> None:
+        async with ApiServer() as api:
+            metrics = Metrics()
+            source = source_for(api)
+            source.connection = replace(source.connection, observe=metrics.api_request)
+            source.announce = True
+            await initial_state(source)
+            await eventually(lambda: len(api.events) == 1)
+            (event,) = api.events
+            assert event["reason"] == "Starting" and event["action"] == "StartKubeProxy"
+            assert event["type"] == "Normal" and event["reportingController"] == "kube-proxy"
+            assert event["regarding"] == {
+                "kind": "Node", "name": NODE, "uid": NODE, "apiVersion": "v1"
+            }  # fmt: skip
+            assert event["metadata"]["name"].startswith(f"{NODE}.")
+            host = api.url.removeprefix("http://").rstrip("/")
+            created = metrics.registry.get_sample_value(
+                "rest_client_requests_total", {"code": "201", "host": host, "method": "POST"}
+            )
+            assert created == 1
+            await initial_state(source)  # a second watch of the same source: no new event
+            await asyncio.sleep(0.1)
+            assert len(api.events) == 1
+
+    run(scenario)
+
+
+def test_render_explain_and_once_record_no_event() -> None:
+    async def scenario() -> None:
+        async with ApiServer() as api:
+            await initial_state(source_for(api))
+            await asyncio.sleep(0.1)
+            assert api.events == []
 
     run(scenario)

@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
@@ -64,6 +65,7 @@ from kubeproxy.sources.kube_client import (
     load_connection,
 )
 from kubeproxy.sources.kube_decode import DecodeError, decode_resource_names
+from kubeproxy.sources.kube_events import post_event, starting_event
 from kubeproxy.sources.kube_informer import Backoff, Health, Informer, Resource, Tuning
 
 log = logging.getLogger(__name__)
@@ -122,11 +124,15 @@ class KubeSource:
         *,
         proxy_name: str | None = None,
         tuning: Tuning | None = None,
+        announce: bool = False,
     ) -> None:
+        """``announce``: record upstream's ``Starting`` Event for the Node (the proxy
+        itself; not ``render``, ``explain`` or ``--once``)."""
         self.connection = connection
         self.node_name = node_name
         self.proxy_name = proxy_name or None
         self.tuning = tuning or Tuning()
+        self.announce = announce
 
     @classmethod
     def from_flags(
@@ -140,13 +146,14 @@ class KubeSource:
         burst: int = DEFAULT_BURST,
         content_type: str = JSON,
         observe: RequestObserver | None = None,
+        announce: bool = False,
     ) -> KubeSource:
         """Build from upstream's flags / clientConnection fields; raises ConfigError."""
         connection = load_connection(
             kubeconfig, master, qps=qps, burst=burst, content_type=content_type
         )
         connection.observe = observe
-        return cls(connection, node_name, proxy_name=proxy_name)
+        return cls(connection, node_name, proxy_name=proxy_name, announce=announce)
 
     async def watch(self, stop: asyncio.Event) -> AsyncGenerator[list[Event], None]:
         """Yield the complete initial state once every informer has listed, then changes.
@@ -164,6 +171,10 @@ class KubeSource:
                 informers.append(informer)
                 tasks.append(asyncio.create_task(informer.run(), name=f"watch-{resource.name}"))
 
+            if self.announce:
+                self.announce = False  # once per process, as upstream
+                event = starting_event(self.node_name, time.time())
+                tasks.append(asyncio.create_task(post_event(client, event)))
             try:
                 for resource in base:
                     start(resource)

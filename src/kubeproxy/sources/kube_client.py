@@ -11,7 +11,8 @@
 * :class:`TokenBucket` is client-go's request rate limiter (``clientConnection.qps`` /
   ``burst``): every request, including each list page and each watch, takes a token.
 * :class:`ApiClient` does the requests with aiohttp: :meth:`~ApiClient.get` returns a body,
-  :meth:`~ApiClient.watch` yields the lines of a chunked watch stream as they arrive.
+  :meth:`~ApiClient.watch` yields the lines of a chunked watch stream as they arrive,
+  :meth:`~ApiClient.post` creates an object (an Event).
   Failures are a :class:`RequestError`: :class:`ApiError` (the server answered with an
   error Status), :class:`UnreachableError` (no usable HTTP answer: refused, reset,
   timeout, TLS failure) or :class:`CredentialsError`.
@@ -240,31 +241,51 @@ class ApiClient:
         async with self._request(path, {**params, "watch": "true"}, client_timeout) as response:
             yield _lines(response)
 
-    def _observed(self, code: str, started: float) -> None:
+    async def post(self, path: str, body: bytes, *, timeout: float = 30.0) -> bytes:
+        """POST a JSON ``body`` to ``path`` (creating an object): the answer's body."""
+        client_timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=10)
+        async with self._request(path, None, client_timeout, method="POST", data=body) as r:
+            try:
+                return await r.read()
+            except (aiohttp.ClientError, OSError, TimeoutError) as err:
+                raise UnreachableError(_describe(err)) from None
+
+    def _observed(self, method: str, code: str, started: float) -> None:
         observe = self._connection.observe
         if observe is not None:
-            observe("GET", self._connection.host, code, time.monotonic() - started)
+            observe(method, self._connection.host, code, time.monotonic() - started)
 
     @asynccontextmanager
     async def _request(
-        self, path: str, params: Mapping[str, str] | None, timeout: aiohttp.ClientTimeout
+        self,
+        path: str,
+        params: Mapping[str, str] | None,
+        timeout: aiohttp.ClientTimeout,
+        *,
+        method: str = "GET",
+        data: bytes | None = None,
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         credentials = self._connection.credentials
         for attempt in range(2):
             await self._connection.limiter.acquire()
-            headers = {}
+            headers = {"Content-Type": JSON} if data is not None else {}
             auth = await credentials.header()
             if auth is not None:
                 headers["Authorization"] = auth
             started = time.monotonic()
             try:
-                response = await self._session.get(
-                    path.lstrip("/"), params=params, headers=headers, timeout=timeout
+                response = await self._session.request(
+                    method,
+                    path.lstrip("/"),
+                    params=params,
+                    data=data,
+                    headers=headers,
+                    timeout=timeout,
                 )
             except (aiohttp.ClientError, OSError, TimeoutError) as err:
-                self._observed("<error>", started)
+                self._observed(method, "<error>", started)
                 raise UnreachableError(_describe(err)) from None
-            self._observed(str(response.status), started)
+            self._observed(method, str(response.status), started)
             try:
                 if response.status == 401 and attempt == 0:
                     # A rotated token file or an expired exec token: refresh once.
