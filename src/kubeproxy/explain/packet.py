@@ -417,14 +417,6 @@ def _decide(
                 "as if it had gone out to the load balancer and back"
             )
             masq_why = "not masqueraded: from a local Pod"
-        elif src.node_rule and route.short_circuit and mode == "nftables" and not route.endpoints:
-            # The output path meets filter-output (dstnat - 10) before any DNAT: the
-            # no-endpoint element drops the node's connection before it is short-circuited.
-            kind, used, masq = "external", (), False
-            reasons.append(
-                f"{what}, and from this node: in nftables mode the node's own connections "
-                "meet the no-endpoints check (filter-output, before DNAT) first"
-            )
         elif src.node_rule and route.short_circuit:
             kind, used, masq = "short-circuit", route.short_circuit, True
             reasons.append(

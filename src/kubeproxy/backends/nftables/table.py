@@ -272,11 +272,12 @@ def skeleton(fam: FamilyPlan) -> Table:
         cluster_ips_check.append(f"{v.ip} daddr @{SERVICE_CIDRS} drop")
 
     # Numeric priorities: nft 1.0.6 only accepts the names (dstnat, srcnat) on some hooks.
-    # dstnat is -100, srcnat 100. Filter chains run at dstnat - 10: before DNAT on the
-    # output path, and after it on input/forward (prerouting has DNATed by then), so
-    # short-circuited traffic that was DNATed no longer matches the no-endpoint maps.
-    # The ClusterIP check must see traffic after DNAT on every path: forward, and output
-    # at dstnat + 10.
+    # dstnat is -100, srcnat 100. The no-endpoint and ClusterIP checks must see traffic
+    # after DNAT on every path, so that short-circuited traffic (a local Pod's or this
+    # node's own connection to an externalTrafficPolicy: Local destination without local
+    # endpoints), once DNATed, no longer matches the no-endpoint maps (upstream #132456):
+    # input/forward run after prerouting's DNAT anyway; on the output path they run at
+    # dstnat + 10. The firewall check must see the destination before DNAT: dstnat - 10.
     pre, post = "-110", "-90"
     new = "ct state new"
     table.chains = [
@@ -291,14 +292,10 @@ def skeleton(fam: FamilyPlan) -> Table:
             [f"{new} jump endpoints-check", f"{new} jump cluster-ips-check"],
             BaseChain("filter", "forward", pre),
         ),
-        Chain(
-            "filter-output",
-            [f"{new} jump endpoints-check", f"{new} jump firewall-check"],
-            BaseChain("filter", "output", pre),
-        ),
+        Chain("filter-output", [f"{new} jump firewall-check"], BaseChain("filter", "output", pre)),
         Chain(
             "filter-output-post-dnat",
-            [f"{new} jump cluster-ips-check"],
+            [f"{new} jump endpoints-check", f"{new} jump cluster-ips-check"],
             BaseChain("filter", "output", post),
         ),
         Chain("nat-prerouting", ["jump services"], BaseChain("nat", "prerouting", "-100")),
