@@ -797,6 +797,16 @@ def parse_rule(
     return _parse(tuple(args), family, nft, random_fully)
 
 
+def canonical_text(
+    args: Sequence[str], family: IPFamily, *, nft: bool = False, random_fully: bool = True
+) -> str:
+    """What ``iptables-save`` prints for the rule (after ``-A CHAIN``); RuleError if
+    iptables refuses it. Not cached: a full sync's comparison with the kernel parses each
+    of (up to) hundreds of thousands of distinct rules once, which would only push the
+    fake's rules out of :func:`parse_rule`'s cache and hold on to memory."""
+    return _parse.__wrapped__(tuple(args), family, nft, random_fully).text
+
+
 @lru_cache(maxsize=1 << 17)
 def _parse(args: tuple[str, ...], family: IPFamily, nft: bool, random_fully: bool) -> ParsedRule:
     ctx = _Context(family, nft=nft, random_fully=random_fully)
