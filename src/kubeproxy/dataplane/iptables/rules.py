@@ -128,6 +128,8 @@ def parse_network(text: str, family: IPFamily) -> str:
 
 
 def parse_address(text: str, family: IPFamily) -> str:
+    if family is IPFamily.IPv4 and _PLAIN_IPV4.fullmatch(text):
+        return text  # the common case, without ipaddress' cost
     try:
         ip = ipaddress.ip_address(text)
     except ValueError:
