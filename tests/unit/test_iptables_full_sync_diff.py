@@ -118,9 +118,9 @@ def test_a_restart_over_an_identical_table_writes_no_per_service_chain(flavor: F
 def test_the_first_full_sync_on_a_node_does_not_read_the_rules() -> None:
     runner = FakeIptables(IPFamily.IPv4)
     backend(runner).sync(snapshot(5, 2), None)
-    assert runner.calls["save"] == 0
+    assert runner.calls["rules"] == 0
     backend(runner).sync(snapshot(5, 2), None)
-    assert runner.calls["save"] == 2  # filter and nat, now that they hold our chains
+    assert runner.calls["rules"] == 2  # filter and nat, now that they hold our chains
 
 
 def test_a_chain_changed_by_hand_is_found_and_rewritten() -> None:
@@ -172,3 +172,28 @@ def test_partial_syncs_after_a_diffed_full_sync_still_end_where_a_full_sync_woul
     fresh = FakeIptables(IPFamily.IPv4)
     backend(fresh).sync(bigger, None)
     assert runner.dump() == fresh.dump()
+
+
+def test_a_dash_s_listing_reads_back_like_iptables_save() -> None:
+    listed = "\n".join(
+        [
+            "-P PREROUTING ACCEPT",
+            "-P OUTPUT ACCEPT",
+            "-N KUBE-EMPTY",
+            "-N KUBE-SEP-A",
+            '-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES',
+            "-A KUBE-SEP-A -s 10.244.1.10/32 -j KUBE-MARK-MASQ",
+            "-A KUBE-SEP-A -p tcp -m tcp -j DNAT --to-destination 10.244.1.10:8080",
+            "-A KUBE-SEP-A",
+        ]
+    )
+    assert parse_save(listed) == parse_save(SAVED)
+
+
+def test_a_first_sync_into_a_table_without_our_chains_lists_it_first_in_nft_only() -> None:
+    for flavor, listed in (("nft", True), ("legacy", False)):
+        b = backend(FakeIptables(IPFamily.IPv4, flavor))
+        b.sync(snapshot(3, 1), None)
+        assert ("*nat\n-S\n" in b.last_restore) is listed
+        b.sync(snapshot(3, 1), None)  # over our own chains: never
+        assert "\n-S\n" not in b.last_restore

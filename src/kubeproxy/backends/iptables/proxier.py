@@ -61,7 +61,7 @@ from kubeproxy.backends.iptables.render import (
 from kubeproxy.backends.planning import family_plans, service_port_plans
 from kubeproxy.config import ProxyConfig
 from kubeproxy.dataplane.iptables.cleanup import cleanup_chains
-from kubeproxy.dataplane.iptables.listing import UnreadableTableError, parse_save
+from kubeproxy.dataplane.iptables.listing import UnreadableTableError
 from kubeproxy.dataplane.iptables.restore import Restore
 from kubeproxy.dataplane.iptables.rules import RuleError, canonical_text
 from kubeproxy.dataplane.iptables.runner import (
@@ -163,6 +163,13 @@ class IptablesBackend:
         self._kernel_seconds = 0.0
         self._written: dict[str, int] = {}
         self._isolated: dict[IPFamily, dict[ServicePortName, str]] = {}
+        # iptables-nft-restore keeps every chain name its input mentions in a sorted list
+        # it walks from the smallest name for each command (quadratic in chains); one
+        # command naming no chain (``-S``) makes it fetch the whole table instead and
+        # skip that list. Into a table holding none of our chains (nothing big to fetch
+        # or list: the listing is discarded anyway) that is faster (bench/RESULTS.md);
+        # over one of ours, fetching it all is slower than the few chains a diff writes.
+        self.list_first = True
 
     # -------------------------------------------------------------- lifecycle
 
@@ -382,14 +389,19 @@ class IptablesBackend:
         canonical = _canonical(runner, settings)
         write: dict[str, set[str]] = {}
         stale: dict[str, list[str]] = {}
+        fresh: list[str] = []
         for table, chains in desired.chains.items():
             present, listed = self._listing(runner, table)
             if listed is None:
                 write[table] = set(chains)
+                fresh.append(table)
             else:
                 write[table] = desired.fixed[table] | differing(chains, listed, canonical)
             stale[table] = sorted(c for c in present - chains.keys() if is_generated(c))
         restore = desired.restore(write)
+        if self.list_first and runner.flavor == "nft":
+            for table in fresh:
+                restore.table(table).list_first = True
         for table, names in stale.items():
             for chain in names:
                 restore.delete(table, chain)
@@ -400,23 +412,21 @@ class IptablesBackend:
     ) -> tuple[set[str], dict[str, list[str]] | None]:
         """The chains of ``table``, and their rules unless it holds none of our generated
         chains (then everything is written anyway, and listing the rules is skipped: in
-        the nft flavour the names alone cost 35 ms where iptables-save costs 1.4 s at
-        200,000 rules) or iptables cannot list them."""
+        the nft flavour the names alone cost 35 ms where listing the rules costs seconds
+        at 200,000 rules) or iptables cannot list them."""
         started = time.perf_counter()
         try:
             present = runner.chains(table)
             if not any(is_generated(c) for c in present):
                 return present, None
-            text = runner.save(table)
-        finally:
-            self._kernel_seconds += time.perf_counter() - started
-        try:
-            listed = parse_save(text)
+            listed = runner.rules(table, present)
         except UnreadableTableError as err:
             log.warning(
                 "Cannot compare the %s table with what we want (%s): rewriting it", table, err
             )
             return present, None
+        finally:
+            self._kernel_seconds += time.perf_counter() - started
         return set(listed), listed
 
     # ---------------------------------------------------------- partial sync

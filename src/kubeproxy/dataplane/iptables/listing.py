@@ -1,5 +1,5 @@
-"""``iptables-save -t TABLE`` output read back: each chain's rules, as the text
-iptables-save prints after ``-A CHAIN`` (the canonical form
+"""``iptables-save -t TABLE`` (or ``iptables -S``) output read back: each chain's
+rules, as the text iptables-save prints after ``-A CHAIN`` (the canonical form
 :func:`~kubeproxy.dataplane.iptables.rules.parse_rule` computes), in order.
 
 A full sync compares these with the chains it wants (:mod:`kubeproxy.backends.iptables.diff`)
@@ -19,7 +19,9 @@ class UnreadableTableError(ValueError):
 
 def parse_save(text: str) -> dict[str, list[str]]:
     """Every chain of the (single) table in ``text``, builtin ones included, with the text
-    of its rules after ``-A CHAIN``; counters, comments and ``COMMIT`` are ignored."""
+    of its rules after ``-A CHAIN``; counters, comments and ``COMMIT`` are ignored.
+    Chains are declared by ``:CHAIN POLICY [p:b]`` lines (iptables-save) or by ``-N
+    CHAIN`` / ``-P CHAIN POLICY`` lines (``-S``)."""
     chains: dict[str, list[str]] = {}
     for line in text.splitlines():
         if line.startswith("-A "):
@@ -30,6 +32,8 @@ def parse_save(text: str) -> dict[str, list[str]]:
             rules.append(rule)
         elif line.startswith(":"):
             chains.setdefault(line[1:].split(" ", 1)[0], [])
+        elif line.startswith(("-N ", "-P ")):
+            chains.setdefault(line[3:].split(" ", 1)[0], [])
         elif line.startswith(_INCOMPATIBLE) and "incompatible" in line:
             raise UnreadableTableError(line[2:])
     return chains
