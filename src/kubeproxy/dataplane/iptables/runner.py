@@ -227,6 +227,7 @@ class IptablesCommand:
         found = (shutil.which("nft") or "") if nft is None else nft
         self.nft_binary = found if flavor == "nft" else ""
         self._version: str | None = None
+        self._saved: tuple[str, str] | None = None  # (table, iptables-save output)
 
     def __repr__(self) -> str:
         where = f" in {self.netns}" if self.netns else ""
@@ -264,6 +265,7 @@ class IptablesCommand:
         return IptablesError(f"{command}: {_summarise(stderr)}", " ".join([binary, *args]))
 
     def _rule(self, op: str, table: str, chain: str, args: Sequence[str] = ()) -> tuple[int, str]:
+        self._saved = None  # perhaps a change: a listing kept for ``rules`` is stale
         argv = [*WAIT, "-t", table, op, chain, *args]
         status, _, stderr = self._run(self.iptables, argv)
         if status not in (0, STATUS_FAILED, STATUS_PARAMETER):
@@ -300,6 +302,7 @@ class IptablesCommand:
         return None
 
     def restore(self, data: Restore) -> None:
+        self._saved = None
         text = str(data)
         if not text:
             return
@@ -336,18 +339,25 @@ class IptablesCommand:
                 return listed
         if self._flavor == "legacy" and not self._legacy_table_exists(table):
             return set(BUILTIN_CHAINS.get(table, ()))
-        return chains_from_save(self.save(table))
+        text = self.save(table)
+        # Kept for a ``rules`` call that follows (a full sync's) with no change in
+        # between (any command of ours drops it), instead of listing the table twice.
+        self._saved = (table, text)
+        return chains_from_save(text)
 
     def rules(self, table: str, chains: set[str]) -> dict[str, list[str]]:
         if self._flavor == "nft" and self.nft_binary:
-            text = "".join(
-                [f"*{table}\n", *(f"-S {c}\n" for c in sorted(chains, reverse=True)), "COMMIT\n"]
-            )
+            lines = [f"*{table}\n", *(f"-S {c}\n" for c in sorted(chains, reverse=True))]
             with contextlib.suppress(IptablesError):
-                status, out, _ = self._run(self.restore_binary, [*WAIT, "--noflush"], text)
+                status, out, _ = self._run(
+                    self.restore_binary, [*WAIT, "--noflush"], "".join([*lines, "COMMIT\n"])
+                )
                 if status == 0:
                     return parse_save(out)
-        return parse_save(self.save(table))
+        saved, self._saved = self._saved, None
+        if saved is None or saved[0] != table:
+            return parse_save(self.save(table))
+        return parse_save(saved[1])
 
     def _nft_chains(self, table: str) -> set[str] | None:
         family = "ip6" if self._family is IPFamily.IPv6 else "ip"
