@@ -190,10 +190,12 @@ def test_a_dash_s_listing_reads_back_like_iptables_save() -> None:
     assert parse_save(listed) == parse_save(SAVED)
 
 
-def test_a_first_sync_into_a_table_without_our_chains_lists_it_first_in_nft_only() -> None:
-    for flavor, listed in (("nft", True), ("legacy", False)):
-        b = backend(FakeIptables(IPFamily.IPv4, flavor))
-        b.sync(snapshot(3, 1), None)
-        assert ("*nat\n-S\n" in b.last_restore) is listed
-        b.sync(snapshot(3, 1), None)  # over our own chains: never
-        assert "\n-S\n" not in b.last_restore
+@pytest.mark.parametrize(("flavor", "listed"), [("nft", True), ("legacy", False)])
+def test_a_first_sync_into_a_table_without_our_chains_lists_it_first_in_nft_only(
+    flavor: Flavor, listed: bool
+) -> None:
+    b = backend(FakeIptables(IPFamily.IPv4, flavor))
+    b.sync(snapshot(3, 1), None)
+    assert ("*nat\n-S\n" in b.last_restore) is listed
+    b.sync(snapshot(3, 1), None)  # over our own chains: never
+    assert "\n-S\n" not in b.last_restore
