@@ -73,14 +73,21 @@ def written(partial: dict[str, Any]) -> str:
     return f"{w['median']:.0f}" if w["min"] == w["max"] else f"{w['min']}-{w['max']}"
 
 
+def restart_cell(restart: dict[str, Any], iptables: bool) -> str:
+    """A second backend's first sync over the first one's rules: total (kernel part)."""
+    cell = f"{ms(restart['total'])} ({ms(restart['apply'])} kernel"
+    return cell + (f", {restart['rules_written']} rules written)" if iptables else ")")
+
+
 def sync_table(mode: Mode, rows: list[dict[str, Any]]) -> str:
     iptables = mode.flavor is not None
     extra = " | rules written (1 endpoint / +1 Service)" if iptables else ""
     lines = [
         f"| Services x endpoints | cold full sync | render | kernel apply | {mode.floor_label} "
-        "| ratio | partial: 1 endpoint (median / p90) | partial: +1 Service (median / p90)"
+        "| ratio | restart: full sync over it | partial: 1 endpoint (median / p90) "
+        "| partial: +1 Service (median / p90)"
         f"{extra} | peak RSS: proxy | kernel tool's own | sum | RUSAGE_CHILDREN |",
-        "|---" * (13 if iptables else 12) + "|",
+        "|---" * (14 if iptables else 13) + "|",
     ]
     for r in rows:
         cold, pe, pa = r["cold"], r["partial_endpoint"], r["partial_add_service"]
@@ -91,6 +98,7 @@ def sync_table(mode: Mode, rows: list[dict[str, Any]]) -> str:
             ms(cold["apply"]),
             ms(r["floor"]),
             f"{cold['total'] / r['floor']:.2f}x",
+            restart_cell(r["restart"], iptables),
             f"{ms(pe['median'])} / {ms(pe['p90'])}",
             f"{ms(pa['median'])} / {ms(pa['p90'])}",
         ]

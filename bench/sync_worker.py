@@ -11,8 +11,12 @@ them through the real pipeline (parse → change trackers → the MODE backend
 * ``partial_endpoint`` / ``partial_add_service``: median and p90 end-to-end seconds of a
   partial sync after one endpoint change / one new Service (collect + render + apply),
   and how many rules each one's restore wrote (iptables mode);
-* ``rss_mb``: the process's peak resident memory; ``tool_peak_mb``: the kernel tool's,
-  on the floor run (:mod:`bench.peak`); ``children_maxrss_mb``: ``RUSAGE_CHILDREN`` as is.
+* ``restart``: what a proxy restart costs: a second backend instance's first (full)
+  sync over the table the first one programmed (after the partial syncs, so of the same
+  Services), split like ``cold``, with the rules its restores wrote (iptables mode);
+* ``rss_mb``: the process's peak resident memory (before the restart);
+  ``tool_peak_mb``: the kernel tool's, on the floor run (:mod:`bench.peak`);
+  ``children_maxrss_mb``: ``RUSAGE_CHILDREN`` as is.
 """
 
 from __future__ import annotations
@@ -133,10 +137,27 @@ def main(mode: Mode, services: int, endpoints: int, floor_ns: str) -> dict[str, 
     out["rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     out["children_maxrss_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 
+    # A restart: a new backend (the old one's memory is not freed first, so this comes
+    # after the peak RSS was read) does its first sync over what the first one wrote.
+    snapshot = state.collect()[0]
+    restarted = mode.backend(config)
+    restarted.start()
+    started = time.perf_counter()
+    result = restarted.sync(snapshot, None)
+    restart = time.perf_counter() - started
+    out["restart"] = {
+        "total": restart,
+        "render": restart - result.apply_seconds,
+        "apply": result.apply_seconds,
+        "rules_written": sum(result.table_rules_written.values()),
+    }
+    del restarted, result
+    gc.collect()
+
     # The kernel tool alone: the same full input, loaded into an empty namespace (rendered
     # after the peak RSS was read: it is not part of what the proxy holds), timed and
     # its peak RSS measured from a small process.
-    script = backend.render(state.collect()[0])
+    script = backend.render(snapshot)
     with tempfile.TemporaryDirectory() as tmp:
         argv, stdin = mode.floor_command(script, Path(tmp) / "input")
         floor = peak.measure(argv, stdin, netns=floor_ns)

@@ -15,8 +15,11 @@ from typing import Any, ClassVar
 import pytest
 from hypothesis import HealthCheck, settings
 
-from kubeproxy.backends.iptables.proxier import IptablesBackend, cleanup
+from kubeproxy.backends.iptables.diff import differing
+from kubeproxy.backends.iptables.names import is_generated
+from kubeproxy.backends.iptables.proxier import IptablesBackend, _canonical, cleanup
 from kubeproxy.config import ProxyConfig
+from kubeproxy.dataplane.iptables.listing import parse_save
 from kubeproxy.dataplane.iptables.runner import Flavor, IptablesCommand
 from kubeproxy.dataplane.nfacct import NfacctCommand
 from kubeproxy.lab.cluster import NODE_IP, Lab
@@ -24,7 +27,7 @@ from kubeproxy.lab.echo import Reply, tally, tcp_ask
 from kubeproxy.lab.netns import add_netns, delete_netns, list_netns, ns_exec
 from kubeproxy.lab.objects import ManifestDir, endpoint_slice, service
 from kubeproxy.model.state import Snapshot
-from kubeproxy.model.types import Endpoint, IPFamily, ServicePort
+from kubeproxy.model.types import Endpoint, IPFamily, L4Protocol, ServicePort, TrafficPolicy
 from tests.kernel.conftest import HTTP, eps, sync
 from tests.partial_sync_machine import CONFIG, NODE, PartialVersusFull, port_name
 
@@ -224,3 +227,141 @@ def test_a_service_iptables_refuses_is_left_out_and_the_rest_programmed(
     assert [line.split(" (")[0] for line in result.isolated] == [str(bad.name)]
     rules = runner.save("nat")
     assert "10.96.54.1" in rules and "10.96.54.2" not in rules
+
+
+# ------------------------------------------- full syncs diffed against iptables-save
+
+
+def rich_snapshot(changed: bool = False) -> Snapshot:
+    """Dual-stack ServicePorts using every rule shape iptables mode writes (affinity,
+    NodePort, external and LB IPs with source ranges, both Local policies, no
+    endpoints), so the canonical comparison is checked against each real flavour."""
+    ep = (
+        Endpoint("10.244.1.10", 8080, "node-a"),
+        Endpoint("10.244.2.10", 8080, "node-b"),
+        Endpoint("fd00:10:244:1::10", 8080, "node-a"),
+    )
+    ports = [
+        ServicePort(
+            name=port_name(0),
+            cluster_ips=("10.96.55.1", "fd00:10:96::55:1"),
+            port=80,
+            node_port=30955,
+            external_ips=("203.0.113.55",),
+            load_balancer_ips=("198.51.100.55", "2001:db8::55"),
+            load_balancer_source_ranges=("10.0.0.0/8", "2001:db8::/32"),
+            affinity_timeout=120,
+            external_traffic_policy=TrafficPolicy.LOCAL,
+            health_check_node_port=31955,
+        ),
+        ServicePort(
+            name=port_name(1, L4Protocol.UDP),
+            cluster_ips=("10.96.55.2",),
+            port=53,
+            internal_traffic_policy=TrafficPolicy.LOCAL,
+        ),
+        ServicePort(name=port_name(2), cluster_ips=("10.96.55.3",), port=80, node_port=30956),
+        ServicePort(name=port_name(3), cluster_ips=("10.96.55.4",), port=443),
+    ]
+    endpoints = {
+        ports[0].name: ep,
+        ports[1].name: (Endpoint("10.244.2.11", 5353, "node-b"),),  # none local: DROP
+        ports[2].name: (),  # no endpoints: REJECT
+        ports[3].name: ep[:1],
+    }
+    if changed:  # while the proxy was down: one Service gone, one with other endpoints
+        del endpoints[ports[3].name]
+        ports.pop()
+        endpoints[ports[0].name] = (Endpoint("10.244.1.12", 8080, "node-a"),)
+    return Snapshot({p.name: p for p in ports}, endpoints, NODE)
+
+
+def dual_backend(ns: str, fl: Flavor) -> IptablesBackend:
+    config = replace(CONFIG, mode="iptables")
+    runners = {f: IptablesCommand(f, fl, netns=ns) for f in config.families}
+    backend = IptablesBackend(config, runners)
+    backend.start()
+    return backend
+
+
+def chains_written(backend: IptablesBackend) -> list[str]:
+    lines = backend.last_restore.splitlines()
+    return [line.split()[0][1:] for line in lines if line.startswith(":")]
+
+
+def per_service(chains: list[str]) -> list[str]:
+    return [c for c in chains if is_generated(c)]
+
+
+def both_families(backend: IptablesBackend) -> list[tuple[IPFamily, list[str]]]:
+    return [
+        (family, listing(runner.save("filter") + runner.save("nat")))
+        for family, runner in sorted(backend.runners.items())
+    ]
+
+
+def test_after_a_full_sync_iptables_save_lists_every_chain_as_we_compare_it(
+    lab: Lab, scratch: str
+) -> None:
+    backend = dual_backend(scratch, flavor(lab))
+    snap = rich_snapshot()
+    backend.sync(snap, None)
+    for fam in backend._plan(snap):
+        runner = backend.runners[fam.family]
+        state, desired = backend._build(snap, fam)
+        canonical = _canonical(runner, state.settings)
+        for table, chains in desired.chains.items():
+            assert len(chains) > 3
+            saved = parse_save(runner.save(table))
+            assert differing(chains, saved, canonical) == set()
+            # The runner's own listing (nft: -S lines through iptables-nft-restore).
+            assert runner.rules(table, runner.chains(table)) == saved
+
+
+def test_a_restart_over_an_identical_table_writes_no_per_service_chain(
+    lab: Lab, scratch: str
+) -> None:
+    snap = rich_snapshot()
+    dual_backend(scratch, flavor(lab)).sync(snap, None)
+    restarted = dual_backend(scratch, flavor(lab))
+    before = both_families(restarted)
+    assert restarted.sync(snap, None).full
+    assert both_families(restarted) == before
+    assert chains_written(restarted) and per_service(chains_written(restarted)) == []
+
+
+def test_a_full_sync_repairs_a_chain_changed_by_hand(lab: Lab, scratch: str) -> None:
+    backend = dual_backend(scratch, flavor(lab))
+    snap = rich_snapshot()
+    backend.sync(snap, None)
+    before = both_families(backend)
+    nat = backend.runners[IPFamily.IPv4].save("nat")
+    sep = re.findall(r"^:(KUBE-SEP-\w+)", nat, re.MULTILINE)[0]
+    svc = re.findall(r"^:(KUBE-SVC-\w+)", nat, re.MULTILINE)[0]
+    tool = f"iptables-{flavor(lab)}"
+    ns_exec(scratch, tool, "-t", "nat", "-D", sep, "1")  # a rule deleted by hand
+    ns_exec(scratch, tool, "-t", "nat", "-A", svc, "-j", "RETURN")  # and one added
+    assert both_families(backend) != before
+    backend.sync(snap, None)
+    assert both_families(backend) == before
+    assert sorted(per_service(chains_written(backend))) == sorted([sep, svc])
+
+
+def test_a_restart_rewrites_what_changed_while_down_and_deletes_stale_chains(
+    lab: Lab, scratch: str
+) -> None:
+    dual_backend(scratch, flavor(lab)).sync(rich_snapshot(), None)
+    changed = rich_snapshot(changed=True)
+    restarted = dual_backend(scratch, flavor(lab))
+    restarted.sync(changed, None)
+    assert "-X KUBE-SEP-" in restarted.last_restore and "-X KUBE-SVC-" in restarted.last_restore
+    # Exactly what a full sync of the changed Services into an empty namespace holds.
+    fresh_ns = f"{lab.prefix}-fresh"
+    delete_netns(fresh_ns)
+    add_netns(fresh_ns)
+    try:
+        fresh = dual_backend(fresh_ns, flavor(lab))
+        fresh.sync(changed, None)
+        assert both_families(restarted) == both_families(fresh)
+    finally:
+        delete_netns(fresh_ns)

@@ -65,7 +65,8 @@ def test_the_ordered_input_means_what_the_unordered_one_did() -> None:
     unordered = backend()
     runner = unordered.runners[IPFamily.IPv4]
     fam = unordered._plan(snap)[0]
-    _, restore, _ = unordered._build(snap, fam)
+    _, desired = unordered._build(snap, fam)
+    restore = desired.restore()
     unordered._ensure_jumps(runner, fam)
     built = [list(part.chains) for _, part in restore]
     assert built != [sorted(p, reverse=True) for p in built]  # the test means something

@@ -26,8 +26,11 @@ def run_tool(
     input: str | None = None,
     timeout: float,
     package: str,
+    keep_stdout: bool = True,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``binary args...``; ``package`` names what installs it, for the error."""
+    """Run ``binary args...``; ``package`` names what installs it, for the error;
+    ``keep_stdout=False`` sends the output nowhere (``stdout`` is then None)."""
+    out = subprocess.PIPE if keep_stdout else subprocess.DEVNULL
     missing = ToolError(f"{binary} not found (install the {package} package)")
     prefix: list[str] = []
     if netns:
@@ -43,7 +46,8 @@ def run_tool(
             return subprocess.run(
                 [*prefix, binary, *args],
                 stdin=subprocess.DEVNULL,
-                capture_output=True,
+                stdout=out,
+                stderr=subprocess.PIPE,
                 text=True,
                 check=False,
                 timeout=timeout,
@@ -51,7 +55,8 @@ def run_tool(
         return subprocess.run(
             [*prefix, binary, *args],
             input=input,
-            capture_output=True,
+            stdout=out,
+            stderr=subprocess.PIPE,
             text=True,
             check=False,
             timeout=timeout,

@@ -11,9 +11,12 @@
 **Full sync** (at start, after a failure, about hourly, when node-level settings change):
 make sure the jump rules from the built-in chains and the canary chains exist (one
 ``iptables -C``/``-I`` per rule, as upstream, since a restore cannot "ensure" a rule in a
-chain it does not own), then one restore that declares (so flushes) and fills every chain
-of ours and deletes the generated chains no longer wanted (``KUBE-SVC-``, ``KUBE-SEP-``,
-... found by listing the table).
+chain it does not own), then one restore that declares (so flushes) and fills the chains
+of ours that differ from what the kernel holds (``iptables-save``, compared in its
+canonical form by :mod:`.diff`; every chain when the table holds none of our generated
+chains yet), rewrites the fixed chains (``KUBE-SERVICES``...) and deletes the generated
+chains no longer wanted (``KUBE-SVC-``, ``KUBE-SEP-``...). So a restart over an intact
+table writes a few dozen rules, and a chain changed by hand is found and rewritten.
 
 **Partial sync**: only the changed ServicePorts' own chains, and the dispatch-tree chains
 on the paths of the destinations they added or removed (:mod:`.dispatch`), are declared
@@ -36,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kubeproxy.backends import BackendError, SyncResult
+from kubeproxy.backends.iptables.diff import Canonical, differing, rule_text
 from kubeproxy.backends.iptables.dispatch import Args, DispatchTree, EntryId
 from kubeproxy.backends.iptables.names import (
     KUBE_FIREWALL,
@@ -57,7 +61,9 @@ from kubeproxy.backends.iptables.render import (
 from kubeproxy.backends.planning import family_plans, service_port_plans
 from kubeproxy.config import ProxyConfig
 from kubeproxy.dataplane.iptables.cleanup import cleanup_chains
-from kubeproxy.dataplane.iptables.restore import Restore, quote
+from kubeproxy.dataplane.iptables.listing import UnreadableTableError
+from kubeproxy.dataplane.iptables.restore import Restore
+from kubeproxy.dataplane.iptables.rules import RuleError, canonical_text
 from kubeproxy.dataplane.iptables.runner import (
     FLAVORS,
     Flavor,
@@ -84,6 +90,26 @@ MAX_ISOLATED = 8
 LAST_RESTORE_LIMIT = 64 * 1024
 LAST_RESTORE_RULES = 2000
 Updates = dict[ServicePortName, PortRules | None]
+Chains = dict[str, dict[str, tuple[Args, ...]]]  # table -> chain -> rules
+
+
+@dataclass
+class _Desired:
+    """The chains a family's full sync wants, per table, in the order they were built;
+    ``fixed``: the non-generated ones, rewritten at every full sync."""
+
+    chains: Chains = field(default_factory=lambda: {"filter": {}, "nat": {}})
+    fixed: dict[str, set[str]] = field(default_factory=lambda: {"filter": set(), "nat": set()})
+
+    def restore(self, only: Mapping[str, set[str]] | None = None) -> Restore:
+        """Declare and fill every chain (or those in ``only``, per table)."""
+        restore = Restore()
+        for table, chains in self.chains.items():
+            for chain, rules in chains.items():
+                if only is None or chain in only[table]:
+                    restore.chain(table, chain)
+                    restore.rules(table, chain, rules)
+        return restore
 
 
 @dataclass
@@ -137,6 +163,13 @@ class IptablesBackend:
         self._kernel_seconds = 0.0
         self._written: dict[str, int] = {}
         self._isolated: dict[IPFamily, dict[ServicePortName, str]] = {}
+        # iptables-nft-restore keeps every chain name its input mentions in a sorted list
+        # it walks from the smallest name for each command (quadratic in chains); one
+        # command naming no chain (``-S``) makes it fetch the whole table instead and
+        # skip that list. Into a table holding none of our chains (nothing big to fetch
+        # or list: the listing is discarded anyway) that is faster (bench/RESULTS.md);
+        # over one of ours, fetching it all is slower than the few chains a diff writes.
+        self.list_first = True
 
     # -------------------------------------------------------------- lifecycle
 
@@ -248,9 +281,9 @@ class IptablesBackend:
         snapshot: Snapshot,
         fam: FamilyPlan,
         leave_out: Mapping[ServicePortName, str] | None = None,
-    ) -> tuple[_Family, Restore, dict[str, set[str]]]:
-        """Everything of one family: its state, the restore input, the chains per table
-        (without the ServicePorts in ``leave_out``)."""
+    ) -> tuple[_Family, _Desired]:
+        """Everything of one family: its state and its chains (without the ServicePorts
+        in ``leave_out``)."""
         settings = self._settings(snapshot, fam)
         rules = {
             n: r
@@ -265,13 +298,10 @@ class IptablesBackend:
         for name, port in rules.items():
             for i, entry in enumerate(port.entries):
                 per_tree[entry.tree].append((entry.key, (name, i), entry.args))
-        restore = Restore()
-        wanted: dict[str, set[str]] = {"filter": set(), "nat": set()}
+        desired = _Desired()
 
         def fill(table: str, chain: str, chain_rules: Iterable[Args]) -> None:
-            restore.chain(table, chain)
-            restore.rules(table, chain, chain_rules)
-            wanted[table].add(chain)
+            desired.chains[table][chain] = tuple(chain_rules)
 
         for tree in TREES:
             dt = DispatchTree(tree.id, tree.space(fam.family))
@@ -282,6 +312,7 @@ class IptablesBackend:
         for table, chains in (("filter", fixed.filter), ("nat", fixed.nat)):
             for chain, chain_rules in chains.items():
                 fill(table, chain, chain_rules)
+                desired.fixed[table].add(chain)
         for port in rules.values():
             for chain, chain_rules in port.chains:
                 fill("nat", chain, chain_rules)
@@ -290,7 +321,7 @@ class IptablesBackend:
             "nat": sum(len(r) for r in fixed.nat.values()),
         }
         state.own_rules = sum(len(r) for port in rules.values() for _, r in port.chains)
-        return state, restore, wanted
+        return state, desired
 
     def _full(self, snapshot: Snapshot, fam: FamilyPlan) -> _Family:
         """A full sync; a ServicePort whose rules iptables refuses is left out (logged
@@ -302,11 +333,8 @@ class IptablesBackend:
         isolated: dict[ServicePortName, str] = {}
         self._ensure_jumps(runner, fam)
         while True:
-            state, restore, wanted = self._build(snapshot, fam, isolated)
-            for table in ("filter", "nat"):
-                for chain in sorted(self._chains(runner, table) - wanted[table]):
-                    if is_generated(chain):
-                        restore.delete(table, chain)
+            state, desired = self._build(snapshot, fam, isolated)
+            restore = self._difference(runner, state.settings, desired)
             try:
                 self._apply(runner, restore)
             except IptablesError as err:
@@ -335,12 +363,51 @@ class IptablesBackend:
         roots = {tree_id: dt.root_chain for tree_id, dt in state.trees.items()}
         return fixed_chains(fam, settings, roots, tcp_be_liberal=self.tcp_be_liberal)
 
-    def _chains(self, runner: Iptables, table: str) -> set[str]:
+    def _difference(self, runner: Iptables, settings: Settings, desired: _Desired) -> Restore:
+        """What a full sync writes: the chains missing from the kernel or differing from
+        it, the fixed chains, and the deletion of generated chains nothing wants."""
+        canonical = _canonical(runner, settings)
+        write: dict[str, set[str]] = {}
+        stale: dict[str, list[str]] = {}
+        fresh: list[str] = []
+        for table, chains in desired.chains.items():
+            present, listed = self._listing(runner, table)
+            if listed is None:
+                write[table] = set(chains)
+                fresh.append(table)
+            else:
+                write[table] = desired.fixed[table] | differing(chains, listed, canonical)
+            stale[table] = sorted(c for c in present - chains.keys() if is_generated(c))
+        restore = desired.restore(write)
+        if self.list_first and runner.flavor == "nft":
+            for table in fresh:
+                restore.table(table).list_first = True
+        for table, names in stale.items():
+            for chain in names:
+                restore.delete(table, chain)
+        return restore
+
+    def _listing(
+        self, runner: Iptables, table: str
+    ) -> tuple[set[str], dict[str, list[str]] | None]:
+        """The chains of ``table``, and their rules unless it holds none of our generated
+        chains (then everything is written anyway, and listing the rules is skipped: in
+        the nft flavour the names alone cost 35 ms where listing the rules costs seconds
+        at 200,000 rules) or iptables cannot list them."""
         started = time.perf_counter()
         try:
-            return runner.chains(table)
+            present = runner.chains(table)
+            if not any(is_generated(c) for c in present):
+                return present, None
+            listed = runner.rules(table, present)
+        except UnreadableTableError as err:
+            log.warning(
+                "Cannot compare the %s table with what we want (%s): rewriting it", table, err
+            )
+            return present, None
         finally:
             self._kernel_seconds += time.perf_counter() - started
+        return set(listed), listed
 
     # ---------------------------------------------------------- partial sync
 
@@ -468,7 +535,8 @@ class IptablesBackend:
         """The ``iptables-restore`` input a full sync applies, per family."""
         out: list[str] = []
         for fam in self._plan(snapshot):
-            _, restore, _ = self._build(snapshot, fam)
+            _, desired = self._build(snapshot, fam)
+            restore = desired.restore()
             declare_largest_first(restore)
             tool = "iptables-restore" if fam.family is IPFamily.IPv4 else "ip6tables-restore"
             out.append(f"# {tool} --noflush ({fam.family.value})\n{restore}")
@@ -491,13 +559,22 @@ def _culprit(
     for name, port in rules.items():
         if any(own == chain for own, _ in port.chains):
             return name
-        if any(str_args(e.args) in lines[err.line - 1] for e in port.entries):
+        if any(rule_text(e.args) in lines[err.line - 1] for e in port.entries):
             return name
     return None
 
 
-def str_args(args: Args) -> str:
-    return " ".join(quote(a) for a in args)
+def _canonical(runner: Iptables, settings: Settings) -> Canonical:
+    """What ``runner``'s iptables-save prints for a rule (None: iptables refuses it)."""
+    nft = runner.flavor == "nft"
+
+    def canonical(args: Args) -> str | None:
+        try:
+            return canonical_text(args, runner.family, nft=nft, random_fully=settings.random_fully)
+        except RuleError:
+            return None
+
+    return canonical
 
 
 def declare_largest_first(restore: Restore) -> None:

@@ -116,6 +116,7 @@ from collections.abc import Callable, Container, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from kubeproxy.dataplane.iptables.listing import parse_save
 from kubeproxy.dataplane.iptables.restore import (
     BUILTIN_CHAINS,
     TABLES,
@@ -560,6 +561,7 @@ class FakeIptables:
         for name, part in data:
             line += 1  # *table
             start = line
+            line += part.list_first  # -S: lists, changes nothing
             try:
                 batch = _TableBatch(self, self.tables[name])
                 if self.refuse is not None:
@@ -600,6 +602,10 @@ class FakeIptables:
     def chains(self, table: str) -> set[str]:
         self.calls["chains"] += 1
         return set(self._table(table).chains)
+
+    def rules(self, table: str, chains: set[str]) -> dict[str, list[str]]:
+        self.calls["rules"] += 1
+        return parse_save(self._table(table).save())
 
     def chain_exists(self, table: str, chain: str) -> bool:
         self.calls["chain_exists"] += 1

@@ -84,6 +84,9 @@ class TableInput:
     chains: list[str] = field(default_factory=list)
     rules: list[Rule] = field(default_factory=list)
     deletes: list[str] = field(default_factory=list)
+    # A chain-less ``-S`` first (it lists the table as it was; the output is discarded):
+    # see the backend's use of it for why.
+    list_first: bool = False
 
     def __bool__(self) -> bool:
         return bool(self.chains or self.rules or self.deletes)
@@ -135,6 +138,8 @@ class Restore:
         out: list[str] = []
         for name, t in self:
             out.append(f"*{name}")
+            if t.list_first:
+                out.append("-S")
             out.extend(f":{c} - [0:0]" for c in dict.fromkeys(t.chains))
             out.extend(
                 f"-A {chain} {' '.join(quote(a) for a in args)}" if args else f"-A {chain}"

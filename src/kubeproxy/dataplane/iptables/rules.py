@@ -128,6 +128,8 @@ def parse_network(text: str, family: IPFamily) -> str:
 
 
 def parse_address(text: str, family: IPFamily) -> str:
+    if family is IPFamily.IPv4 and _PLAIN_IPV4.fullmatch(text):
+        return text  # the common case, without ipaddress' cost
     try:
         ip = ipaddress.ip_address(text)
     except ValueError:
@@ -795,6 +797,16 @@ def parse_rule(
     """Parse one rule's arguments as the legacy or (``nft=True``) the nft flavour does;
     :class:`RuleError` if iptables would refuse the line."""
     return _parse(tuple(args), family, nft, random_fully)
+
+
+def canonical_text(
+    args: Sequence[str], family: IPFamily, *, nft: bool = False, random_fully: bool = True
+) -> str:
+    """What ``iptables-save`` prints for the rule (after ``-A CHAIN``); RuleError if
+    iptables refuses it. Not cached: a full sync's comparison with the kernel parses each
+    of (up to) hundreds of thousands of distinct rules once, which would only push the
+    fake's rules out of :func:`parse_rule`'s cache and hold on to memory."""
+    return _parse.__wrapped__(tuple(args), family, nft, random_fully).text
 
 
 @lru_cache(maxsize=1 << 17)

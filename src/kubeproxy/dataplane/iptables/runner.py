@@ -24,6 +24,13 @@ How the commands are called, and why (upstream kube-proxy's ``pkg/util/iptables`
   ``ensure_chain``: ``-N``; ``ensure_rule``: ``-C`` then ``-I`` (or ``-A``);
   ``delete_rule``: ``-D`` alone (status 1, or a jump to a chain that does not exist, means
   the rule is not there: upstream's ``IsNotFoundError``).
+* ``rules``: the rules of every chain. iptables-nft-save finds the chain of each rule it
+  lists by walking its list of chains, so it is quadratic in chains (22 s at 5,000
+  Services x 10 endpoints, 55,000 chains). An ``iptables-nft-restore --noflush`` input
+  made of one ``-S CHAIN`` line per chain (largest name first, the order its chain list
+  takes in cheapest, and nothing to commit) prints the same rules in the ``-S`` format in
+  2.6 s there; so the nft flavour lists that way (when the chain names are known from
+  ``nft``), and falls back to iptables-save if that fails. Legacy: iptables-save.
 * ``chains``: the chain names of a table without its rules where that is possible. For
   the nft flavour ``nft -j list chains ip|ip6`` lists them without decoding any rule
   (35 ms where ``iptables-nft-save`` takes 1.4 s for 100,000 rules); without the ``nft``
@@ -35,6 +42,7 @@ How the commands are called, and why (upstream kube-proxy's ``pkg/util/iptables`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -42,6 +50,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal, Protocol
 
+from kubeproxy.dataplane.iptables.listing import parse_save
 from kubeproxy.dataplane.iptables.restore import BUILTIN_CHAINS, Restore
 from kubeproxy.dataplane.process import ToolError, run_tool
 from kubeproxy.model.types import IPFamily
@@ -113,6 +122,11 @@ class Iptables(Protocol):
 
     def chains(self, table: str) -> set[str]:
         """Names of every chain in ``table``, builtin ones included."""
+
+    def rules(self, table: str, chains: set[str]) -> dict[str, list[str]]:
+        """Every chain of ``table`` (``chains``: what :meth:`chains` returned) with its
+        rules as iptables-save prints them after ``-A CHAIN``;
+        :class:`~.listing.UnreadableTableError` if iptables cannot list them."""
 
     def chain_exists(self, table: str, chain: str) -> bool:
         """Cheap: for the canary check between syncs."""
@@ -213,6 +227,7 @@ class IptablesCommand:
         found = (shutil.which("nft") or "") if nft is None else nft
         self.nft_binary = found if flavor == "nft" else ""
         self._version: str | None = None
+        self._saved: tuple[str, str] | None = None  # (table, iptables-save output)
 
     def __repr__(self) -> str:
         where = f" in {self.netns}" if self.netns else ""
@@ -228,7 +243,9 @@ class IptablesCommand:
 
     # ------------------------------------------------------------------- running
 
-    def _run(self, binary: str, args: list[str], input: str | None = None) -> tuple[int, str, str]:
+    def _run(
+        self, binary: str, args: list[str], input: str | None = None, *, keep_stdout: bool = True
+    ) -> tuple[int, str, str]:
         try:
             proc = run_tool(
                 binary,
@@ -237,16 +254,18 @@ class IptablesCommand:
                 input=input,
                 timeout=self.timeout,
                 package="iptables",
+                keep_stdout=keep_stdout,
             )
         except ToolError as err:
             raise IptablesError(str(err), input or " ".join([binary, *args])) from None
-        return proc.returncode, proc.stdout, proc.stderr
+        return proc.returncode, proc.stdout or "", proc.stderr
 
     def _fail(self, binary: str, args: list[str], stderr: str) -> IptablesError:
         command = " ".join([Path(binary).name, *args])
         return IptablesError(f"{command}: {_summarise(stderr)}", " ".join([binary, *args]))
 
     def _rule(self, op: str, table: str, chain: str, args: Sequence[str] = ()) -> tuple[int, str]:
+        self._saved = None  # perhaps a change: a listing kept for ``rules`` is stale
         argv = [*WAIT, "-t", table, op, chain, *args]
         status, _, stderr = self._run(self.iptables, argv)
         if status not in (0, STATUS_FAILED, STATUS_PARAMETER):
@@ -283,12 +302,14 @@ class IptablesCommand:
         return None
 
     def restore(self, data: Restore) -> None:
+        self._saved = None
         text = str(data)
         if not text:
             return
         args = [*WAIT, "--noflush", "--counters"]
         try:
-            status, _, stderr = self._run(self.restore_binary, args, text)
+            # Nothing worth reading goes to stdout but what a ``-S`` line lists.
+            status, _, stderr = self._run(self.restore_binary, args, text, keep_stdout=False)
         except IptablesError as err:
             raise IptablesError(str(err), text) from None  # killed: unknown what committed
         if status == 0:
@@ -318,7 +339,25 @@ class IptablesCommand:
                 return listed
         if self._flavor == "legacy" and not self._legacy_table_exists(table):
             return set(BUILTIN_CHAINS.get(table, ()))
-        return chains_from_save(self.save(table))
+        text = self.save(table)
+        # Kept for a ``rules`` call that follows (a full sync's) with no change in
+        # between (any command of ours drops it), instead of listing the table twice.
+        self._saved = (table, text)
+        return chains_from_save(text)
+
+    def rules(self, table: str, chains: set[str]) -> dict[str, list[str]]:
+        if self._flavor == "nft" and self.nft_binary:
+            lines = [f"*{table}\n", *(f"-S {c}\n" for c in sorted(chains, reverse=True))]
+            with contextlib.suppress(IptablesError):
+                status, out, _ = self._run(
+                    self.restore_binary, [*WAIT, "--noflush"], "".join([*lines, "COMMIT\n"])
+                )
+                if status == 0:
+                    return parse_save(out)
+        saved, self._saved = self._saved, None
+        if saved is None or saved[0] != table:
+            return parse_save(self.save(table))
+        return parse_save(saved[1])
 
     def _nft_chains(self, table: str) -> set[str] | None:
         family = "ip6" if self._family is IPFamily.IPv6 else "ip"
