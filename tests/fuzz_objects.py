@@ -348,6 +348,11 @@ def mutated(draw: st.DrawFn, docs: list[Doc], index: int) -> Doc:
 
 
 @st.composite
+def one_mutated(draw: st.DrawFn) -> Doc:
+    return draw(mutated(draw(good_cluster()), 0))
+
+
+@st.composite
 def mixed_objects(draw: st.DrawFn) -> tuple[list[Doc], list[Doc]]:
     """(good objects, mutated copies of them)."""
     good = draw(good_cluster())

@@ -1,8 +1,8 @@
 """Hostile input, kernel level (issue 12 part 1): every render of a state built from good
 and mutated objects (:mod:`tests.fuzz_objects`) is accepted by ``nft -c -f`` and by
-iptables-restore in both flavours and both families (see ``kernel_refusals``), checked inside a scratch
-namespace this module creates and deletes by its own name. So are the largest objects:
-a Service with 1,000 ports and a slice with 10,000 endpoints.
+iptables-restore in both flavours and both families (see ``kernel_refusals``), checked
+inside a scratch namespace this module creates and deletes by its own name. So are the
+largest objects: a Service with 1,000 ports and a slice with 10,000 endpoints.
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ properties longer and RELIABILITY.md records its figures.
 from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from tests.fuzz_objects import (
     Doc,
@@ -15,17 +14,11 @@ from tests.fuzz_objects import (
     check_mixed,
     check_parse,
     config_document,
-    good_cluster,
     mixed_objects,
-    mutated,
+    one_mutated,
 )
 
 FAST = settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
-
-
-@st.composite
-def one_mutated(draw: st.DrawFn) -> Doc:
-    return draw(mutated(draw(good_cluster()), 0))
 
 
 @FAST
