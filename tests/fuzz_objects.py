@@ -40,6 +40,7 @@ from kubeproxy.backends.nftables.proxier import NftablesBackend
 from kubeproxy.config import ConfigError, ProxyConfig
 from kubeproxy.dataplane.iptables.fake import FakeIptables
 from kubeproxy.dataplane.nftables.runner import NftCommand
+from kubeproxy.model.nodeports import NodePortAddresses
 from kubeproxy.model.parse import (
     InvalidObjectError,
     parse_endpoint_slice,
@@ -47,9 +48,11 @@ from kubeproxy.model.parse import (
     parse_service,
     parse_service_cidr,
 )
+from kubeproxy.model.plan import DetectLocal, LocalMode
 from kubeproxy.model.state import ProxyState, Snapshot
 from kubeproxy.model.types import IPFamily, NamespacedName
 from kubeproxy.sources.events import dispatch
+from kubeproxy.sources.kube_decode import object_decoder
 from kubeproxy.sources.manifests import ManifestSource
 
 Doc = dict[str, Any]
@@ -307,9 +310,11 @@ def _renamed(doc: Doc, index: int) -> Doc:
 
 
 @st.composite
-def mutated(draw: st.DrawFn, docs: list[Doc], index: int) -> Doc:
-    """A renamed copy of one of ``docs`` with 1-3 hostile mutations."""
-    doc = _renamed(draw(st.sampled_from(docs)), index)
+def mutated(draw: st.DrawFn, docs: list[Doc], index: int, *, rename: bool = True) -> Doc:
+    """A copy of one of ``docs`` (renamed, unless ``rename`` is false) with 1-3 hostile
+    mutations."""
+    doc = draw(st.sampled_from(docs))
+    doc = _renamed(doc, index) if rename else copy.deepcopy(doc)
     for _ in range(draw(st.integers(1, 3))):
         op = draw(st.sampled_from(["replace", "replace", "delete", "unknown", "dup", "name", "ip"]))
         paths = [p for p in _paths(doc) if p != ("kind",)]
@@ -354,9 +359,14 @@ def one_mutated(draw: st.DrawFn) -> Doc:
 
 @st.composite
 def mixed_objects(draw: st.DrawFn) -> tuple[list[Doc], list[Doc]]:
-    """(good objects, mutated copies of them)."""
+    """(good objects, mutated copies of them). Sometimes this node's own Node is only
+    among the mutated ones (so its hostile addresses and pod CIDRs are used)."""
     good = draw(good_cluster())
     bad = [draw(mutated(good, i)) for i in range(draw(st.integers(1, 6)))]
+    if draw(st.booleans()):
+        node = next(d for d in good if d["kind"] == "Node")
+        good.remove(node)
+        bad.append(draw(mutated([node], 0, rename=False)))
     return good, bad
 
 
@@ -380,17 +390,32 @@ def is_rejected(doc: Doc) -> bool:
     return False
 
 
-def check_parse(doc: Doc) -> str:
-    """Parsing never raises anything but InvalidObjectError, whose message is one line."""
-    kind = doc.get("kind")
-    parser = PARSERS[kind if isinstance(kind, str) and kind in PARSERS else "Service"]
+def _parsed(parser: Callable[[Any], object], doc: Any) -> object:
+    """The model, or the one-line message of the InvalidObjectError (nothing else may
+    escape)."""
     try:
-        parser(doc)
+        return parser(doc)
     except InvalidObjectError as err:
         message = str(err)
         assert message.isprintable(), repr(message)
-        return "rejected"
-    return "accepted"
+        return message
+
+
+def check_parse(doc: Doc) -> str:
+    """Parsing never raises anything but InvalidObjectError, whose message is one line;
+    the API source (msgspec decoding the JSON as the API server would send it, then the
+    same parser) reaches the very same model or error as the manifest source."""
+    kind = doc.get("kind")
+    kind = kind if isinstance(kind, str) and kind in PARSERS else "Service"
+    parser = PARSERS[kind]
+    result = _parsed(parser, doc)
+    try:
+        raw = json.dumps(doc, allow_nan=False).encode()
+    except ValueError:
+        return "no-api-json"  # NaN/Infinity: not JSON, no API server sends it
+    via_api = _parsed(parser, object_decoder(kind)(raw).obj)
+    assert via_api == result, (via_api, result)
+    return "rejected" if isinstance(result, str) else "accepted"
 
 
 class _Records(logging.Handler):
@@ -427,13 +452,27 @@ CONFIG = ProxyConfig(
 )
 
 
-def renders(snapshot: Snapshot, config: ProxyConfig = CONFIG) -> dict[str, str]:
-    """The full-sync script of each backend (iptables rendered without touching a kernel)."""
-    fakes = {f: FakeIptables(f, "nft") for f in config.families}
-    return {
-        "nftables": NftablesBackend(config, NftCommand()).render(snapshot),
-        "iptables": IptablesBackend(config, fakes, proc=Path("/nonexistent")).render(snapshot),
-    }
+# The other way to recognise local traffic and to pick NodePort addresses, and
+# masquerading everything: the Node's (fuzzed) pod CIDRs and addresses reach the rules.
+NODE_CIDR_CONFIG = ProxyConfig(
+    hostname=NODE,
+    families=(IPFamily.IPv4, IPFamily.IPv6),
+    detect_local=DetectLocal(LocalMode.NODE_CIDR),
+    masquerade_all=True,
+    nodeport_addresses=NodePortAddresses.parse(["primary"]),
+)
+
+
+def renders(snapshot: Snapshot) -> dict[str, str]:
+    """The full-sync script of each backend (iptables rendered without touching a
+    kernel) under :data:`CONFIG` and, suffixed ``-nodecidr``, :data:`NODE_CIDR_CONFIG`."""
+    out = {}
+    for suffix, config in (("", CONFIG), ("-nodecidr", NODE_CIDR_CONFIG)):
+        fakes = {f: FakeIptables(f, "nft") for f in config.families}
+        ipt = IptablesBackend(config, fakes, proc=Path("/nonexistent"))
+        out["nftables" + suffix] = NftablesBackend(config, NftCommand()).render(snapshot)
+        out["iptables" + suffix] = ipt.render(snapshot)
+    return out
 
 
 def _identity(doc: Doc) -> str | None:
@@ -547,13 +586,17 @@ def kernel_refusals(netns: str, scripts: dict[str, str]) -> list[str]:
     match and target, commits nothing), and ``iptables-nft-restore`` committed for real,
     replacing the tables it names, because its ``--test`` only parses: it accepts a jump
     to a chain that does not exist (measured on 1.8.9)."""
-    checks: list[tuple[list[str], str]] = [(["nft", "-c", "-f", "-"], scripts["nftables"])]
-    parts = _IPTABLES_PART.split(scripts["iptables"])
-    # split() gives [before, tool, family, body, tool, family, body, ...]
-    for at in range(1, len(parts), 3):
-        tool, body = parts[at], parts[at + 2]
-        checks.append(([f"{tool}-legacy-restore", "--test"], body))
-        checks.append(([f"{tool}-nft-restore"], body))
+    checks: list[tuple[list[str], str]] = []
+    for name, script in scripts.items():
+        if name.startswith("nftables"):
+            checks.append((["nft", "-c", "-f", "-"], script))
+            continue
+        parts = _IPTABLES_PART.split(script)
+        # split() gives [before, tool, family, body, tool, family, body, ...]
+        for at in range(1, len(parts), 3):
+            tool, body = parts[at], parts[at + 2]
+            checks.append(([f"{tool}-legacy-restore", "--test"], body))
+            checks.append(([f"{tool}-nft-restore"], body))
     refusals = []
     for command, script in checks:
         done = subprocess.run(
