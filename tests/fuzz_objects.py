@@ -510,7 +510,9 @@ def check_mixed(good: list[Doc], bad: list[Doc]) -> Counter[str]:
             assert any(name in m for m in mine), (name, mine)
 
     good_ports = {
-        NamespacedName("good", d["metadata"]["name"]) for d in good if d["kind"] == "Service"
+        NamespacedName(d["metadata"]["namespace"], d["metadata"]["name"])
+        for d in good
+        if d["kind"] == "Service"
     }
     present = {p.service for p in snapshot.services}
     assert good_ports <= present, good_ports - present

@@ -6,10 +6,13 @@ properties longer and RELIABILITY.md records its figures.
 
 from __future__ import annotations
 
+import copy
+
 from hypothesis import HealthCheck, given, settings
 
 from tests.fuzz_objects import (
     Doc,
+    big_objects,
     check_config,
     check_mixed,
     check_parse,
@@ -39,3 +42,16 @@ def test_bad_objects_cost_one_line_and_only_themselves(
 @given(config_document())
 def test_config_files_fail_only_with_a_config_error(text: str) -> None:
     check_config(text)
+
+
+def test_one_bad_port_or_endpoint_rejects_only_its_big_object() -> None:
+    """A duplicate among 1,000 ports, a zone ID in the 10,000th endpoint: that object is
+    skipped whole (as the API server would refuse it whole), nothing else changes."""
+    big = big_objects()
+    wide, deep_slice = copy.deepcopy(big[0]), copy.deepcopy(big[3])
+    wide["metadata"]["name"] = "wide-dup"
+    wide["spec"]["ports"].append(dict(wide["spec"]["ports"][0], name="again"))
+    deep_slice["metadata"]["name"] = "deep-zone"
+    deep_slice["endpoints"][-1]["addresses"] = ["fe80::1%eth0"]
+    counts = check_mixed(big, [wide, deep_slice])
+    assert counts["rejected"] == 2
