@@ -2,6 +2,7 @@
 
     python -m bench.fuzz [--examples 10000] [--kernel-examples 1000] [--seed 0]
 
+``--properties`` picks some of parse, mixed, config, standalone, kernel (default: all).
 Runs, with ``--examples`` examples each (Hypothesis, no example database, fixed seed), the
 properties of :mod:`tests.fuzz_objects`: parsing a mutated object raises only
 InvalidObjectError; good and mutated objects through the manifest source cost one log
@@ -32,6 +33,7 @@ from tests.fuzz_objects import (
     check_config,
     check_mixed,
     check_parse,
+    check_standalone,
     config_document,
     kernel_refusals,
     load,
@@ -39,6 +41,7 @@ from tests.fuzz_objects import (
     mixed_snapshot,
     one_mutated,
     renders,
+    standalone_objects,
 )
 
 from kubeproxy.lab.netns import add_netns, delete_netns
@@ -79,11 +82,32 @@ def run(
     return tally
 
 
+PROPERTIES: dict[str, tuple[str, st.SearchStrategy[Any], Callable[[Any], Any]]] = {
+    "parse": ("parse: only InvalidObjectError, API path agrees", one_mutated(), check_parse),
+    "mixed": (
+        "mixed: one line per bad object, renders unchanged",
+        mixed_objects(),
+        lambda objects: check_mixed(*objects),
+    ),
+    "config": ("config: only ConfigError", config_document(), check_config),
+    "standalone": (
+        "standalone: control plane survives hostile Pods/Services/Nodes",
+        standalone_objects(),
+        check_standalone,
+    ),
+}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=10_000)
     parser.add_argument("--kernel-examples", type=int, default=1_000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--properties",
+        default=",".join([*PROPERTIES, "kernel"]),
+        help=f"comma-separated, from {','.join(PROPERTIES)},kernel (default: all)",
+    )
     args = parser.parse_args()
     # The rejected objects' log lines are the subject, not the output.
     logging.getLogger("kubeproxy").addHandler(logging.NullHandler())
@@ -91,19 +115,16 @@ def main() -> int:
 
     print(
         f"python -m bench.fuzz --examples {args.examples} "
-        f"--kernel-examples {args.kernel_examples} --seed {args.seed}",
+        f"--kernel-examples {args.kernel_examples} --seed {args.seed} "
+        f"--properties {args.properties}",
         flush=True,
     )
-    run("parse: only InvalidObjectError", one_mutated(), check_parse, args.examples, args.seed)
-    run(
-        "mixed: one line per bad object, renders unchanged",
-        mixed_objects(),
-        lambda objects: check_mixed(*objects),
-        args.examples,
-        args.seed,
-    )
-    run("config: only ConfigError", config_document(), check_config, args.examples, args.seed)
-    if args.kernel_examples and os.geteuid() == 0:
+    chosen = args.properties.split(",")
+    for name in chosen:
+        if name in PROPERTIES:
+            title, strategy, check = PROPERTIES[name]
+            run(title, strategy, check, args.examples, args.seed)
+    if "kernel" in chosen and args.kernel_examples and os.geteuid() == 0:
         netns = f"kpfuzzb{os.getpid() % 100000}"
         add_netns(netns)
         try:
@@ -128,7 +149,7 @@ def main() -> int:
             )
         finally:
             delete_netns(netns)
-    elif args.kernel_examples:
+    elif "kernel" in chosen and args.kernel_examples:
         print("kernel: skipped (needs root)")
     return 0
 

@@ -54,6 +54,7 @@ from kubeproxy.model.types import IPFamily, NamespacedName
 from kubeproxy.sources.events import dispatch
 from kubeproxy.sources.kube_decode import object_decoder
 from kubeproxy.sources.manifests import ManifestSource
+from kubeproxy.sources.standalone import StandaloneSource
 
 Doc = dict[str, Any]
 NODE = "node-a"
@@ -299,22 +300,24 @@ def _parent(doc: Doc, path: Path_) -> Any:
     return node
 
 
-def _renamed(doc: Doc, index: int) -> Doc:
-    """A copy named ``bad-<index>`` in namespace ``fuzz`` (never a good object's key)."""
+def _renamed(doc: Doc, index: int, namespace: str = "fuzz") -> Doc:
+    """A copy named ``bad-<index>`` in ``namespace`` (never a good object's key)."""
     out = copy.deepcopy(doc)
     meta = out["metadata"]
     meta["name"] = f"bad-{index}"
     if "namespace" in meta:
-        meta["namespace"] = "fuzz"
+        meta["namespace"] = namespace
     return out
 
 
 @st.composite
-def mutated(draw: st.DrawFn, docs: list[Doc], index: int, *, rename: bool = True) -> Doc:
-    """A copy of one of ``docs`` (renamed, unless ``rename`` is false) with 1-3 hostile
-    mutations."""
+def mutated(
+    draw: st.DrawFn, docs: list[Doc], index: int, *, rename: bool = True, namespace: str = "fuzz"
+) -> Doc:
+    """A copy of one of ``docs`` (renamed into ``namespace``, unless ``rename`` is false)
+    with 1-3 hostile mutations."""
     doc = draw(st.sampled_from(docs))
-    doc = _renamed(doc, index) if rename else copy.deepcopy(doc)
+    doc = _renamed(doc, index, namespace) if rename else copy.deepcopy(doc)
     for _ in range(draw(st.integers(1, 3))):
         op = draw(st.sampled_from(["replace", "replace", "delete", "unknown", "dup", "name", "ip"]))
         paths = [p for p in _paths(doc) if p != ("kind",)]
@@ -368,6 +371,58 @@ def mixed_objects(draw: st.DrawFn) -> tuple[list[Doc], list[Doc]]:
         good.remove(node)
         bad.append(draw(mutated([node], 0, rename=False)))
     return good, bad
+
+
+@st.composite
+def standalone_objects(draw: st.DrawFn) -> list[Doc]:
+    """A manifest directory for the standalone control plane: Services without a
+    ClusterIP selecting Pods, our Node, and mutated copies of each in the same namespace
+    (so hostile Pods are selected and hostile Services allocate)."""
+    good: list[Doc] = []
+    for i in range(draw(st.integers(1, 3))):
+        app = f"good-{i}"
+        spec: Doc = {
+            "type": draw(st.sampled_from(["ClusterIP", "NodePort", "LoadBalancer"])),
+            "selector": {"app": app},
+            "ipFamilyPolicy": draw(st.sampled_from(["SingleStack", "PreferDualStack"])),
+            "ports": [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}],
+        }
+        good.append(
+            {"kind": "Service", "metadata": {"name": app, "namespace": "good"}, "spec": spec}
+        )
+        for k in range(draw(st.integers(0, 3))):
+            ips = [f"10.244.{i}.{k + 1}", f"fd00:10:244:{i}::{k + 1}"]
+            good.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": f"{app}-{k}", "namespace": "good", "labels": {"app": app}},
+                    "spec": {
+                        "nodeName": draw(st.sampled_from([NODE, "node-b"])),
+                        "containers": [
+                            {"name": "c", "ports": [{"name": "http", "containerPort": 8080}]}
+                        ],
+                    },
+                    "status": {
+                        "phase": "Running",
+                        "podIP": ips[0],
+                        "podIPs": [{"ip": ip} for ip in ips],
+                        "conditions": [{"type": "Ready", "status": "True"}],
+                    },
+                }
+            )
+    good.append(
+        {
+            "kind": "Node",
+            "metadata": {"name": NODE, "labels": {"topology.kubernetes.io/zone": "zone-a"}},
+            "status": {
+                "addresses": [{"type": "InternalIP", "address": "192.168.50.1"}],
+                "allocatable": {"cpu": "2"},
+            },
+        }
+    )
+    bad = [draw(mutated(good, i, namespace="good")) for i in range(draw(st.integers(1, 5)))]
+    return good + bad
 
 
 # --------------------------------------------------------------------------- checks
@@ -506,8 +561,10 @@ def check_mixed(good: list[Doc], bad: list[Doc]) -> Counter[str]:
         prefix = f"Skipping invalid {doc['kind']} "
         mine = [m for m in skipped if m.startswith(prefix)]
         assert mine, (doc, skipped)
-        if name is not None and name.isprintable() and len(name) < 100:
-            assert any(name in m for m in mine), (name, mine)
+        if name is not None and len(name) < 100:
+            # Escaped (with its namespace) when either is not printable.
+            shown = (name, name.encode("unicode_escape").decode("ascii"))
+            assert any(n in m for m in mine for n in shown), (name, mine)
 
     good_ports = {
         NamespacedName(d["metadata"]["namespace"], d["metadata"]["name"])
@@ -524,6 +581,28 @@ def check_mixed(good: list[Doc], bad: list[Doc]) -> Counter[str]:
         assert script.isascii(), script
         assert all(line.replace("\t", " ").isprintable() for line in script.splitlines())
     return Counter(objects=len(good) + len(bad), rejected=len(rejected), accepted=len(accepted))
+
+
+def check_standalone(docs: list[Doc]) -> Counter[str]:
+    """The standalone control plane (Pods selected, ClusterIPs and NodePorts allocated)
+    never raises on hostile objects; its log lines are printable; what it hands the
+    proxy renders."""
+    records = _Records()
+    kube_log = logging.getLogger("kubeproxy")
+    kube_log.addHandler(records)
+    try:
+        with tempfile.TemporaryDirectory(prefix="kpfuzz") as tmp:
+            for i, doc in enumerate(docs):
+                Path(tmp, f"{i:04d}.json").write_text(json.dumps(doc), encoding="utf-8")
+            state = ProxyState(NODE)
+            dispatch(state, StandaloneSource(Path(tmp), persist=False).reload())
+    finally:
+        kube_log.removeHandler(records)
+    snapshot, _ = state.collect()
+    renders(snapshot)
+    lines = [m for level, m in records.messages if level >= logging.WARNING]
+    assert all(m.isprintable() for m in lines), lines
+    return Counter(objects=len(docs), service_ports=len(snapshot.services), logged=len(lines))
 
 
 def mixed_snapshot(good: list[Doc], bad: list[Doc]) -> Snapshot:

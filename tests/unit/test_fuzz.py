@@ -16,9 +16,11 @@ from tests.fuzz_objects import (
     check_config,
     check_mixed,
     check_parse,
+    check_standalone,
     config_document,
     mixed_objects,
     one_mutated,
+    standalone_objects,
 )
 
 FAST = settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
@@ -55,3 +57,9 @@ def test_one_bad_port_or_endpoint_rejects_only_its_big_object() -> None:
     deep_slice["endpoints"][-1]["addresses"] = ["fe80::1%eth0"]
     counts = check_mixed(big, [wide, deep_slice])
     assert counts["rejected"] == 2
+
+
+@settings(FAST, max_examples=60)
+@given(standalone_objects())
+def test_the_standalone_control_plane_survives_hostile_objects(objects: list[Doc]) -> None:
+    check_standalone(objects)
