@@ -421,6 +421,13 @@ def standalone_objects(draw: st.DrawFn) -> list[Doc]:
             },
         }
     )
+    good.append(
+        {
+            "kind": "ServiceCIDR",
+            "metadata": {"name": "good-cidr"},
+            "spec": {"cidrs": ["10.96.0.0/24", "fd00:10:96::/120"]},
+        }
+    )
     bad = [draw(mutated(good, i, namespace="good")) for i in range(draw(st.integers(1, 5)))]
     return good + bad
 
