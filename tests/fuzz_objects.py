@@ -489,22 +489,29 @@ class _Records(logging.Handler):
         self.messages.append((record.levelno, record.getMessage()))
 
 
-def load(docs: list[Doc]) -> tuple[Snapshot, list[tuple[int, str]]]:
-    """The snapshot the manifest source and the proxy state make of ``docs`` (one JSON
-    file each), and what the source logged."""
+def _through(
+    docs: list[Doc], source: Callable[[Path], ManifestSource | StandaloneSource], logger: str
+) -> tuple[Snapshot, list[tuple[int, str]]]:
+    """The snapshot ``source`` (reading ``docs``, one JSON file each) and the proxy state
+    make, and what ``logger`` logged meanwhile."""
     records = _Records()
-    source_log = logging.getLogger("kubeproxy.sources.manifests")
-    source_log.addHandler(records)
+    watched = logging.getLogger(logger)
+    watched.addHandler(records)
     try:
         with tempfile.TemporaryDirectory(prefix="kpfuzz") as tmp:
             for i, doc in enumerate(docs):
                 Path(tmp, f"{i:04d}.json").write_text(json.dumps(doc), encoding="utf-8")
             state = ProxyState(NODE)
-            dispatch(state, ManifestSource(Path(tmp)).reload())
+            dispatch(state, source(Path(tmp)).reload())
     finally:
-        source_log.removeHandler(records)
+        watched.removeHandler(records)
     snapshot, _ = state.collect()
     return snapshot, records.messages
+
+
+def load(docs: list[Doc]) -> tuple[Snapshot, list[tuple[int, str]]]:
+    """What the manifest source makes of ``docs``, and what it logged."""
+    return _through(docs, ManifestSource, "kubeproxy.sources.manifests")
 
 
 CONFIG = ProxyConfig(
@@ -594,20 +601,11 @@ def check_standalone(docs: list[Doc]) -> Counter[str]:
     """The standalone control plane (Pods selected, ClusterIPs and NodePorts allocated)
     never raises on hostile objects; its log lines are printable; what it hands the
     proxy renders."""
-    records = _Records()
-    kube_log = logging.getLogger("kubeproxy")
-    kube_log.addHandler(records)
-    try:
-        with tempfile.TemporaryDirectory(prefix="kpfuzz") as tmp:
-            for i, doc in enumerate(docs):
-                Path(tmp, f"{i:04d}.json").write_text(json.dumps(doc), encoding="utf-8")
-            state = ProxyState(NODE)
-            dispatch(state, StandaloneSource(Path(tmp), persist=False).reload())
-    finally:
-        kube_log.removeHandler(records)
-    snapshot, _ = state.collect()
+    snapshot, messages = _through(
+        docs, lambda path: StandaloneSource(path, persist=False), "kubeproxy"
+    )
     renders(snapshot)
-    lines = [m for level, m in records.messages if level >= logging.WARNING]
+    lines = [m for level, m in messages if level >= logging.WARNING]
     assert all(m.isprintable() for m in lines), lines
     return Counter(objects=len(docs), service_ports=len(snapshot.services), logged=len(lines))
 
