@@ -330,9 +330,9 @@ def test_an_invalid_service_is_skipped_and_releases_what_it_took(
 
 def _with(doc: Obj, path: str, value: Any) -> Obj:
     """``doc`` with the field at the dotted ``path`` (list indexes as numbers) set."""
-    out = json.loads(json.dumps(doc))
+    out: Obj = json.loads(json.dumps(doc))
     *parents, last = [int(p) if p.isdigit() else p for p in path.split(".")]
-    target = out
+    target: Any = out
     for step in parents:
         target = target[step]
     target[last] = value
