@@ -351,6 +351,7 @@ BAD_POD = pod("bad", "10.244.1.9", node="node-a")
         (_with(BAD_POD, "spec.containers.0.ports", [{"name": "http"}]), "containerPort"),
         (_with(BAD_POD, "spec.containers.0.ports", ["http"]), "ports[0]"),
         (_with(BAD_POD, "spec.nodeName", ["node-a"]), "spec.nodeName"),
+        (_with(BAD_POD, "spec.nodeName", "node-a\n[forged]"), "spec.nodeName"),
         (_with(BAD_POD, "status.podIPs", [{"ip": 5}]), "status.podIPs[0].ip"),
         (_with(BAD_POD, "status.podIP", "10.244.1.9%eth0"), "status.podIP"),
         (_with(BAD_POD, "status.conditions", ["Ready"]), "status.conditions[0]"),
@@ -374,6 +375,7 @@ def test_an_unreadable_raw_object_is_one_line_and_absent(
     (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     name = bad["metadata"]["name"]
     assert line.startswith(f"Skipping invalid {bad['kind']} ") and name in line
+    assert line.isprintable()
     assert field in line
     assert services(events)["web"] is not None
     (web,) = [s for _, s in slices(events) if s.service_name == "web"]
