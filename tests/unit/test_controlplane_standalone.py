@@ -130,6 +130,10 @@ def test_services_without_cluster_ip_get_one_from_the_default_range() -> None:
         (("10.200.0.0/24",), [], "10.200.0."),
         ((), [{"name": "extra", "cidrs": ["10.123.0.0/24"]}], "10.123.0."),
         (("fd00:1::/112",), [], "fd00:1::"),
+        # Found by fuzzing: whitespace the model's parser accepts crashed the allocator,
+        # and so did a single-address range at the top of the address space.
+        ((), [{"name": "extra", "cidrs": [" 10.123.0.0/24 "]}], "10.123.0."),
+        (("10.200.0.0/24",), [{"name": "top", "cidrs": ["255.255.255.255/32"]}], "10.200.0."),
     ],
 )
 def test_ranges_come_from_the_flag_or_service_cidr_objects(
@@ -322,6 +326,60 @@ def test_an_invalid_service_is_skipped_and_releases_what_it_took(
         events = c.apply(added(bad, svc("a"), svc("b")))
     assert set(cluster_ips(events)) == {"a", "b"}
     assert "Skipping invalid Service default/aa-bad: spec.ports[0].port" in caplog.text
+
+
+def _with(doc: Obj, path: str, value: Any) -> Obj:
+    """``doc`` with the field at the dotted ``path`` (list indexes as numbers) set."""
+    out: Obj = json.loads(json.dumps(doc))
+    *parents, last = [int(p) if p.isdigit() else p for p in path.split(".")]
+    target: Any = out
+    for step in parents:
+        target = target[step]
+    target[last] = value
+    return out
+
+
+BAD_POD = pod("bad", "10.244.1.9", node="node-a")
+
+
+# Minimal examples of what crashed the control plane (and so the whole reload) before
+# its raw inputs were checked (found by tests/unit/test_fuzz.py; one line each now).
+@pytest.mark.parametrize(
+    ("bad", "field"),
+    [
+        (_with(BAD_POD, "spec", "x"), "spec"),
+        (_with(BAD_POD, "spec.containers.0.ports", [{"name": "http"}]), "containerPort"),
+        (_with(BAD_POD, "spec.containers.0.ports", ["http"]), "ports[0]"),
+        (_with(BAD_POD, "spec.nodeName", ["node-a"]), "spec.nodeName"),
+        (_with(BAD_POD, "spec.nodeName", "node-a\n[forged]"), "spec.nodeName"),
+        (_with(BAD_POD, "status.podIPs", [{"ip": 5}]), "status.podIPs[0].ip"),
+        (_with(BAD_POD, "status.podIP", "10.244.1.9%eth0"), "status.podIP"),
+        (_with(BAD_POD, "status.conditions", ["Ready"]), "status.conditions[0]"),
+        (_with(BAD_POD, "metadata.labels", 5), "metadata.labels"),
+        (_with(svc("bad"), "spec", 5), "spec"),
+        (_with(svc("bad"), "spec.ports", [{"name": "http"}]), "spec.ports[0].port"),
+        (_with(svc("bad", type="NodePort"), "spec.ports.0.nodePort", "x"), "nodePort"),
+        (_with(svc("bad"), "spec.selector", {"app": ["web"]}), "spec.selector[app]"),
+        (_with(node("node-c", "zone-a"), "status", "x"), "status"),
+        (_with(node("node-c", "zone-a"), "status.allocatable.cpu", "lots"), "cpu"),
+        (_with(node("node-c", "zone-a"), "status.conditions", [5]), "status.conditions[0]"),
+    ],
+)
+def test_an_unreadable_raw_object_is_one_line_and_absent(
+    bad: Obj, field: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    c = cluster()
+    good = [svc("web"), *web_pods(), node("node-a", "zone-a"), node("node-b", "zone-b")]
+    with caplog.at_level(logging.ERROR):
+        events = c.apply(added(*good, bad))
+    (line,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    name = bad["metadata"]["name"]
+    assert line.startswith(f"Skipping invalid {bad['kind']} ") and name in line
+    assert line.isprintable()
+    assert field in line
+    assert services(events)["web"] is not None
+    (web,) = [s for _, s in slices(events) if s.service_name == "web"]
+    assert addresses(web) == {"10.244.1.1", "10.244.1.2", "10.244.2.1", "10.244.2.2"}
 
 
 # ------------------------------------------------------------- Pods and EndpointSlices

@@ -288,6 +288,10 @@ def test_hostile_name_is_logged_on_one_line(
         ("svc.yaml", "kind: Service\nmetadata: {name: web}\nspec: {ports: [{port: !!int x}]}\n"),
         # json.loads raises RecursionError on deep nesting
         ("svc.json", "[" * 100_000),
+        # A List containing itself through a YAML alias: unpacking it recursed until
+        # RecursionError escaped and aborted the whole reload (found writing the fuzzer).
+        ("svc.yaml", "&a {kind: List, items: [*a]}\n"),
+        ("svc.yaml", "kind: Service\nmetadata: &m {name: web, labels: {x: *m}}\n"),
     ],
     ids=[
         "yaml-flow",
@@ -297,6 +301,8 @@ def test_hostile_name_is_logged_on_one_line(
         "yaml-impossible-date",
         "yaml-bad-int-tag",
         "json-too-deep",
+        "yaml-recursive-list",
+        "yaml-recursive-object",
     ],
 )
 def test_unreadable_file_keeps_previous_objects(

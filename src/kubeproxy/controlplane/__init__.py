@@ -14,6 +14,8 @@ EndpointSlices exactly as a cluster would:
 * :mod:`.endpointslice` — the EndpointSlice controller's reconciler: Pods to slices.
 * :mod:`.topologycache` — ``service.kubernetes.io/topology-mode: Auto`` zone hints.
 * :mod:`.trafficdist` — hints for ``spec.trafficDistribution``.
+* :mod:`.shapes` — the raw objects the standalone control plane reads, checked for the
+  types and ranges of those fields first (one log line and absent when wrong).
 * ``_bands`` / ``_slices`` — internals shared by the above (the two-band scan and bitmap;
   copy-on-write for slice dicts).
 

@@ -190,7 +190,9 @@ class _Range:
 
     def __init__(self, network: IPNet, size: int, rng: random.Random | None) -> None:
         self.network = network
-        self.first: IPAddr = network.network_address + 1
+        # A single-address range (/32, /128) has no usable address (size 0), and its
+        # address + 1 may not exist (255.255.255.255/32).
+        self.first: IPAddr = network.network_address + min(1, network.num_addresses - 1)
         self.size = max(0, size)
         self.band_offset = calculate_range_offset(network)
         self.rng = rng if rng is not None else random.Random()

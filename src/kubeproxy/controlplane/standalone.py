@@ -68,6 +68,7 @@ from kubeproxy.controlplane.portallocator import (
     allocate_service_node_ports,
     release_service_node_ports,
 )
+from kubeproxy.controlplane.shapes import checked, problem
 from kubeproxy.controlplane.statefile import Allocation
 from kubeproxy.controlplane.topologycache import TopologyCache
 from kubeproxy.model.parse import (
@@ -164,6 +165,10 @@ class StandaloneCluster:
                 continue
             old = event.old.doc if isinstance(event.old, RawObject) else None
             new = event.new.doc if isinstance(event.new, RawObject) else None
+            # An unreadable version was absent when it came (and logged then).
+            if old is not None and problem(obj.kind, old) is not None:
+                old = None
+            new = checked(obj.kind, new)
             if obj.kind == "Service":
                 self._on_service(obj.key, new)
                 dirty.add(obj.key)

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeAlias
 
 from kubeproxy.model.types import (
     ANNOTATION_TRIGGER_TIME,
@@ -544,3 +545,103 @@ def object_key(kind: str, obj: Mapping[str, Any]) -> NamespacedName | None:
         return NamespacedName("", meta["name"])
     ns = meta.get("namespace")
     return NamespacedName(ns if isinstance(ns, str) and ns else "default", meta["name"])
+
+
+# ---------------------------------------------------------------- raw object shapes
+
+
+# A field's expected shape: a mapping of its fields, a one-item list (every item has
+# that shape; no item may be null), a check called with (value, path) that raises
+# _InvalidError, or Required(shape). An absent (None) field passes unless Required:
+# defaults are the reader's business.
+@dataclass(frozen=True, slots=True)
+class Required:
+    shape: Shape
+
+
+Check = Callable[[Any, str], object]
+Shape: TypeAlias = "Mapping[str, Shape] | list[Shape] | Check | Required"
+
+
+def check_shape(kind: str, obj: Any, shape: Mapping[str, Shape], *, namespaced: bool) -> None:
+    """Raise InvalidObjectError (one line, naming the field) unless every field ``shape``
+    declares has its type and range, and the object's name is a DNS-1123 subdomain (and
+    its namespace a DNS-1123 label).
+
+    For raw objects that code reads before any ``parse_*`` function sees them (the
+    standalone control plane reads Pods, and Services before they have a ClusterIP):
+    that code may then trust the types of what it reads."""
+    try:
+        root = _mapping(obj, "<root>")
+        _, name = _metadata(root, namespaced=namespaced)
+        if len(name) > 253 or not _DNS1123_SUBDOMAIN.match(name):
+            raise _fail("metadata.name", f"not a DNS-1123 subdomain: {name!r}")
+        _check(root, shape, "")
+    except _InvalidError as err:
+        raise InvalidObjectError(kind, _identity(obj, namespaced=namespaced), str(err)) from None
+
+
+def _check(value: Any, shape: Shape, path: str) -> None:
+    if isinstance(shape, Required):
+        if value is None:
+            raise _fail(path, "required")
+        shape = shape.shape
+    if value is None:
+        return
+    if isinstance(shape, Mapping):
+        fields = _mapping(value, path or "<root>")
+        for key, inner in shape.items():
+            _check(fields.get(key), inner, f"{path}.{key}" if path else key)
+    elif isinstance(shape, list):
+        for i, item in enumerate(_list(value, path)):
+            _check(item, Required(shape[0]), f"{path}[{i}]")
+    elif not isinstance(shape, Required):  # Required(Required(...)) means Required(...)
+        shape(value, path)
+    else:
+        _check(value, shape, path)
+
+
+def string(value: Any, path: str) -> object:
+    return _str(value, path)
+
+
+def boolean(value: Any, path: str) -> object:
+    return _bool(value, path, False)
+
+
+def port_number(value: Any, path: str) -> object:
+    return _int(value, path, 1, 65535, default=1)
+
+
+def port_or_zero(value: Any, path: str) -> object:
+    return _int(value, path, 0, 65535, default=0)
+
+
+def int_or_string(value: Any, path: str) -> object:
+    """A port number, or a port name (``targetPort``)."""
+    if isinstance(value, str):
+        return value
+    return port_number(value, path)
+
+
+def ip_address(value: Any, path: str) -> object:
+    return canonical_ip(value, path)
+
+
+def node_name(value: Any, path: str) -> object:
+    return _optional_name(value, path)
+
+
+def string_map(value: Any, path: str) -> object:
+    """Labels, annotations, a selector: string keys, string values."""
+    for key, item in _mapping(value, path).items():
+        where = f"{path}[{_printable(str(key))}]"
+        if not isinstance(key, str):
+            raise _fail(where, f"key must be a string, got {type(key).__name__}")
+        _str(item, where)
+    return value
+
+
+def invalid(path: str, message: str) -> Exception:
+    """The error a custom check raises (caught by :func:`check_shape`)."""
+    return _fail(path, message)

@@ -131,6 +131,9 @@ class ManifestSource:
                 docs: list[Any] = [json.loads(text)]
             else:
                 docs = list(yaml.load_all(text, Loader=_Loader))
+                # An alias can only form a cycle if the text has one ("*name").
+                if "*" in text and _cyclic(docs):
+                    raise ValueError("a YAML alias makes an object contain itself")
         # ValueError covers JSONDecodeError and UnicodeDecodeError, and also what YAML's
         # constructors raise for well-formed but impossible scalars ("date: 2024-13-45",
         # "!!int x"); RecursionError comes from deeply nested JSON. Any of these must only
@@ -404,6 +407,38 @@ def _stamp(path: FilePath) -> Stamp | None:
         return None
     # ctime too: a chmod that makes an unreadable file readable changes only ctime.
     return (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino)
+
+
+def _cyclic(root: Any) -> bool:
+    """Whether a list or mapping contains itself (YAML aliases can say so, JSON cannot,
+    and no Kubernetes object does): walking one, as unpacking ``kind: List`` does, would
+    never end. Iterative, and each node is walked once, so alias-heavy files stay linear."""
+    done: set[int] = set()
+    on_path = {id(root)}
+    stack: list[tuple[int, Iterator[Any]]] = [(id(root), _children(root))]
+    while stack:
+        node, children = stack[-1]
+        child = next(children, _END)
+        if child is _END:
+            stack.pop()
+            on_path.discard(node)
+            done.add(node)
+        elif isinstance(child, (list, dict)):
+            if id(child) in on_path:
+                return True
+            if id(child) not in done:
+                on_path.add(id(child))
+                stack.append((id(child), _children(child)))
+    return False
+
+
+_END = object()
+
+
+def _children(node: Any) -> Iterator[Any]:
+    if isinstance(node, dict):
+        return iter(node.values())
+    return iter(node if isinstance(node, list) else ())
 
 
 def _documents(docs: list[Any]) -> Iterator[Mapping[str, Any]]:
