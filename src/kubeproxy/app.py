@@ -256,8 +256,11 @@ class Proxy:
         for message in sorted(set(result.conflicts) - self._conflicts):
             log.error("%s", message)
         self._conflicts = set(result.conflicts)
+        level = logging.INFO if self.syncs == 1 else V2
+        if not log.isEnabledFor(level):
+            return  # naming the changes sorts them: not for a line nobody sees
         log.log(
-            logging.INFO if self.syncs == 1 else V2,
+            level,
             "Synced %s rules in %.3fs: %d service ports (%d renders), %d elements, "
             "%d shared chains, %d operations%s",
             "full" if result.full else "partial",

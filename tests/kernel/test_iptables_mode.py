@@ -75,7 +75,7 @@ def test_nodeports_answer_on_localhost_and_every_local_address(
     # Counted as upstream counts them, for its localhost NodePort metric.
     assert re.search(r"-d 127.0.0.0/8 .*--nfacct-name +localhost_nps_accepted_pkts", rules)
     assert re.search(r"--ctstate INVALID -m nfacct --nfacct-name +ct_state_invalid", rules)
-    assert NfacctCommand(lab.node_ns).packets("localhost_nps_accepted_pkts") >= 1
+    assert NfacctCommand(lab.node_ns).packets()["localhost_nps_accepted_pkts"] >= 1
     # Never on ::1.
     assert node.call(tally, tcp_ask, "::1", 30900, 0.5, count=1) != {"local-1": 1}
 

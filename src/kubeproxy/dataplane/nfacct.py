@@ -21,7 +21,7 @@ from typing import Protocol
 from kubeproxy.dataplane.process import ToolError, run_tool
 
 TIMEOUT = 5.0
-# ``nfacct get NAME``: "{ pkts = 00000000000000000012, bytes = 00000000000000000720 } = NAME;"
+# ``nfacct list``, a line per counter: "{ pkts = 00000000000000000012, bytes = 0...720 } = NAME;"
 _COUNTER = re.compile(r"\{\s*pkts\s*=\s*(\d+),\s*bytes\s*=\s*(\d+)\s*\}\s*=\s*(\S+?);")
 
 
@@ -34,8 +34,8 @@ class Nfacct(Protocol):
         """Create counter ``name`` unless it exists; :class:`NfacctError` if impossible."""
         ...
 
-    def packets(self, name: str) -> int:
-        """The packets counted by ``name`` so far; :class:`NfacctError` if unreadable."""
+    def packets(self) -> dict[str, int]:
+        """The packets counted so far by every counter; :class:`NfacctError` if unreadable."""
         ...
 
 
@@ -60,11 +60,9 @@ class NfacctCommand:
         except NfacctError:
             self._run("add", name)
 
-    def packets(self, name: str) -> int:
-        for pkts, _, found in _COUNTER.findall(self._run("get", name)):
-            if found == name:
-                return int(pkts)
-        raise NfacctError(f"nfacct get {name}: no such counter in the output")
+    def packets(self) -> dict[str, int]:
+        # One process for every counter: this runs at each metrics scrape.
+        return {name: int(pkts) for pkts, _, name in _COUNTER.findall(self._run("list"))}
 
 
 class FakeNfacct:
@@ -79,7 +77,7 @@ class FakeNfacct:
             raise NfacctError("nfacct add: No such file or directory")
         self.counters.setdefault(name, 0)
 
-    def packets(self, name: str) -> int:
-        if self.broken or name not in self.counters:
-            raise NfacctError(f"nfacct get {name}: No such file or directory")
-        return self.counters[name]
+    def packets(self) -> dict[str, int]:
+        if self.broken:
+            raise NfacctError("nfacct list: No such file or directory")
+        return dict(self.counters)
