@@ -124,6 +124,7 @@ def run(
     workdir = _host_dir(cwd)
     ctl = Path(tempfile.mkdtemp(prefix="kpuml-"))
     try:
+        _host_dir(ctl)  # it goes on the kernel command line too
         env = guest_env() if env is None else env
         (ctl / "run.sh").write_text(
             f"cd {shlex.quote(str(workdir))} || exit 125\n"
