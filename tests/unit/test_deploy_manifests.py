@@ -45,6 +45,8 @@ VERSIONS = ("1.31.0", kubernetes_validate.utils.latest_version())
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 OVERLAYS = ("kubeadm", "gradual", "kind")
 KUSTOMIZATIONS = ("base", *(f"overlays/{o}" for o in OVERLAYS), "monitoring")
+# Applied with -f when needed: cleanups, and the check before removing kube-proxy.
+ONE_SHOT_DIRS = ("cleanup", "preflight")
 # Measured peak RSS at 10,000 Services x 10 endpoints from the API (bench/RESULTS.md,
 # "End to end"): the proxy's VmHWM and the proxy with its `nft` child during a full sync.
 PROXY_PEAK_MB = 252
@@ -118,7 +120,7 @@ def test_every_manifest_belongs_to_a_kustomization_or_is_a_one_shot() -> None:
         if p.is_file()
     }
     manifests = {p.resolve() for p in DEPLOY.rglob("*.yaml") if p.name != "kustomization.yaml"}
-    one_shots = {p.resolve() for p in (DEPLOY / "cleanup").glob("*.yaml")}
+    one_shots = {p.resolve() for d in ONE_SHOT_DIRS for p in (DEPLOY / d).glob("*.yaml")}
     assert manifests - one_shots == listed
     assert not list(DEPLOY.glob("*.yaml")), "top-level manifests: use base/ and overlays/"
 
@@ -200,7 +202,12 @@ def builtin(doc: dict[str, Any]) -> bool:
     return not doc["apiVersion"].startswith("monitoring.coreos.com/")
 
 
-ONE_SHOTS = [(p.name, d) for p in sorted((DEPLOY / "cleanup").glob("*.yaml")) for d in documents(p)]
+ONE_SHOTS = [
+    (p.name, d)
+    for directory in ONE_SHOT_DIRS
+    for p in sorted((DEPLOY / directory).glob("*.yaml"))
+    for d in documents(p)
+]
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -391,3 +398,36 @@ def test_monitoring_dashboard_is_a_sidecar_configmap() -> None:
     assert cm["metadata"]["labels"] == {"grafana_dashboard": "1"}
     json_text = (DEPLOY / "monitoring" / "grafana-dashboard-proxy.json").read_text()
     assert cm["data"] == {"grafana-dashboard-proxy.json": json_text}
+
+
+@needs_kubectl
+def test_preflight_pod_sees_what_the_daemon_set_will_and_can_change_nothing() -> None:
+    (pod,) = documents(DEPLOY / "preflight" / "kubeproxy-preflight.yaml")
+    spec = pod["spec"]
+    (main,) = spec["containers"]
+    ds = pod_spec("overlays/kubeadm")
+    proxy = proxy_container("overlays/kubeadm")
+    assert spec["serviceAccountName"] == ds["serviceAccountName"]
+    assert spec["hostNetwork"] is True
+    assert spec["volumes"] == [v for v in ds["volumes"] if v["name"] == "config"]
+    assert main["volumeMounts"] == [m for m in proxy["volumeMounts"] if m["name"] == "config"]
+    assert main["image"] == proxy["image"]
+    assert main["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert main["resources"] == proxy["resources"]
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "render --config /var/lib/kube-proxy/config.conf --hostname-override node-1",
+        "list -o wide --config /var/lib/kube-proxy/config.conf --hostname-override node-1",
+        "explain --config /var/lib/kube-proxy/config.conf --hostname-override node-1"
+        " --src 10.244.1.5 --dst 10.96.0.10 --port 53 --protocol UDP",
+    ],
+)
+def test_the_preflight_commands_of_the_migration_guide_parse(command: str) -> None:
+    from kubeproxy.cli import build_parser
+
+    assert command in (ROOT / "docs" / "replacing-kube-proxy.md").read_text()
+    args = build_parser().parse_args(command.split())
+    assert args.config == Path("/var/lib/kube-proxy/config.conf")
