@@ -1,5 +1,5 @@
 """Least privilege: in every mode kubeproxy programs the node as uid 0 with only the
-capabilities that mode needs, all of which the DaemonSet grants (deploy/daemonset.yaml);
+capabilities that mode needs, all of which the DaemonSet grants (deploy/base/daemonset.yaml);
 without CAP_NET_ADMIN it programs nothing."""
 
 from __future__ import annotations
