@@ -494,6 +494,7 @@ ELEMENTS = [
         ok(elems("s", '3.3.3.3 comment "a\\b"', '4.4.4.4 comment "' + "x" * 128 + '"')),
         ok(delete_elems("m", "10.96.0.9 . tcp . 80")),
         ok(elems("m", '10.96.0.9 . tcp . 80 comment "ns/c:http" : drop')),
+        ok(delete_elems("s", '3.3.3.3 comment "another"')),
     ),
     case(
         "an element comment over 128 bytes",

@@ -1016,7 +1016,8 @@ class _Batch:
         return _nft(f"conflicting intervals specified ({s.name}: {key} vs {clash})")
 
     def _delete_element(self, table: FakeTable, s: FakeSet, key: str) -> None:
-        ckey, bounds = canonical_key(s.type, key, s.interval)
+        # A comment in a delete is accepted and ignored: elements are matched by key.
+        ckey, bounds = canonical_key(s.type, split_comment(key)[0], s.interval)
         if ckey not in s.elements:
             if s.interval and len(s.type.key) == 1:
                 raise _nft(f"element does not exist ({s.name}: {ckey})")
