@@ -7,7 +7,6 @@ backend must not rely on that. Runs in a network namespace the test creates and 
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Iterator
 
@@ -18,7 +17,6 @@ from kubeproxy.config import ProxyConfig
 from kubeproxy.dataplane.nftables.runner import NftCommand
 from kubeproxy.dataplane.nftables.transaction import element_comment
 from kubeproxy.explain.live import parse_elements
-from kubeproxy.lab.netns import add_netns, delete_netns
 from kubeproxy.model.state import NodeState, Snapshot
 from kubeproxy.model.types import (
     Endpoint,
@@ -28,6 +26,7 @@ from kubeproxy.model.types import (
     ServicePort,
     ServicePortName,
 )
+from tests.kernel.conftest import scratch_netns
 
 HOSTILE = [
     ("ns", 'a"b', "http"),
@@ -43,12 +42,7 @@ HOSTILE = [
 
 @pytest.fixture
 def netns() -> Iterator[str]:
-    name = f"kpcmt{os.getpid() % 100000}"
-    add_netns(name)
-    try:
-        yield name
-    finally:
-        delete_netns(name)
+    yield from scratch_netns("kpcmt")
 
 
 def nft(ns: str, *args: str, script: str | None = None) -> str:

@@ -12,7 +12,6 @@ parsers, so ``10.0.0.0-10.0.0.255`` and ``10.0.0.0/24`` compare equal on both si
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -30,7 +29,8 @@ from kubeproxy.dataplane.nftables.fake import (
 )
 from kubeproxy.dataplane.nftables.runner import NftCommand, NftError
 from kubeproxy.dataplane.nftables.transaction import Transaction
-from kubeproxy.lab.netns import add_netns, delete_netns, list_netns, ns_exec
+from kubeproxy.lab.netns import ns_exec
+from tests.kernel.conftest import scratch_netns
 from tests.nft_fake_cases import CASES, Case, random_batches, random_setup
 
 
@@ -212,13 +212,7 @@ def kernel_state(ns: str) -> State:
 
 @pytest.fixture(scope="module")
 def netns() -> Iterator[str]:
-    name = f"kpfake{os.getpid() % 100000}"
-    add_netns(name)
-    try:
-        yield name
-    finally:
-        delete_netns(name)
-    assert name not in list_netns()
+    yield from scratch_netns("kpfake")
 
 
 def _outcome(apply: Callable[[Transaction], None], tx: Transaction) -> str | None:
