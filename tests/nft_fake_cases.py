@@ -486,6 +486,21 @@ ELEMENTS = [
             )
         ),
     ),
+    case(
+        "element comments: adding the key again keeps the first, deleting needs no comment",
+        SETUP,
+        ok(elems("m", '10.96.0.9 . tcp . 80 comment "ns/a:http" : goto x')),
+        ok(elems("m", '10.96.0.9 . tcp . 80 comment "ns/b:http" : goto x')),
+        ok(elems("s", '3.3.3.3 comment "a\\b"', '4.4.4.4 comment "' + "x" * 128 + '"')),
+        ok(delete_elems("m", "10.96.0.9 . tcp . 80")),
+        ok(elems("m", '10.96.0.9 . tcp . 80 comment "ns/c:http" : drop')),
+        ok(delete_elems("s", '3.3.3.3 comment "another"')),
+    ),
+    case(
+        "an element comment over 128 bytes",
+        SETUP,
+        refused("comment too long", elems("s", '5.5.5.5 comment "' + "x" * 129 + '"')),
+    ),
     case("deleting a missing element", SETUP, refused(ENOENT, delete_elems("s", "9.9.9.9"))),
     case(
         "deleting one element twice in one command",

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from kubeproxy.lab.cluster import NODE, NODE_IP, NODE_IP6, REMOTE_NODE, Lab
-from kubeproxy.lab.netns import list_netns
+from kubeproxy.lab.netns import add_netns, delete_netns, list_netns
 from kubeproxy.lab.objects import Ep, ManifestDir, node
 from tests.conftest import IS_ROOT, require_tool
 
@@ -29,6 +29,18 @@ PODS = {
     "remote-2": (REMOTE_NODE, "10.244.2.11", "fd00:10:244:2::11"),
     "client": (NODE, "10.244.1.100", "fd00:10:244:1::100"),
 }
+
+
+def scratch_netns(prefix: str) -> Iterator[str]:
+    """An empty network namespace named after ``prefix`` and this process, deleted after
+    (use as the body of a fixture: ``yield from scratch_netns("kpx")``)."""
+    name = f"{prefix}{os.getpid() % 100000}"
+    add_netns(name)
+    try:
+        yield name
+    finally:
+        delete_netns(name)
+    assert name not in list_netns()
 
 
 # Commands every real-kernel test may use (scripts/bootstrap installs them).

@@ -3,7 +3,7 @@ applied step by step to a fake and, through ``nft``, to the kernel of a scratch 
 namespace. Both must accept or both refuse each step (the kernel's message must contain
 the text the case expects of the fake, so the fake's messages stay recognisable), and
 after each step both must hold the same tables: names, comments, base chain specs,
-rule counts, set definitions, element keys and values.
+rule counts, set definitions, element keys, values and comments.
 
 The kernel's state is read from ``nft list ruleset`` (the JSON listing of nft 1.0.6
 drops comments and the ``dynamic`` flag); elements are canonicalised with the fake's own
@@ -12,7 +12,6 @@ parsers, so ``10.0.0.0-10.0.0.255`` and ``10.0.0.0/24`` compare equal on both si
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -26,10 +25,12 @@ from kubeproxy.dataplane.nftables.fake import (
     canonical_value,
     parse_priority,
     parse_set_type,
+    split_comment,
 )
 from kubeproxy.dataplane.nftables.runner import NftCommand, NftError
 from kubeproxy.dataplane.nftables.transaction import Transaction
-from kubeproxy.lab.netns import add_netns, delete_netns, list_netns, ns_exec
+from kubeproxy.lab.netns import ns_exec
+from tests.kernel.conftest import scratch_netns
 from tests.nft_fake_cases import CASES, Case, random_batches, random_setup
 
 
@@ -49,6 +50,7 @@ class SetState:
     timeout: int | None
     comment: str | None
     elements: dict[str, str | None]
+    comments: dict[str, str]
 
 
 @dataclass
@@ -77,6 +79,7 @@ def fake_state(fake: FakeNftables) -> State:
                 s.timeout,
                 s.comment,
                 dict(s.elements),
+                dict(s.comments),
             )
     return out
 
@@ -133,14 +136,18 @@ class _SetReader:
         stype = parse_set_type(self.spec, self.keyword)
         interval = "interval" in self.flags
         elements: dict[str, str | None] = {}
+        comments: dict[str, str] = {}
         for raw in " ".join(self.elements_text).split(","):
             # Elements of timeout sets carry "timeout 1m expires 59s988ms".
             item = _ELEMENT_TIMERS.sub("", raw).strip()
             if not item:
                 continue
             key, sep, value = item.partition(" : ")
+            key, comment = split_comment(key)
             ckey = canonical_key(stype, key, interval)[0]
             elements[ckey] = canonical_value(stype, value) if sep else None
+            if comment is not None:
+                comments[ckey] = comment
         return SetState(
             self.keyword,
             stype.key,
@@ -149,6 +156,7 @@ class _SetReader:
             self.timeout,
             self.comment,
             elements,
+            comments,
         )
 
 
@@ -204,13 +212,7 @@ def kernel_state(ns: str) -> State:
 
 @pytest.fixture(scope="module")
 def netns() -> Iterator[str]:
-    name = f"kpfake{os.getpid() % 100000}"
-    add_netns(name)
-    try:
-        yield name
-    finally:
-        delete_netns(name)
-    assert name not in list_netns()
+    yield from scratch_netns("kpfake")
 
 
 def _outcome(apply: Callable[[Transaction], None], tx: Transaction) -> str | None:

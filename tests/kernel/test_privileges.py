@@ -1,5 +1,5 @@
 """Least privilege: in every mode kubeproxy programs the node as uid 0 with only the
-capabilities that mode needs, all of which the DaemonSet grants (deploy/daemonset.yaml);
+capabilities that mode needs, all of which the DaemonSet grants (deploy/base/daemonset.yaml);
 without CAP_NET_ADMIN it programs nothing."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def daemonset_capabilities() -> list[str]:
     """The capabilities the DaemonSet's proxy container adds (after dropping ALL)."""
-    docs = yaml.safe_load_all((ROOT / "deploy/daemonset.yaml").read_text())
+    docs = yaml.safe_load_all((ROOT / "deploy/base/daemonset.yaml").read_text())
     (daemonset,) = [d for d in docs if d and d.get("kind") == "DaemonSet"]
     (proxy,) = [
         c for c in daemonset["spec"]["template"]["spec"]["containers"] if c["name"] == "kubeproxy"

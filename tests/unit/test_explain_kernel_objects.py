@@ -80,6 +80,19 @@ def test_parse_elements_of_an_nft_listing() -> None:
     assert live.parse_elements("table ip kube-proxy {\n set cluster-ips {\n }\n}") == {}
 
 
+def test_parse_elements_leaves_the_comment_out_of_the_key() -> None:
+    text = (
+        "table ip kube-proxy {\n\tmap service-ips {\n"
+        "\t\ttype ipv4_addr . inet_proto . inet_service : verdict\n"
+        '\t\telements = { 10.96.0.10 . tcp . 80 comment "demo/web:http" : goto cluster-ip-2,\n'
+        '\t\t\t     10.96.0.11 . udp . 53 comment "kube-system/kube-dns:dns" : drop }\n\t}\n}\n'
+    )
+    assert live.parse_elements(text) == {
+        "10.96.0.10 . tcp . 80": "goto cluster-ip-2",
+        "10.96.0.11 . udp . 53": "drop",
+    }
+
+
 def test_nft_drift_finds_missing_and_extra_endpoints() -> None:
     result, fam = run(service_port(), Packet(POD, "10.96.0.10", 80), "nftables")
     objects = kernel_objects(result, fam)

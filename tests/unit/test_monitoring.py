@@ -117,7 +117,7 @@ def test_the_scrape_objects_find_the_daemonsets_pods_as_job_kube_proxy() -> None
     monitor = yaml.safe_load((MONITORING / "servicemonitor.yaml").read_text())
     daemonset = next(
         d
-        for d in yaml.safe_load_all((ROOT / "deploy/daemonset.yaml").read_text())
+        for d in yaml.safe_load_all((ROOT / "deploy/base/daemonset.yaml").read_text())
         if d and d["kind"] == "DaemonSet"
     )
     pod_labels = daemonset["spec"]["template"]["metadata"]["labels"]

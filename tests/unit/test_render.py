@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import re
+from dataclasses import replace
+
 import pytest
 
-from kubeproxy.backends.nftables.index import TableIndex, full_table
+from kubeproxy.backends.nftables.index import TableIndex, full_table, owner_comment
 from kubeproxy.backends.nftables.render import PortRules, render_service_port
 from kubeproxy.backends.nftables.table import (
     CLUSTER_IPS,
@@ -21,7 +24,13 @@ from kubeproxy.backends.nftables.table import (
     VERDICT_REJECT,
     LBChain,
 )
-from kubeproxy.dataplane.nftables.transaction import ScriptError, Transaction, check_name
+from kubeproxy.dataplane.nftables.transaction import (
+    COMMENT_MAX,
+    ScriptError,
+    Transaction,
+    check_name,
+    element_comment,
+)
 from kubeproxy.model.nodeports import FamilyNodePorts, NodePortAddresses
 from kubeproxy.model.plan import FamilyPlan, LocalTraffic, plan_service_port
 from kubeproxy.model.topology import NodeTopology
@@ -248,7 +257,7 @@ def test_table_text_is_declarative_and_ordered() -> None:
     text = str(tx)
     # Maps are declared before the chains whose rules and elements refer to them.
     assert text.index("map service-ips") < text.index("chain services")
-    assert "10.96.0.1 . tcp . 80 : goto cluster-ip-1" in text
+    assert '10.96.0.1 . tcp . 80 comment "default/web:http" : goto cluster-ip-1' in text
     assert "chain cluster-ip-1 {" in text
 
 
@@ -256,3 +265,69 @@ def test_table_text_is_declarative_and_ordered() -> None:
 def test_hostile_object_names_are_refused(name: str) -> None:
     with pytest.raises(ScriptError):
         check_name(name)
+
+
+# ------------------------------------------------------------ element comments (issue 13)
+
+SAFE_COMMENT = re.compile(r"^[A-Za-z0-9._/:-]{0,128}$")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'ns/a"b:c',
+        "ns/a\\b:c",
+        "ns/a\nb:c",
+        'ns/x" : goto evil; flush ruleset; "',
+        "ns/a,b}{:c",
+        "ns/ä:ü",
+        "n" * 63 + "/" + "s" * 63 + ":" + "p" * 15,
+        "x" * 1000,
+    ],
+)
+def test_element_comments_cannot_break_the_script(text: str) -> None:
+    comment = element_comment(text)
+    assert SAFE_COMMENT.match(comment), comment
+    if len(text.encode()) > COMMENT_MAX:
+        assert len(comment) == COMMENT_MAX and comment.endswith("...")
+
+
+def test_valid_names_are_kept_verbatim_in_comments() -> None:
+    assert element_comment("kube-system/kube-dns:dns-tcp") == "kube-system/kube-dns:dns-tcp"
+    assert owner_comment(spn("web", "")) == "default/web"
+    assert owner_comment(spn("web", "http", L4Protocol.UDP)) == "default/web:http"
+
+
+def test_only_the_element_naming_a_destination_carries_a_comment() -> None:
+    port = replace(svc(), node_port=30080)
+    rules = {spn(): render(port, [ep("10.244.1.2"), ep("10.244.1.3")], V4)}
+    contents = TableIndex.build(V4, rules).contents()
+    assert contents.comments == {
+        (SERVICE_IPS, "10.96.0.1 . tcp . 80"): "default/web:http",
+        (SERVICE_NODEPORTS, "tcp . 30080"): "default/web:http",
+    }
+    empty = {spn(): render(port, [], V4)}
+    assert set(TableIndex.build(V4, empty).contents().comments) == {
+        (NO_ENDPOINT_SERVICES, "10.96.0.1 . tcp . 80"),
+        (NO_ENDPOINT_NODEPORTS, "tcp . 30080"),
+    }
+
+
+def test_a_destination_changing_owner_is_added_again_with_the_new_comment() -> None:
+    a = render(svc("a"), [ep("10.244.1.2")], V4)
+    b = render(svc("b"), [ep("10.244.1.2")], V4)
+    index = TableIndex.build(V4, {spn("a"): a, spn("b"): b})
+    change = index.change({spn("a"): None})
+    tx = Transaction()
+    change.emit(tx, full_table(V4, index.contents()).ref)
+    script = str(tx)
+    # Same value, new owner: deleted, then added with b's name (adding the existing key
+    # again would keep a's comment in the kernel).
+    assert "delete element ip kube-proxy service-ips { 10.96.0.1 . tcp . 80 }" in script
+    assert '10.96.0.1 . tcp . 80 comment "default/b:http" : goto cluster-ip-1' in script
+    assert "default/a" not in script
+    # An unchanged owner writes nothing.
+    same = index.change({spn("a"): a})
+    tx = Transaction()
+    same.emit(tx, full_table(V4, index.contents()).ref)
+    assert str(tx) == ""

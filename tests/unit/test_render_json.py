@@ -32,7 +32,9 @@ def test_json_plan_and_nft_script_agree_on_every_service_port(
         assert cluster_ip["kind"] == "ClusterIP"
         address, _, number = cluster_ip["address"].rpartition(":")
         proto = port["servicePort"].rsplit("/", 1)[1].lower()
-        key = f"{address.strip('[]')} . {proto} . {number}"
+        # The dispatch element names its ServicePort, as upstream's: ns/name:port.
+        name = port["servicePort"].rsplit("/", 1)[0]
+        key = f'{address.strip("[]")} . {proto} . {number} comment "{name}"'
         verdict = port["internal"]["verdict"]
         if verdict == "DNAT":
             n = len(port["internal"]["endpoints"])

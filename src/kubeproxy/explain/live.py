@@ -56,6 +56,11 @@ def node_addresses(read: Reader = read_command) -> frozenset[str]:
 # ----------------------------------------------------------------------- nftables
 
 
+# An element's comment (the ServicePort it belongs to): never part of the key. Comments
+# we write hold no comma, quote or brace (transaction.element_comment).
+_COMMENT = re.compile(r' comment "[^"]*"$')
+
+
 def parse_elements(text: str) -> dict[str, str | None]:
     """Elements of one ``nft list map|set`` output: key -> value (None for sets)."""
     match = re.search(r"elements = \{(.*?)\}", text, re.DOTALL)
@@ -67,7 +72,7 @@ def parse_elements(text: str) -> dict[str, str | None]:
         if not item:
             continue
         key, sep, value = item.partition(" : ")
-        out[key] = value if sep else None
+        out[_COMMENT.sub("", key)] = value if sep else None
     return out
 
 

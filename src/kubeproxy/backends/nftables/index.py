@@ -34,6 +34,7 @@ from kubeproxy.backends.nftables.render import (
     affinity_set,
 )
 from kubeproxy.backends.nftables.table import (
+    COMMENTED_SETS,
     ELEMENT_SETS,
     TYPEOF_MAPS,
     LBChain,
@@ -41,12 +42,30 @@ from kubeproxy.backends.nftables.table import (
     skeleton,
     static_sets,
 )
-from kubeproxy.dataplane.nftables.transaction import Chain, Table, TableRef, Transaction
+from kubeproxy.dataplane.nftables.transaction import (
+    Chain,
+    Table,
+    TableRef,
+    Transaction,
+    with_comment,
+)
 from kubeproxy.model.plan import FamilyPlan
 from kubeproxy.model.types import IPFamily, ServicePortName
 
 ElementKey = tuple[str, str]  # (set or map, key)
+# What an element holds besides its key: its value (None in sets) and its comment.
+Held = tuple[str | None, str | None]
 _MISSING = object()
+
+
+def owner_comment(name: ServicePortName) -> str:
+    """The comment on the elements a ServicePort owns: ``namespace/name:port`` (upstream's
+    ServicePortName string, without the protocol)."""
+    return f"{name.service}:{name.port}" if name.port else str(name.service)
+
+
+def _held(elements: Iterable[tuple[str, str, str | None]], comment: str) -> dict[ElementKey, Held]:
+    return {(m, k): (v, comment if m in COMMENTED_SETS else None) for m, k, v in elements}
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +89,8 @@ class Contents:
     """Everything the table holds besides its fixed skeleton."""
 
     elements: dict[str, dict[str, str | None]] = field(default_factory=dict)
+    # The comment of each element of COMMENTED_SETS: the ServicePort that owns it.
+    comments: dict[ElementKey, str] = field(default_factory=dict)
     chains: dict[str, ChainDef] = field(default_factory=dict)
     sets: dict[str, AffinitySet] = field(default_factory=dict)
 
@@ -123,8 +144,11 @@ class TableIndex:
                     if dest.chain is not None:
                         index.chain_refs[dest.chain.name] += 1
                     if contents is not None and elements is not None:
+                        comment = owner_comment(name)
                         for set_name, key, value in dest.elements:
                             elements[set_name][key] = value
+                            if set_name in COMMENTED_SETS:
+                                contents.comments[(set_name, key)] = comment
                         if dest.chain is not None and dest.chain.name not in contents.chains:
                             contents.chains[dest.chain.name] = ChainDef(
                                 dest.chain.name, tuple(dest.chain.rules(fam))
@@ -181,7 +205,7 @@ class Change:
         self.index = index
         self.updates = {name: new for name, new in updates.items() if index.rules.get(name) != new}
         self.conflicts: list[Conflict] = []
-        # Element diffs: the value the kernel holds (or _MISSING) and the value wanted.
+        # Element diffs: what the kernel holds (a Held, or _MISSING) and what is wanted.
         self.before: dict[ElementKey, object] = {}
         self.after: dict[ElementKey, object] = {}
         self.candidates: dict[Claim, set[ServicePortName]] = {}
@@ -225,8 +249,12 @@ class Change:
                 self.conflicts.extend(
                     Conflict(claim, new_owner, n) for n in sorted(cands - {new_owner})
                 )
-            before = {(m, k): v for m, k, v in old_dest.elements} if old_dest else {}
-            after = {(m, k): v for m, k, v in new_dest.elements} if new_dest else {}
+            before: dict[ElementKey, Held] = {}
+            after: dict[ElementKey, Held] = {}
+            if old_dest is not None and old_owner is not None:
+                before = _held(old_dest.elements, owner_comment(old_owner))
+            if new_dest is not None and new_owner is not None:
+                after = _held(new_dest.elements, owner_comment(new_owner))
             self.element_delta += len(after) - len(before)
             for key in before.keys() | after.keys():
                 self._touch(key, before.get(key, _MISSING), after.get(key, _MISSING))
@@ -248,10 +276,10 @@ class Change:
                 self.shared_new_values[(m, k)] = v
         for key, delta in self.shared_delta.items():
             count = index.shared[key]
-            before = index.shared_values.get(key) if count > 0 else _MISSING
+            before: object = (index.shared_values.get(key), None) if count > 0 else _MISSING
             after: object = _MISSING
             if count + delta > 0:
-                after = self.shared_new_values.get(key, index.shared_values.get(key))
+                after = (self.shared_new_values.get(key, index.shared_values.get(key)), None)
             self.element_delta += (count + delta > 0) - (count > 0)
             self._touch(key, before, after)
 
@@ -326,7 +354,8 @@ class Change:
         for chain in replaced:
             tx.replace_chain(table, chain.name, chain.rules)
         # 2. Elements: deletions first (a map key whose value changes is deleted and
-        #    added again: nft refuses to add a key that exists with another value).
+        #    added again: nft refuses to add a key that exists with another value; the
+        #    same for a new comment, which adding an existing key would not change).
         deletes: dict[str, list[str]] = {}
         adds: dict[str, list[tuple[str, str | None]]] = {}
         for key in sorted(self.after):
@@ -338,8 +367,10 @@ class Change:
             if before is not _MISSING:
                 deletes.setdefault(set_name, []).append(element)
             if after is not _MISSING:
-                assert after is None or isinstance(after, str)
-                adds.setdefault(set_name, []).append((element, after))
+                assert isinstance(after, tuple)
+                value, comment = after
+                text = element if comment is None else with_comment(element, comment)
+                adds.setdefault(set_name, []).append((text, value))
         for set_name, keys in deletes.items():
             tx.delete_elements(table, set_name, keys)
         for set_name, items in adds.items():
@@ -420,7 +451,13 @@ def full_table(fam: FamilyPlan, contents: Contents) -> Table:
     configured = config_elements(fam)
     for s in table.sets:
         elems = contents.elements.get(s.name)
-        if elems:
+        if elems and s.name in COMMENTED_SETS:
+            comments = contents.comments
+            s.elements = [
+                (with_comment(k, comments[(s.name, k)]) if (s.name, k) in comments else k, v)
+                for k, v in elems.items()
+            ]
+        elif elems:
             s.elements = list(elems.items())
         elif s.name in configured:
             s.elements = [(e, None) for e in configured[s.name]]

@@ -52,6 +52,13 @@ ELEMENT_SETS = (
     FIREWALL_ALLOW,
     CLUSTER_IPS,
 )
+# Maps and sets whose elements say which ServicePort they belong to (a comment
+# ``namespace/name:port``, as upstream's): one element per destination, the one an
+# operator meets first. The backends maps' elements (one per endpoint) carry none: their
+# key starts with the destination's, which names the ServicePort in the maps above.
+COMMENTED_SETS = frozenset(
+    {SERVICE_IPS, SERVICE_NODEPORTS, NO_ENDPOINT_SERVICES, NO_ENDPOINT_NODEPORTS, FIREWALL_IPS}
+)
 # nft 1.0.6 cannot rebuild these maps' "typeof ... th dport" type from the kernel; see
 # the proxier for what that costs.
 TYPEOF_MAPS = (IP_BACKENDS, NODEPORT_BACKENDS)

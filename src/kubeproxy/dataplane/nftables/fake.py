@@ -64,7 +64,9 @@ network namespace; ``tests/kernel/test_nft_fake_vs_kernel.py`` re-checks each ca
   exists".
 * Elements: adding a key that exists with the same value is accepted (also twice in one
   command); with another value, "File exists". Deleting a missing key is "No such file or
-  directory", also for the second of two equal keys in one command. A value on a set
+  directory", also for the second of two equal keys in one command. An element may carry
+  a comment (``KEY comment "TEXT"``, at most 128 bytes, else "comment too long"); adding
+  an existing key again keeps the comment it has. A value on a set
   element ("set is not a map") or a missing one on a map element ("Invalid argument") is
   refused. Prefixes and ranges need ``flags interval``; an address of the other family,
   a port over 65535, a protocol over 255 are refused by nft.
@@ -130,6 +132,7 @@ from functools import lru_cache
 
 from kubeproxy.dataplane.nftables.runner import NftError
 from kubeproxy.dataplane.nftables.transaction import (
+    COMMENT_MAX,
     AddChain,
     AddElements,
     AddSet,
@@ -219,6 +222,19 @@ _IPV4 = re.compile(
     r"^(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)$"
 )
 _NAME = r"[A-Za-z_][A-Za-z0-9_.-]*"
+_ELEMENT_COMMENT = re.compile(r'^(.*?)\s+comment\s+"([^"]*)"$', re.DOTALL)
+
+
+def split_comment(text: str) -> tuple[str, str | None]:
+    """An element key as written (``KEY comment "TEXT"``) → the key and the comment."""
+    m = _ELEMENT_COMMENT.match(text.strip())
+    if m is None:
+        return text, None
+    if len(m.group(2).encode()) > COMMENT_MAX:
+        raise _nft(f"comment too long, {COMMENT_MAX} characters maximum allowed")
+    return m.group(1), m.group(2)
+
+
 _VERDICT = re.compile(rf"^(?:(accept|drop|continue|return)|(jump|goto)\s+({_NAME}))$")
 
 
@@ -495,6 +511,8 @@ class FakeSet:
     bounds: dict[str, tuple[Bounds, ...]] = field(default_factory=dict)
     # Groups are tuples, replaced rather than changed, so a clone copies only the dict.
     groups: dict[Bounds | None, tuple[str, ...]] = field(default_factory=dict)
+    # Element comments, by canonical key.
+    comments: dict[str, str] = field(default_factory=dict)
 
     @property
     def interval(self) -> bool:
@@ -516,6 +534,7 @@ class FakeSet:
             owner,
             dict(self.bounds) if elements else {},
             dict(self.groups) if elements else {},
+            dict(self.comments) if elements else {},
         )
 
     def same_definition(self, other: FakeSet) -> bool:
@@ -537,8 +556,12 @@ class FakeSet:
             candidates = self.bounds
         return next((other for other in candidates if _overlap(bounds, self.bounds[other])), None)
 
-    def insert(self, key: str, value: str | None, bounds: tuple[Bounds, ...]) -> None:
+    def insert(
+        self, key: str, value: str | None, bounds: tuple[Bounds, ...], comment: str | None = None
+    ) -> None:
         self.elements[key] = value
+        if comment is not None:
+            self.comments[key] = comment
         if self.interval:
             self.bounds[key] = bounds
             group = _group(bounds)
@@ -546,6 +569,7 @@ class FakeSet:
 
     def remove(self, key: str) -> str | None:
         value = self.elements.pop(key)
+        self.comments.pop(key, None)
         if self.interval:
             group = _group(self.bounds.pop(key))
             rest = tuple(k for k in self.groups[group] if k != key)
@@ -953,6 +977,7 @@ class _Batch:
             raise _nft(f"set is not a map ({s.name}: {key} : {value})")
         if value is None and s.is_map:
             raise _kernel(EINVAL, f"map element {key} has no value")
+        key, comment = split_comment(key)
         ckey, bounds = canonical_key(s.type, key, s.interval)
         target = None
         if value is not None:
@@ -977,7 +1002,7 @@ class _Batch:
                 raise self._overlap_error(table, s, ckey, clash)
         if churn is not None:
             churn.add(ckey, bounds)
-        s.insert(ckey, value, bounds)
+        s.insert(ckey, value, bounds, comment)
         if target is not None:
             table.chain_refs[target] += 1
 
@@ -991,7 +1016,8 @@ class _Batch:
         return _nft(f"conflicting intervals specified ({s.name}: {key} vs {clash})")
 
     def _delete_element(self, table: FakeTable, s: FakeSet, key: str) -> None:
-        ckey, bounds = canonical_key(s.type, key, s.interval)
+        # A comment in a delete is accepted and ignored: elements are matched by key.
+        ckey, bounds = canonical_key(s.type, split_comment(key)[0], s.interval)
         if ckey not in s.elements:
             if s.interval and len(s.type.key) == 1:
                 raise _nft(f"element does not exist ({s.name}: {ckey})")
@@ -1103,7 +1129,9 @@ class FakeNftables:
                     out.append("\t\telements = {")
                     for k in sorted(s.elements):
                         v = s.elements[k]
-                        out.append(f"\t\t\t{k}" if v is None else f"\t\t\t{k} : {v}")
+                        note = s.comments.get(k)
+                        item = k if note is None else f'{k} comment "{note}"'
+                        out.append(f"\t\t\t{item}" if v is None else f"\t\t\t{item} : {v}")
                     out.append("\t\t}")
                 out.append("\t}")
             out.append("}")

@@ -13,7 +13,9 @@ created, rules are appended, elements added.
 
 Element keys and values are joined from pieces the backends build out of validated model
 data (canonical IP strings, integers, protocol names, our own chain names), so no
-user-supplied string can reach the script. Rules are nft rule text written by the
+user-supplied string can reach the script — except an element's comment (the
+``namespace/name:port`` it belongs to, :func:`with_comment`), which is reduced to
+characters that need no quoting rules and cut to nft's limit. Rules are nft rule text written by the
 backends; the fake reads their ``jump``/``goto``/``@set`` references.
 """
 
@@ -146,6 +148,28 @@ class Table:
 
 def _element(e: Element) -> str:
     return e[0] if e[1] is None else f"{e[0]} : {e[1]}"
+
+
+# nft's limit on a comment, in bytes ("comment too long, 128 characters maximum").
+COMMENT_MAX = 128
+# What a comment keeps as is: every character of a valid namespace, name or port name,
+# and the separators. nft 1.0.6's quoted strings have no escapes (a backslash is kept
+# literally, a double quote ends the string), so anything else becomes "_".
+_UNSAFE = re.compile(r"[^A-Za-z0-9._/:-]")
+
+
+def element_comment(text: str) -> str:
+    """``text`` as an element comment that cannot break the script: unsafe characters
+    replaced, cut to :data:`COMMENT_MAX` bytes (ASCII by then) with ``...`` marking a cut."""
+    safe = _UNSAFE.sub("_", text)
+    if len(safe) > COMMENT_MAX:
+        safe = safe[: COMMENT_MAX - 3] + "..."
+    return safe
+
+
+def with_comment(key: str, text: str) -> str:
+    """An element key carrying a comment (``KEY comment "TEXT"``), for adding it."""
+    return f'{key} comment "{element_comment(text)}"'
 
 
 def _comment(text: str) -> str:
