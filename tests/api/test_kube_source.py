@@ -278,6 +278,38 @@ def test_gone_mid_stream_relists_without_events_for_unchanged_objects() -> None:
     run(scenario)
 
 
+def test_a_410_after_an_outage_relists_at_once_even_right_after_a_list() -> None:
+    """Found by the API outage test: a watch cut within a second of the list, without an
+    event, left the informer thinking it had "just listed", so the 410 that greeted its
+    return was taken for a server contradicting itself and the relist waited one more
+    backoff (up to 30 s with the defaults)."""
+    slow = replace(FAST, backoff_initial=2.0, backoff_max=8.0)
+
+    async def scenario() -> None:
+        async with ApiServer() as api:
+            populate(api)
+            async with Consumer(source_for(api, tuning=slow)) as consumer:
+                await consumer.next_batch()
+                await consumer.until(lambda: api.watch_count == 4)
+                await api.stop()
+                api.create(svc("late", "10.96.0.20"))
+                api.compact()
+                await api.start()
+                watches = len([r for r in api.requests if r.watch and r.path == SERVICES])
+                await eventually(
+                    lambda: (
+                        len([r for r in api.requests if r.watch and r.path == SERVICES]) > watches
+                    ),
+                    10.0,
+                )
+                gone = asyncio.get_running_loop().time()
+                # The next backoff step would be 2-4 s; the relist must not wait for it.
+                await consumer.until(lambda: "default/late" in consumer.names("Service"), 1.5)
+                assert asyncio.get_running_loop().time() - gone < 1.5
+
+    run(scenario)
+
+
 def test_a_different_cluster_behind_the_same_address_is_relisted_consistently() -> None:
     async def scenario() -> None:
         first = ApiServer(too_large_wait=0.05)

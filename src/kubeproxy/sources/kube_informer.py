@@ -232,12 +232,16 @@ class Informer:
                 relist = True
             else:
                 relist = end.gone
-                # Gone right after a list, without a single event, means the server
-                # contradicts itself: back off rather than relist in a loop.
-                if end.progressed or (end.gone and not just_listed):
+                # Gone from the very first watch after a list, without a single event,
+                # means the server contradicts itself: back off rather than relist in a
+                # loop. A 410 after anything else (a watch cut, an outage) relists at
+                # once: the history moved on while we were away.
+                contradicts = end.gone and just_listed
+                just_listed = False
+                if end.progressed or (end.gone and not contradicts):
                     self._backoff.reset()
-                    just_listed = False
                     continue
+            just_listed = False
             await asyncio.sleep(self._backoff.next_delay())
 
     # ------------------------------------------------------------------------- list
