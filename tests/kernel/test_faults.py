@@ -26,14 +26,16 @@ from pathlib import Path
 
 import pytest
 
-from kubeproxy.lab.cluster import Lab
+from kubeproxy.lab.cluster import NODE, NODE_IP, NODE_IP6, Lab
 from kubeproxy.lab.echo import outcome, tally, tcp_ask, udp_ask
 from kubeproxy.lab.faults import FaultyTools
-from kubeproxy.lab.objects import ManifestDir, endpoint_slice, service
-from tests.kernel.conftest import ALL_MODES, eps, wait_for
-from tests.netns_api import healthz, ruleset, scrape
+from kubeproxy.lab.objects import ManifestDir, endpoint_slice, node, service
+from tests.kernel.conftest import eps, wait_for
+from tests.netns_api import NetnsApi, healthz, ruleset, scrape, start_kubeproxy
+from tests.outage import cluster_ip, objects, outage, relists
 
-PROXY_MODES = ALL_MODES
+# iptables-legacy runs the same restore path with other binaries: bench.faults covers it.
+PROXY_MODES = ("nftables", "iptables-nft")
 SYNC_PERIOD = ("--iptables-sync-period", "2s", "--iptables-min-sync-period", "0s")
 LAST_SYNC = "kubeproxy_sync_proxy_rules_last_timestamp_seconds"
 DNS = {"name": "dns", "port": 53, "protocol": "UDP"}
@@ -66,9 +68,7 @@ def proxy(
     lab: Lab, manifests: ManifestDir, tools: FaultyTools, tmp_path: Path
 ) -> Iterator[subprocess.Popen[str]]:
     """``kubeproxy run`` with the wrappers, on the test's manifests (written first)."""
-    manifests.write(
-        "web.yaml", service("web", "10.96.30.1"), endpoint_slice("web", eps("local-1"))
-    )
+    manifests.write("web.yaml", service("web", "10.96.30.1"), endpoint_slice("web", eps("local-1")))
     log = tmp_path / "kubeproxy.log"
     proc = lab.spawn(lab.kubeproxy_args(manifests.path, *SYNC_PERIOD, prefix=tools.env()), log=log)
     try:
@@ -103,8 +103,7 @@ def test_the_kernel_refusing_transactions_keeps_the_rules_and_recovers_at_the_ne
     assert sum(tools.hits(t) for t in restore_tools(lab)) >= 2
     assert ruleset(lab) == before
     assert answer(lab, "10.96.30.1") == "local-1"
-    code, body = healthz(lab)
-    assert body["healthy"] is False
+    assert healthz(lab)[1]["healthy"] is False
 
     for tool in restore_tools(lab):
         tools.inject(tool, None)
@@ -186,3 +185,108 @@ def test_the_manifest_directory_gone_keeps_the_rules_until_it_is_back(
     )
     # The re-scan every 10 s (the source's poll) notices the directory is back.
     wait_for(lambda: answer(lab, "10.96.30.1") == "remote-1", 15)
+
+
+# ----------------------------------------------------------------- the API server
+
+
+@pytest.fixture
+def api(lab: Lab) -> Iterator[NetnsApi]:
+    server = NetnsApi(lab.node_ns)
+    server.call(server.api.create, node(NODE, [NODE_IP, NODE_IP6], zone="zone-a"))
+    for obj in objects(3):
+        server.call(server.api.create, obj)
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def api_proxy(lab: Lab, api: NetnsApi, tmp_path: Path) -> Iterator[Path]:
+    """``kubeproxy run --master`` (the stand-in); yields its log."""
+    log = tmp_path / "kubeproxy.log"
+    proc = start_kubeproxy(lab, api, log, *SYNC_PERIOD)
+    try:
+        wait_for(lambda: scrape(lab).get(LAST_SYNC, 0) > 0, 20)
+        wait_for(lambda: answer(lab, cluster_ip(0)) in ("local-1", "remote-1"), 10)
+        yield log
+        assert proc.poll() is None, "a fault must never stop the proxy"
+    except AssertionError as err:
+        raise AssertionError(f"{err}\nkubeproxy's log:\n{log.read_text()[-3000:]}") from None
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def watches(api: NetnsApi) -> int:
+    return api.call(lambda: api.api.watch_count)
+
+
+def requests_with(lab: Lab, code: str) -> float:
+    return sum(
+        value
+        for name, value in scrape(lab).items()
+        if name.startswith("rest_client_requests_total{") and f'code="{code}"' in name
+    )
+
+
+@pytest.mark.proxy_modes("nftables")
+def test_api_faults_keep_the_rules_and_each_change_lands_after_the_fault(
+    lab: Lab, api: NetnsApi, api_proxy: Path
+) -> None:
+    def move_to(pod: str) -> None:
+        api.call(api.api.update, endpoint_slice("svc-0", eps(pod)))
+
+    # 500s: every request (watches cut, so they must reconnect) fails meanwhile.
+    before = ruleset(lab)
+    api.call(api.api.fail_with, 500)
+    api.call(api.api.drop_watches)
+    move_to("local-2")
+    wait_for(lambda: requests_with(lab, "500") >= 4, 10)
+    assert ruleset(lab) == before
+    assert answer(lab, cluster_ip(0)) in ("local-1", "remote-1")
+    # Nothing reached the proxy, nothing is queued: healthy, as upstream.
+    assert healthz(lab)[0] == 200
+    api.call(api.api.fail_with, None)
+    wait_for(lambda: answer(lab, cluster_ip(0)) == "local-2", 10)
+    wait_for(lambda: watches(api) == 4, 10)  # every informer is back
+
+    # 410: every watch ends with an expired resourceVersion and relists.
+    lists = relists(api)
+    move_to("remote-1")
+    api.call(api.api.expire_watches)
+    wait_for(lambda: answer(lab, cluster_ip(0)) == "remote-1", 10)
+    wait_for(lambda: relists(api) >= lists + 4, 10)
+    wait_for(lambda: watches(api) == 4, 10)
+
+    # Slow watch streams: events arrive late, and are programmed when they arrive.
+    api.call(api.api.slow_watches, 2.0)
+    move_to("local-1")
+    time.sleep(1.0)
+    assert answer(lab, cluster_ip(0)) == "remote-1"
+    wait_for(lambda: answer(lab, cluster_ip(0)) == "local-1", 10)
+    api.call(api.api.slow_watches, None)
+
+    # Truncated watch streams: cut in the middle of an event line.
+    api.call(lambda: api.api.drop_watches(mid_line=True))
+    move_to("local-2")
+    wait_for(lambda: answer(lab, cluster_ip(0)) == "local-2", 10)
+    # None of this was a sync failure.
+    assert scrape(lab)["kubeproxy_sync_proxy_rules_nftables_sync_failures_total"] == 0
+
+
+@pytest.mark.proxy_modes("nftables")
+def test_api_outage_keeps_the_rules_and_rewrites_only_what_changed(
+    lab: Lab, api: NetnsApi, api_proxy: Path
+) -> None:
+    """Issue 12 part 5, short: ``bench.api_outage`` runs it for 10 minutes."""
+    changed = outage(lab, api, api_proxy, 3.0, change=True, probe_every=0.5)
+    assert changed.checks >= 4 and changed.rules_changed == 0 and changed.unhealthy == 0
+    assert changed.last_sync_advanced
+    assert changed.full_syncs == 0
+    # Exactly the outage's changes: svc-2 and svc-new; their slices and svc-1's.
+    assert (changed.service_changes, changed.endpoint_changes) == (2, 3)
+    assert 1 <= len(changed.change_syncs) <= 2  # the informers relist independently
+    quiet = outage(lab, api, api_proxy, 2.0, change=False, probe_every=0.5)
+    assert quiet.rules_changed == 0 and quiet.unhealthy == 0
+    assert quiet.full_syncs == 0 and quiet.change_syncs == []
+    assert (quiet.service_changes, quiet.endpoint_changes) == (0, 0)
