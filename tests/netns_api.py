@@ -114,8 +114,11 @@ def ruleset(lab: Lab) -> str:
     return "\n".join(_COUNTERS.sub("counter", line) for line in lines)
 
 
-def start_kubeproxy(lab: Lab, api: NetnsApi, log: Path, *extra: str) -> subprocess.Popen[str]:
-    """``kubeproxy run --master`` (the stand-in) for node-a, logging at --v=2 to ``log``."""
+def start_kubeproxy(
+    lab: Lab, api: NetnsApi, log: Path, *extra: str, prefix: tuple[str, ...] = ()
+) -> subprocess.Popen[str]:
+    """``kubeproxy run --master`` (the stand-in) for node-a, logging at --v=2 to ``log``
+    (``prefix`` runs before Python, as in :meth:`Lab.kubeproxy_command`)."""
     return lab.spawn(
         lab.kubeproxy_command(
             "run",
@@ -128,6 +131,7 @@ def start_kubeproxy(lab: Lab, api: NetnsApi, log: Path, *extra: str) -> subproce
             *MODE_FLAGS[lab.mode],
             "--v=2",
             *extra,
+            prefix=prefix,
         ),
         log=log,
     )
