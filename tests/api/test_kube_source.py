@@ -278,6 +278,13 @@ def test_gone_mid_stream_relists_without_events_for_unchanged_objects() -> None:
     run(scenario)
 
 
+async def cut_off_after_watching(api: ApiServer, consumer: Consumer) -> None:
+    """The initial state read and every informer watching, then the stand-in stopped."""
+    await consumer.next_batch()
+    await consumer.until(lambda: api.watch_count == 4)
+    await api.stop()
+
+
 def test_a_410_after_an_outage_relists_at_once_even_right_after_a_list() -> None:
     """Found by the API outage test: a watch cut within a second of the list, without an
     event, left the informer thinking it had "just listed", so the 410 that greeted its
@@ -289,9 +296,7 @@ def test_a_410_after_an_outage_relists_at_once_even_right_after_a_list() -> None
         async with ApiServer() as api:
             populate(api)
             async with Consumer(source_for(api, tuning=slow)) as consumer:
-                await consumer.next_batch()
-                await consumer.until(lambda: api.watch_count == 4)
-                await api.stop()
+                await cut_off_after_watching(api, consumer)
                 api.create(svc("late", "10.96.0.20"))
                 api.compact()
                 await api.start()
@@ -320,9 +325,7 @@ def test_when_one_informer_reconnects_the_others_stop_waiting_out_their_backoff(
         async with ApiServer() as api:
             populate(api)
             async with Consumer(source_for(api, tuning=slow)) as consumer:
-                await consumer.next_batch()
-                await consumer.until(lambda: api.watch_count == 4)
-                await api.stop()
+                await cut_off_after_watching(api, consumer)
                 await asyncio.sleep(3.5)  # the backoffs grow to 2-8 s, each its own
                 await api.start()
                 await eventually(lambda: api.watch_count >= 1, 10.0)

@@ -17,6 +17,7 @@ healthz turns 503 after 4 s. (A *hanging* ``nft`` is killed after 60 s; that is
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import subprocess
@@ -71,12 +72,20 @@ def proxy(
     manifests.write("web.yaml", service("web", "10.96.30.1"), endpoint_slice("web", eps("local-1")))
     log = tmp_path / "kubeproxy.log"
     proc = lab.spawn(lab.kubeproxy_args(manifests.path, *SYNC_PERIOD, prefix=tools.env()), log=log)
-    try:
+    with supervised(proc, log):
         # This proxy's own first sync (a previous test's rules may still be there).
         wait_for(lambda: scrape(lab).get(LAST_SYNC, 0) > 0, 20)
         wait_for(lambda: answer(lab, "10.96.30.1") == "local-1", 10)
         wait_for(lambda: healthz(lab)[0] == 200, 10)
         yield proc
+
+
+@contextlib.contextmanager
+def supervised(proc: subprocess.Popen[str], log: Path) -> Iterator[None]:
+    """Stops ``proc`` at the end; it must still run then, and a failed assertion carries
+    the end of its log."""
+    try:
+        yield
         assert proc.poll() is None, "a fault must never stop the proxy"
     except AssertionError as err:
         raise AssertionError(f"{err}\nkubeproxy's log:\n{log.read_text()[-3000:]}") from None
@@ -205,16 +214,10 @@ def api_proxy(lab: Lab, api: NetnsApi, tmp_path: Path) -> Iterator[Path]:
     """``kubeproxy run --master`` (the stand-in); yields its log."""
     log = tmp_path / "kubeproxy.log"
     proc = start_kubeproxy(lab, api, log, *SYNC_PERIOD)
-    try:
+    with supervised(proc, log):
         wait_for(lambda: scrape(lab).get(LAST_SYNC, 0) > 0, 20)
         wait_for(lambda: answer(lab, cluster_ip(0)) in ("local-1", "remote-1"), 10)
         yield log
-        assert proc.poll() is None, "a fault must never stop the proxy"
-    except AssertionError as err:
-        raise AssertionError(f"{err}\nkubeproxy's log:\n{log.read_text()[-3000:]}") from None
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def watches(api: NetnsApi) -> int:
