@@ -114,16 +114,15 @@ def test_the_kernel_refusing_transactions_keeps_the_rules_and_recovers_at_the_ne
     assert answer(lab, "10.96.30.1") == "local-1"
     assert healthz(lab)[1]["healthy"] is False
 
+    failed = scrape(lab)[failures_metric(lab)]
     for tool in restore_tools(lab):
         tools.inject(tool, None)
-    cleared = time.monotonic()
-    failed = scrape(lab)[failures_metric(lab)]
     wait_for(lambda: answer(lab, "10.96.30.1") == "remote-1", 10)
-    # One retry: the backoff is capped at syncPeriod (2 s).
-    assert time.monotonic() - cleared < 2.0 + 1.0
     # The report follows the kernel by a few milliseconds.
     wait_for(lambda: scrape(lab)[LAST_SYNC] > metrics[LAST_SYNC], 5)
-    assert scrape(lab)[failures_metric(lab)] == failed
+    # Within one retry: at most an attempt already under way when the fault cleared
+    # failed after the scrape above (the retry comes within syncPeriod, 2 s).
+    assert scrape(lab)[failures_metric(lab)] <= failed + 1
     assert healthz(lab)[0] == 200
 
 
