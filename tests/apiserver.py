@@ -36,7 +36,8 @@ What a test can do to it: mutate objects (:meth:`~ApiServer.create`,
 :meth:`~ApiServer.compact` history, :meth:`~ApiServer.drop_watches` (connections cut,
 optionally mid-line), :meth:`~ApiServer.expire_watches` (410 ERROR events),
 :meth:`~ApiServer.stop` / :meth:`~ApiServer.start` (down/up on the same port),
-:meth:`~ApiServer.fail_with` (answer every request with an error status), and read
+:meth:`~ApiServer.fail_with` (answer every request with an error status),
+:meth:`~ApiServer.slow_watches` (every watch event late), and read
 :attr:`~ApiServer.requests` to see what the client asked for.
 
 Realistic object builders (``*_object``), with the metadata a real API server adds
@@ -267,6 +268,7 @@ class ApiServer:
         self._watchers: set[_Watcher] = set()
         self._runner: web.AppRunner | None = None
         self._failure: tuple[int, str] | None = None
+        self.watch_delay: float | None = None
         self._gates: list[Gate] = []
         self._changed = asyncio.Event()
 
@@ -320,6 +322,10 @@ class ApiServer:
         gate = Gate(predicate)
         self._gates.append(gate)
         return gate
+
+    def slow_watches(self, delay: float | None) -> None:
+        """Hold every watch event line ``delay`` seconds before sending it (None: not)."""
+        self.watch_delay = delay
 
     def fail_with(self, code: int | None, reason: str = "InternalError") -> None:
         """Answer every request with ``code`` (None: serve normally again)."""
@@ -688,6 +694,8 @@ class ApiServer:
                     await response.write(_bookmark_line(watcher.type, self.rv))
                 return True
             if what == "line":
+                if self.watch_delay:
+                    await asyncio.sleep(self.watch_delay)
                 await response.write(arg)
             elif what == "expire":
                 expired = status(410, "Expired", "too old resource version: watcher fell behind")

@@ -47,6 +47,10 @@ log = logging.getLogger("kubeproxy")
 # what changed is written.
 FULL_SYNC_PERIOD = 3600.0
 
+# First retry of failed conntrack deletions (doubling per failure, up to syncPeriod), as
+# the runner retries a failed sync.
+CONNTRACK_RETRY = 1.0
+
 # Upstream retries a server that cannot listen every 5 s (wait.Until) unless
 # bindAddressHardFail makes the failure fatal.
 BIND_RETRY_SECONDS = 5.0
@@ -118,6 +122,8 @@ class Proxy:
         self._needs_full = True
         self._last_full = -float("inf")
         self._stale: list[Filter] = []
+        self._conntrack_retries = 0
+        self.runner: BoundedFrequencyRunner | None = None
         self._conflicts: set[str] = set()
         self._health_checked: set[ServicePortName] = set()
         self._started = wall()
@@ -173,28 +179,47 @@ class Proxy:
 
     def _program(self, snapshot: Snapshot, changed: set[ServicePortName] | None) -> SyncResult:
         result = self.backend.sync(snapshot, changed)
-        if self._stale and self.conntrack is not None:
-            # After the new rules are in: a flow that re-creates its entry now gets them.
-            # A failed deletion is logged by apply(); it is not an nftables cleanup
-            # failure, so it does not count in that metric (as upstream).
-            for family in self.config.families:
-                stale = [f for f in self._stale if f.family is family]
-                if stale:
-                    started = time.perf_counter()
-                    cleaned = apply(self.conntrack, stale)
-                    self.metrics.conntrack_cleaned(
-                        family.value, time.perf_counter() - started, cleaned.deleted
-                    )
-        self._stale = []
+        self._clear_conntrack()
         return result
+
+    def _clear_conntrack(self) -> None:
+        """Delete the stale conntrack entries; keep the filters that failed for a retry.
+
+        After the new rules are in: a flow that re-creates its entry now gets them. A
+        failed deletion is logged by apply(); it is not an nftables cleanup failure, so
+        it does not count in that metric (as upstream). Upstream's reconciler rescans the
+        table on every sync, so a failure there heals by itself; deleting by filter, we
+        must keep the filter, or a UDP flow to a removed endpoint lives as long as its
+        client keeps sending.
+        """
+        if not self._stale or self.conntrack is None:
+            self._stale = []
+            return
+        failed: list[Filter] = []
+        for family in self.config.families:
+            stale = [f for f in self._stale if f.family is family]
+            if stale:
+                started = time.perf_counter()
+                cleaned = apply(self.conntrack, stale)
+                failed += [flt for flt, _ in cleaned.failed]
+                self.metrics.conntrack_cleaned(
+                    family.value,
+                    time.perf_counter() - started,
+                    cleaned.deleted,
+                    len(cleaned.failed),
+                )
+        self._stale = failed
 
     async def sync(self) -> bool:
         """One sync: collect (here), program (worker thread), report (here)."""
         snapshot, changes, full = self._collect()
         started = time.perf_counter()
-        if not full and not changes.service_ports and not self._stale:
+        if not full and not changes.service_ports:
             problem = await asyncio.to_thread(self.backend.check)
             if problem is None:
+                if self._stale:  # conntrack deletions that failed before
+                    await asyncio.to_thread(self._clear_conntrack)
+                    self._retry_conntrack()
                 self._idle(time.perf_counter() - started)
                 return True
             log.warning("Rules changed behind kubeproxy's back (%s): full resync", problem)
@@ -211,8 +236,20 @@ class Proxy:
             log.error("Sync failed after %.3fs, keeping the previous rules: %s", seconds, err)
             return False
         seconds = time.perf_counter() - started
+        self._retry_conntrack()
         await self._report(snapshot, changes, result, seconds)
         return True
+
+    def _retry_conntrack(self) -> None:
+        """Failed conntrack deletions: run again soon, backing off like a failed sync."""
+        if not self._stale:
+            self._conntrack_retries = 0
+            return
+        delay = min(CONNTRACK_RETRY * 2**self._conntrack_retries, self.config.sync_period)
+        self._conntrack_retries += 1
+        log.info("Retrying %d failed conntrack deletions in %.1fs", len(self._stale), delay)
+        if self.runner is not None:
+            self.runner.retry_after(delay)
 
     def _idle(self, seconds: float) -> None:
         """A periodic run found nothing to do and the rules intact: that is progress."""
@@ -355,7 +392,7 @@ class Proxy:
             return 0 if await self.sync() else 1
 
         await self.start_servers()
-        runner = BoundedFrequencyRunner(
+        runner = self.runner = BoundedFrequencyRunner(
             self.sync, self.config.min_sync_period, self.config.sync_period, self.clock
         )
         initial = asyncio.Event()

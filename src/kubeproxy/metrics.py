@@ -27,8 +27,12 @@ proxy_healthz_total{code} / proxy_livez_total{code}        counter    count_heal
 transaction that deletes stale nftables chains. kubeproxy deletes stale chains inside the
 sync's own transaction (in reference order), so there is no separate cleanup to fail and
 it stays 0, registered for dashboards built for kube-proxy; a failed *conntrack* cleanup
-is not one of them (upstream has no metric for it either: each one
-is logged on its own line by :func:`kubeproxy.dataplane.conntrack.apply`).
+is not one of them: each one is logged on its own line by
+:func:`kubeproxy.dataplane.conntrack.apply` and counted in our
+``kubeproxy_conntrack_cleanup_failures_total{ip_family}``. Upstream has no such counter
+because its reconciler rescans the whole table on every sync; kubeproxy deletes by
+filter, keeps a failed filter and retries it (see :mod:`kubeproxy.app`), and the counter
+shows a node whose conntrack deletions keep failing.
 
 The ``conntrack_reconciler_*`` pair is upstream's (1.33+) for clearing stale conntrack
 entries. Upstream's reconciler scans the table on every sync; kubeproxy deletes by filter
@@ -221,6 +225,11 @@ class Metrics:
             "Cumulative conntrack flows deleted by conntrack reconciler",
             ("ip_family",),
         )
+        self.conntrack_failures = counter(
+            "conntrack_cleanup_failures_total",
+            "Stale conntrack deletions that failed (each is retried)",
+            ("ip_family",),
+        )
         self.healthz = counter(
             "proxy_healthz_total", "Cumulative proxy healthz HTTP status", ("code",)
         )
@@ -340,10 +349,12 @@ class Metrics:
         assert self.cleanup_failures is not None, "nftables mode only"
         self.cleanup_failures.inc()
 
-    def conntrack_cleaned(self, family: str, seconds: float, deleted: int) -> None:
-        """Stale conntrack entries of ``family`` ("IPv4"/"IPv6") were cleared."""
+    def conntrack_cleaned(self, family: str, seconds: float, deleted: int, failed: int = 0) -> None:
+        """Stale conntrack entries of ``family`` ("IPv4"/"IPv6") were cleared; ``failed``
+        deletions were refused (they are retried)."""
         self.conntrack_duration.labels(family).observe(seconds)
         self.conntrack_deleted.labels(family).inc(deleted)
+        self.conntrack_failures.labels(family).inc(failed)
 
     def _observe_duration(self, seconds: float, *, full: bool) -> None:
         self.sync_duration.observe(seconds)

@@ -278,6 +278,64 @@ def test_gone_mid_stream_relists_without_events_for_unchanged_objects() -> None:
     run(scenario)
 
 
+async def cut_off_after_watching(api: ApiServer, consumer: Consumer) -> None:
+    """The initial state read and every informer watching, then the stand-in stopped."""
+    await consumer.next_batch()
+    await consumer.until(lambda: api.watch_count == 4)
+    await api.stop()
+
+
+def test_a_410_after_an_outage_relists_at_once_even_right_after_a_list() -> None:
+    """Found by the API outage test: a watch cut within a second of the list, without an
+    event, left the informer thinking it had "just listed", so the 410 that greeted its
+    return was taken for a server contradicting itself and the relist waited one more
+    backoff (up to 30 s with the defaults)."""
+    slow = replace(FAST, backoff_initial=2.0, backoff_max=8.0)
+
+    async def scenario() -> None:
+        async with ApiServer() as api:
+            populate(api)
+            async with Consumer(source_for(api, tuning=slow)) as consumer:
+                await cut_off_after_watching(api, consumer)
+                api.create(svc("late", "10.96.0.20"))
+                api.compact()
+                await api.start()
+                watches = len([r for r in api.requests if r.watch and r.path == SERVICES])
+                await eventually(
+                    lambda: (
+                        len([r for r in api.requests if r.watch and r.path == SERVICES]) > watches
+                    ),
+                    10.0,
+                )
+                gone = asyncio.get_running_loop().time()
+                # The next backoff step would be 2-4 s; the relist must not wait for it.
+                await consumer.until(lambda: "default/late" in consumer.names("Service"), 1.5)
+                assert asyncio.get_running_loop().time() - gone < 1.5
+
+    run(scenario)
+
+
+def test_when_one_informer_reconnects_the_others_stop_waiting_out_their_backoff() -> None:
+    """Found by the API outage benchmark: after 10 minutes away, each informer came back
+    on its own jittered 15-30 s backoff, so a Service change and its EndpointSlice
+    change were programmed seconds apart. The first reconnection now wakes the rest."""
+    slow = replace(FAST, backoff_initial=1.0, backoff_max=8.0)
+
+    async def scenario() -> None:
+        async with ApiServer() as api:
+            populate(api)
+            async with Consumer(source_for(api, tuning=slow)) as consumer:
+                await cut_off_after_watching(api, consumer)
+                await asyncio.sleep(3.5)  # the backoffs grow to 2-8 s, each its own
+                await api.start()
+                await eventually(lambda: api.watch_count >= 1, 10.0)
+                first = asyncio.get_running_loop().time()
+                await eventually(lambda: api.watch_count == 4, 10.0)
+                assert asyncio.get_running_loop().time() - first < 1.0
+
+    run(scenario)
+
+
 def test_a_different_cluster_behind_the_same_address_is_relisted_consistently() -> None:
     async def scenario() -> None:
         first = ApiServer(too_large_wait=0.05)

@@ -1,67 +1,27 @@
 """kubeproxy against the API stand-in, end to end: watch events become kernel rules.
 
-The stand-in (:class:`tests.apiserver.ApiServer`) runs on its own event loop in a thread
-that lives in node-a's network namespace, so ``kubeproxy run --master http://127.0.0.1:P``
-started in that namespace reaches it over loopback, exactly as it would reach a local API
-server; the test changes objects and watches the effect with real connections.
+The stand-in runs in node-a's network namespace (:class:`tests.netns_api.NetnsApi`), so
+``kubeproxy run --master http://127.0.0.1:P`` started there reaches it over loopback;
+the test changes objects and watches the effect with real connections.
 """
 
 from __future__ import annotations
 
-import asyncio
-import subprocess
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import pytest
 
-from kubeproxy.lab.cluster import CLUSTER_CIDRS, NODE, NODE_IP, NODE_IP6, Lab
+from kubeproxy.lab.cluster import NODE, NODE_IP, NODE_IP6, Lab
 from kubeproxy.lab.echo import outcome, tcp_ask
-from kubeproxy.lab.netns import enter_netns
 from kubeproxy.lab.objects import Ep, endpoint_slice, node, service
-from tests.apiserver import ApiServer
 from tests.kernel.conftest import PODS, ip, wait_for
+from tests.netns_api import NetnsApi, start_kubeproxy
 
 ROOT = Path(__file__).resolve().parents[2]
 T = TypeVar("T")
-
-
-class NetnsApi:
-    """An ApiServer serving inside a network namespace, driven from the test thread."""
-
-    def __init__(self, netns: str) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.api = ApiServer()
-        ready = threading.Event()
-
-        def main() -> None:
-            enter_netns(netns)
-            asyncio.set_event_loop(self.loop)
-            self.loop.run_until_complete(self.api.start())
-            ready.set()
-            self.loop.run_forever()
-
-        self.thread = threading.Thread(target=main, name="apiserver", daemon=True)
-        self.thread.start()
-        ready.wait(10)
-
-    def call(self, fn: Callable[..., T], *args: Any) -> T:
-        async def run() -> T:
-            return fn(*args)
-
-        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(10)
-
-    def run(self, coro: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(10)
-
-    def close(self) -> None:
-        self.run(self.api.stop())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
 
 
 @pytest.fixture
@@ -69,22 +29,6 @@ def api(lab: Lab) -> Iterator[NetnsApi]:
     server = NetnsApi(lab.node_ns)
     yield server
     server.close()
-
-
-def start_kubeproxy(lab: Lab, api: NetnsApi, log: Path) -> subprocess.Popen[str]:
-    return lab.spawn(
-        lab.kubeproxy_command(
-            "run",
-            "--master",
-            api.api.url,
-            "--hostname-override",
-            NODE,
-            "--cluster-cidr",
-            ",".join(CLUSTER_CIDRS),
-            "--v=2",
-        ),
-        log=log,
-    )
 
 
 def answer(lab: Lab, addr: str) -> str:

@@ -80,7 +80,43 @@ def test_a_failed_conntrack_cleanup_is_logged_not_counted_as_an_nftables_cleanup
     assert value(duration, {"ip_family": "IPv4"}) == 1
     assert value(duration, {"ip_family": "IPv6"}) == 1
     assert conntrack.cleared == [ok]
-    assert proxy._stale == []
+    failures = "kubeproxy_conntrack_cleanup_failures_total"
+    assert value(failures, {"ip_family": "IPv4"}) == 1
+    assert proxy._stale == [refused]  # kept for a retry
+
+
+def test_a_failed_conntrack_deletion_is_retried_until_it_succeeds() -> None:
+    """Found by fault injection: a conntrack deletion that failed was forgotten, so a UDP
+    flow NATed to a removed endpoint kept going there for as long as its client sent.
+    The next sync retries it (a periodic one without changes too), and the runner is
+    asked for that sync soon, backing off while it keeps failing."""
+    refused = Filter.for_ip("10.96.0.10", L4Protocol.UDP, reason="service deleted")
+    conntrack = FakeConntrack(refuse={refused})
+    metrics = Metrics()
+    proxy = Proxy(config(), FakeBackend(), conntrack=conntrack, metrics=metrics)
+    retries: list[float] = []
+
+    class Runner:
+        def retry_after(self, seconds: float) -> None:
+            retries.append(seconds)
+
+    proxy.runner = Runner()  # type: ignore[assignment]
+
+    async def scenario() -> None:
+        proxy._stale = [refused]
+        assert await proxy.sync()  # the rules are fine: the sync itself succeeded
+        assert await proxy.sync()  # nothing changed: the canary, then the retry
+        assert proxy._stale == [refused] and conntrack.cleared == []
+        conntrack.refuse.clear()  # the fault clears
+        assert await proxy.sync()
+        assert conntrack.cleared == [refused] and proxy._stale == []
+        assert await proxy.sync()  # nothing left to retry
+        assert conntrack.cleared == [refused]
+
+    asyncio.run(scenario())
+    assert retries == [1.0, 2.0]
+    value = metrics.registry.get_sample_value
+    assert value("kubeproxy_conntrack_cleanup_failures_total", {"ip_family": "IPv4"}) == 2
 
 
 def blocked_port() -> socket.socket:

@@ -290,5 +290,10 @@ def test_the_command_reads_the_tools_counts_and_errors(tmp_path: Path) -> None:
     broken = fake_tool(tmp_path, "conntrack v1.4.7 (conntrack-tools): Operation not permitted", 1)
     with pytest.raises(ConntrackError, match="Operation not permitted"):
         ConntrackCommand(broken).clear(flt)
-    with pytest.raises(ConntrackError, match="No such file"):
+    with pytest.raises(ConntrackError, match="not found"):
         ConntrackCommand(str(tmp_path / "missing")).clear(flt)
+    hung = tmp_path / "hung"
+    hung.write_text("#!/bin/sh\nexec sleep 30\n")
+    hung.chmod(0o755)
+    with pytest.raises(ConntrackError, match=r"did not finish within 0\.5s and was killed"):
+        ConntrackCommand(str(hung), timeout=0.5).clear(flt)

@@ -12,7 +12,7 @@ from kubeproxy.backends.iptables.proxier import IptablesBackend
 from kubeproxy.dataplane.iptables.fake import FakeIptables
 from kubeproxy.dataplane.iptables.listing import UnreadableTableError, parse_save
 from kubeproxy.dataplane.iptables.rules import canonical_text
-from kubeproxy.dataplane.iptables.runner import Flavor
+from kubeproxy.dataplane.iptables.runner import Flavor, IptablesError
 from kubeproxy.model.state import Snapshot
 from kubeproxy.model.types import Endpoint, IPFamily
 from tests.unit.test_iptables_restore_input import V4, snapshot
@@ -199,3 +199,20 @@ def test_a_first_sync_into_a_table_without_our_chains_lists_it_first_in_nft_only
     assert ("*nat\n-S\n" in b.last_restore) is listed
     b.sync(snapshot(3, 1), None)  # over our own chains: never
     assert "\n-S\n" not in b.last_restore
+
+
+def test_an_iptables_restore_that_never_answers_fails_the_sync_without_a_full_one() -> None:
+    """Found by bench.faults (as in nftables mode): a restore killed after its timeout
+    was followed by a full sync in the same call, waiting the timeout again. It fails
+    the sync at once; the next sync is full."""
+    runner = FakeIptables(IPFamily.IPv4)
+    b = backend(runner)
+    b.sync(snapshot(3, 2), None)
+    restores = runner.restores
+    killed = "iptables-nft-restore did not finish within 60s and was killed"
+    runner.fail_next = IptablesError(killed, "", incomplete=True)
+    changed = snapshot(4, 2)
+    with pytest.raises(IptablesError, match=killed):
+        b.sync(changed, set(changed.services) - set(snapshot(3, 2).services))
+    assert runner.restores == restores and runner.refused == 1  # one attempt, no full sync
+    assert b.sync(changed, None).full

@@ -90,6 +90,7 @@ def test_a_hung_restore_is_killed(tmp_path: Path) -> None:
         ipt.restore(data)
     assert time.monotonic() - start < 10
     assert err.value.input == str(data)
+    assert err.value.incomplete
     assert err.value.committed is None  # unknown: it may have committed a table
 
 

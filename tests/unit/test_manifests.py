@@ -12,6 +12,7 @@ import itertools
 import json
 import logging
 import os
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ import yaml
 from kubeproxy.model.types import EndpointSlice, NamespacedName, Node, Service, ServiceCIDR
 from kubeproxy.sources.events import Event, EventType
 from kubeproxy.sources.manifests import ManifestSource, diff
+from tests.api.conftest import eventually
 from tests.unit.conftest import node_obj, service_obj, slice_obj
 
 LOGGER = "kubeproxy.sources.manifests"
@@ -603,3 +605,51 @@ def test_watch_configmap_volume_swap_is_seen(tmp_path: Path) -> None:
         assert await w.next() == [("MODIFIED", "Service", "default/web")]
 
     watching(tmp_path, scenario)
+
+
+@pytest.mark.parametrize("how", ["deleted", "renamed-away"])
+def test_watch_directory_gone_keeps_the_state_until_it_is_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, how: str
+) -> None:
+    """Found by fault injection: a manifest directory that disappeared (deleted, renamed
+    away, an unmounted volume) was read as empty and every Service's rules were removed.
+    The source is unavailable, not empty: nothing is deleted, one line says so, and when
+    the directory is back only the differences go out."""
+    root = tmp_path / "manifests"
+    replace(root / "web.yaml", docs(service_obj(), slice_obj()))
+    replace(root / "db.yaml", docs(service_obj("db")))
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        batches: list[list[tuple[str, str, str]]] = []
+
+        async def consume() -> None:
+            async for batch in ManifestSource(root, poll_interval=0.2).watch(stop):
+                batches.append(summary(batch))
+
+        consumer = asyncio.create_task(consume())
+        try:
+            await eventually(lambda: len(batches) == 1)
+            assert len(batches[0]) == 3
+            if how == "deleted":
+                shutil.rmtree(root)
+            else:
+                root.rename(tmp_path / "away")
+            await asyncio.sleep(1.0)  # several re-scans find nothing
+            assert batches[1:] == []
+            replace(root / "web.yaml", docs(service_obj(), slice_obj()))
+            replace(root / "db.yaml", docs(service_obj("db", ports=[{"port": 81}])))
+            # The first batch after the outage is the one difference, no deletions.
+            await eventually(lambda: len(batches) == 2)
+            assert batches[1] == [("MODIFIED", "Service", "default/db")]
+            # And the new directory is watched.
+            replace(root / "new.yaml", docs(service_obj("new")))
+            await eventually(lambda: len(batches) == 3)
+            assert batches[2] == [("ADDED", "Service", "default/new")]
+        finally:
+            stop.set()
+            await consumer
+        gone = [line for line in error_lines(caplog) if "is gone" in line]
+        assert len(gone) == 1 and str(root) in gone[0]
+
+    asyncio.run(main())

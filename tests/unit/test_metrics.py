@@ -33,6 +33,7 @@ EXPECTED = {
     "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total": "counter",
     "kubeproxy_conntrack_reconciler_sync_duration_seconds": "histogram",
     "kubeproxy_conntrack_reconciler_deleted_entries_total": "counter",
+    "kubeproxy_conntrack_cleanup_failures_total": "counter",
     "kubeproxy_proxy_healthz_total": "counter",
     "kubeproxy_proxy_livez_total": "counter",
     "kubeproxy_sync_proxy_rules_nftables_elements": "gauge",

@@ -28,5 +28,6 @@ def test_a_hung_nft_is_killed_and_the_call_fails(tmp_path: Path) -> None:
     tx = Transaction()
     tx.add_table(TableRef("ip", "kube-proxy"))
     # Without the timeout, sleep would end and the call succeed: no NftError.
-    with pytest.raises(NftError, match=r"did not finish within 0\.5s"):
+    with pytest.raises(NftError, match=r"did not finish within 0\.5s") as err:
         NftCommand(binary=str(hung), timeout=0.5).apply(tx)
+    assert err.value.incomplete  # no answer: not a refusal of this transaction

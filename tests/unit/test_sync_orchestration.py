@@ -206,3 +206,25 @@ def test_adding_an_endpoint_to_an_affinity_service_is_one_partial_sync() -> None
     snap = Snapshot({sticky.name: sticky}, {sticky.name: more}, NODE)
     assert not backend.sync(snap, {sticky.name}).full
     assert fake.dump() == fresh_dump(snap)
+
+
+@pytest.mark.parametrize("partial", [True, False], ids=["partial", "full"])
+def test_an_nft_that_never_answers_fails_the_sync_without_fallbacks(partial: bool) -> None:
+    """Found by bench.faults: a hung nft, killed after its 60 s timeout, was taken for a
+    refusal, so the same sync tried a full sync, then replacing the tables, then checks
+    to isolate a culprit, each waiting another 60 s (up to four minutes in one sync) and
+    throwing session-affinity memory away. A kill says nothing about the transaction:
+    the sync fails at once, keeping the rules, and the runner retries it."""
+    fake = FakeNftables()
+    backend = NftablesBackend(CONFIG, fake)
+    web = service_port("web")
+    backend.sync(snapshot(web), None)
+    before = fake.dump()
+    other = service_port("other", cluster_ips=("10.96.0.11",))
+    killed = "nft did not finish within 60s and was killed"
+    fake.fail_next = NftError(killed, "", incomplete=True)
+    with pytest.raises(NftError, match=killed):
+        backend.sync(snapshot(web, other), {other.name} if partial else None)
+    assert fake.dump() == before  # one attempt, which changed nothing
+    assert backend.sync(snapshot(web, other), None).full
+    assert fake.dump() == fresh_dump(snapshot(web, other))

@@ -36,11 +36,11 @@ from __future__ import annotations
 import ipaddress
 import logging
 import re
-import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from kubeproxy.dataplane.process import ToolError, run_tool
 from kubeproxy.model.tracker import EndpointsUpdate, ServiceUpdate
 from kubeproxy.model.types import IPFamily, L4Protocol, ServicePort, ServicePortName, family_of
 
@@ -221,14 +221,9 @@ class ConntrackCommand:
 
     def clear(self, flt: Filter) -> int:
         try:
-            proc = subprocess.run(
-                [self.binary, *flt.args()],
-                capture_output=True,
-                text=True,
-                timeout=self.timeout,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as err:
+            # A hung tool is killed after the timeout: a failure, kept and retried.
+            proc = run_tool(self.binary, flt.args(), timeout=self.timeout, package="conntrack")
+        except (OSError, ToolError) as err:
             raise ConntrackError(f"{self.binary}: {err}") from None
         output = f"{proc.stderr}\n{proc.stdout}"
         match = _DELETED.search(output)

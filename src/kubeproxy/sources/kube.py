@@ -66,7 +66,14 @@ from kubeproxy.sources.kube_client import (
 )
 from kubeproxy.sources.kube_decode import DecodeError, decode_resource_names
 from kubeproxy.sources.kube_events import post_event, starting_event
-from kubeproxy.sources.kube_informer import Backoff, Health, Informer, Resource, Tuning
+from kubeproxy.sources.kube_informer import (
+    Backoff,
+    Health,
+    Informer,
+    Resource,
+    Tuning,
+    Wakeup,
+)
 
 log = logging.getLogger(__name__)
 
@@ -162,12 +169,13 @@ class KubeSource:
         """
         *base, service_cidrs = resources(self.node_name, self.proxy_name)
         batcher = _Batcher(self.tuning, stop)
+        wakeup = Wakeup()
         async with self.connection.client() as client:
             informers: list[Informer] = []
             tasks: list[asyncio.Task[None]] = [asyncio.create_task(batcher.watch_stop())]
 
             def start(resource: Resource) -> None:
-                informer = Informer(client, resource, batcher.put, self.tuning)
+                informer = Informer(client, resource, batcher.put, self.tuning, wakeup)
                 informers.append(informer)
                 tasks.append(asyncio.create_task(informer.run(), name=f"watch-{resource.name}"))
 

@@ -19,7 +19,9 @@ This follows client-go's Reflector (tools/cache/reflector.go) where it matters:
   capped exponential backoff and jitter; the first failure and the recovery are logged
   once each. A watch that ends within a second without any event counts as a failure
   for the backoff (client-go's "very short watch"), so a broken server cannot make us
-  spin.
+  spin. When one informer reaches the server again, the others retry at once rather
+  than each waiting out its own backoff (:class:`Wakeup`; client-go's reflectors are
+  independent).
 
 Deviation, on purpose: when a watch cannot be *started* for any reason, client-go relists
 (except for connection refused and 429); we retry the watch from the same version, since
@@ -35,6 +37,7 @@ status heartbeat, a Service's annotations) emit nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -119,13 +122,37 @@ class Backoff:
         self._attempt = 0
 
 
+class Wakeup:
+    """Cuts every informer's backoff short when one of them reaches the API server again.
+
+    The server is back for all of them: after a long outage each informer would
+    otherwise wait out its own backoff (jittered, up to ``backoff_max``), so a Service
+    and its EndpointSlices could come back tens of seconds apart. A wakeup needs a
+    recovery, which needs a failure streak first, so a broken server cannot make the
+    informers spin.
+    """
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def fire(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def sleep(self, seconds: float) -> None:
+        """Sleep ``seconds``, or until the next :meth:`fire`."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._event.wait(), seconds)
+
+
 class Health:
     """Logs the start of a failure streak and its end, once each, not every retry."""
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, on_recovery: Callable[[], None] | None = None) -> None:
         self.what = what
         self.failures = 0
         self._since = 0.0
+        self._on_recovery = on_recovery
 
     @property
     def failing(self) -> bool:
@@ -153,6 +180,8 @@ class Health:
                 time.monotonic() - self._since,
             )
             self.failures = 0
+            if self._on_recovery is not None:
+                self._on_recovery()
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +210,15 @@ def transition(old: Model | None, new: Model | None) -> list[Event]:
 class Informer:
     """List+watch one :class:`Resource` for as long as :meth:`run` runs."""
 
-    def __init__(self, client: ApiClient, resource: Resource, emit: Emit, tuning: Tuning) -> None:
+    def __init__(
+        self,
+        client: ApiClient,
+        resource: Resource,
+        emit: Emit,
+        tuning: Tuning,
+        wakeup: Wakeup | None = None,
+    ) -> None:
+        """``wakeup``: shared by the informers of one source (see :class:`Wakeup`)."""
         self._client = client
         self._resource = resource
         self._emit = emit
@@ -193,7 +230,8 @@ class Informer:
         self._rv_unavailable = False
         self._paginated = False
         self._backoff = Backoff(tuning.backoff_initial, tuning.backoff_max)
-        self.health = Health(resource.name)
+        self._wakeup = wakeup or Wakeup()
+        self.health = Health(resource.name, self._wakeup.fire)
         self.synced = asyncio.Event()
         # client-go's lastSyncResourceVersion.
         self.resource_version = ""
@@ -232,13 +270,17 @@ class Informer:
                 relist = True
             else:
                 relist = end.gone
-                # Gone right after a list, without a single event, means the server
-                # contradicts itself: back off rather than relist in a loop.
-                if end.progressed or (end.gone and not just_listed):
+                # Gone from the very first watch after a list, without a single event,
+                # means the server contradicts itself: back off rather than relist in a
+                # loop. A 410 after anything else (a watch cut, an outage) relists at
+                # once: the history moved on while we were away.
+                contradicts = end.gone and just_listed
+                just_listed = False
+                if end.progressed or (end.gone and not contradicts):
                     self._backoff.reset()
-                    just_listed = False
                     continue
-            await asyncio.sleep(self._backoff.next_delay())
+            just_listed = False
+            await self._wakeup.sleep(self._backoff.next_delay())
 
     # ------------------------------------------------------------------------- list
 

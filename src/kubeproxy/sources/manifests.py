@@ -23,6 +23,14 @@ reports the paths that changed, and only those files are re-read and only their 
 compared; each object remembers which files define it, so the duplicate rule holds as
 files come and go. A periodic full re-scan (stat calls only; a file is re-parsed only when
 its (mtime, ctime, size, inode) changed) is the safety net for lost events.
+
+The directory itself disappearing (deleted, renamed away, an unmounted volume) is the
+source being unavailable, not a cluster without Services: like an unreachable API server,
+it keeps the last known state, with one log line, until the directory is back (seen by
+the next re-scan at the latest); then only the differences go out. An *empty* directory
+does mean no objects. A directory deleted file by file is indistinguishable from files
+being deleted, so objects whose deletion is processed before the directory itself goes
+are deleted (inotify reports a quick ``rm -rf`` in one batch, which is then ignored whole).
 """
 
 from __future__ import annotations
@@ -322,6 +330,7 @@ class ManifestSource:
             yield self.reload()
             loop = asyncio.get_running_loop()
             next_scan = loop.time() + self.poll_interval
+            gone = False
             while True:
                 try:
                     first = await asyncio.wait_for(
@@ -336,9 +345,32 @@ class ManifestSource:
                     await watcher  # raises what stopped the watcher, if anything did
                     return
                 rescan = self._changed(path for paths in batch if paths for path in paths)
+                if gone and os.path.isdir(self._root):
+                    gone = False
+                    rescan = True
+                    log.info("Manifest directory %s is back; reading it again", self._root)
+                    # Its inotify watches died with the old directory: watch the new one.
+                    closed.replaced = True
+                    await watcher
+                    closed = _Stop(stop)
+                    watcher = asyncio.create_task(self._watch_paths(closed, reported))
+                    await asyncio.sleep(0)
                 if rescan or loop.time() >= next_scan:
                     self._rescan(await asyncio.to_thread(self._scan))
                     next_scan = loop.time() + self.poll_interval
+                if not os.path.isdir(self._root):
+                    # The source is unavailable, not empty: keep what the consumer has
+                    # (the bookkeeping above forgot the files; when the directory is
+                    # back, the re-scan reads them again and only differences go out).
+                    if not gone:
+                        gone = True
+                        log.error(
+                            "Manifest directory %s is gone; keeping the last known state "
+                            "until it is back (checked every %gs)",
+                            self._root,
+                            self.poll_interval,
+                        )
+                    continue
                 events = self._flush()
                 if events:
                     yield events
@@ -364,18 +396,21 @@ class ManifestSource:
             ):
                 reported.put_nowait({path for _, path in changes})
         finally:
-            reported.put_nowait(None)
+            if not stop.replaced:
+                reported.put_nowait(None)
 
 
 class _Stop:
-    """Stops the file watcher when the source is stopped or its generator closed."""
+    """Stops the file watcher when the source is stopped or its generator closed, or
+    when a new watcher replaces it."""
 
     def __init__(self, stop: asyncio.Event) -> None:
         self.stop = stop
         self.closed = False
+        self.replaced = False
 
     def is_set(self) -> bool:
-        return self.closed or self.stop.is_set()
+        return self.closed or self.replaced or self.stop.is_set()
 
 
 def diff(old: Mapping[ObjectKey, Model], new: Mapping[ObjectKey, Model]) -> list[Event]:

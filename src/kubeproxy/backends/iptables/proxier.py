@@ -487,6 +487,8 @@ class IptablesBackend:
                         result.operations += self._partial(state, updates)
                         continue
                     except IptablesError as err:
+                        if err.incomplete:
+                            raise  # hung (killed) or missing: a full sync would wait again
                         # Our picture of the kernel may be stale: rebuild everything now.
                         log.warning(
                             "Partial sync refused (%s); doing a full sync",

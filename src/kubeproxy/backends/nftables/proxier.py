@@ -247,6 +247,8 @@ class NftablesBackend:
         try:
             operations = self._apply_full(built)
         except NftError as err:
+            if err.incomplete:
+                raise  # nft never answered: no ServicePort to blame, fail the sync
             refused = err
         else:
             self._record_isolated({}, rules)
@@ -271,6 +273,8 @@ class NftablesBackend:
         try:
             self._apply(tx)
         except NftError as err:
+            if err.incomplete:
+                raise
             log.warning(
                 "Full sync refused (%s); replacing the kube-proxy tables instead "
                 "(session affinity memory is lost)",
@@ -303,6 +307,10 @@ class NftablesBackend:
             self._apply(pre)
             self._apply(main)
         except NftError as err:
+            if err.incomplete:
+                # nft hung (killed) or is gone: a full sync would only wait again. The
+                # sync fails, keeping the rules; the runner retries (a full sync).
+                raise
             # Either our picture of the kernel is stale (someone changed the table) or
             # a changed ServicePort's rules are refused: a full sync settles both (it
             # rebuilds the table, and isolates what the kernel refuses).

@@ -74,7 +74,8 @@ class IptablesError(RuntimeError):
     ``input`` is the restore input (or the command line); for a refused restore, ``line``
     is the line iptables reported, ``table`` the table it belongs to, and ``committed``
     the tables before it, which iptables did commit (None: unknown, e.g. a killed
-    process).
+    process). ``incomplete``: the command did not finish (killed after its timeout, or
+    missing); retrying another form of the same input would only wait again.
     """
 
     def __init__(
@@ -85,12 +86,14 @@ class IptablesError(RuntimeError):
         line: int | None = None,
         table: str | None = None,
         committed: tuple[str, ...] | None = None,
+        incomplete: bool = False,
     ) -> None:
         super().__init__(message)
         self.input = input
         self.line = line
         self.table = table
         self.committed = committed
+        self.incomplete = incomplete
 
 
 class Iptables(Protocol):
@@ -257,7 +260,9 @@ class IptablesCommand:
                 keep_stdout=keep_stdout,
             )
         except ToolError as err:
-            raise IptablesError(str(err), input or " ".join([binary, *args])) from None
+            raise IptablesError(
+                str(err), input or " ".join([binary, *args]), incomplete=True
+            ) from None
         return proc.returncode, proc.stdout or "", proc.stderr
 
     def _fail(self, binary: str, args: list[str], stderr: str) -> IptablesError:
@@ -311,7 +316,8 @@ class IptablesCommand:
             # Nothing worth reading goes to stdout but what a ``-S`` line lists.
             status, _, stderr = self._run(self.restore_binary, args, text, keep_stdout=False)
         except IptablesError as err:
-            raise IptablesError(str(err), text) from None  # killed: unknown what committed
+            # Killed: unknown what committed.
+            raise IptablesError(str(err), text, incomplete=err.incomplete) from None
         if status == 0:
             return
         m = _LINE.search(stderr)

@@ -30,11 +30,17 @@ DEFAULT_TIMEOUT = 60.0  # seconds an ``nft`` process may take before it is kille
 
 
 class NftError(RuntimeError):
-    """nft refused a transaction; nothing from it was applied (nft batches are atomic)."""
+    """nft refused a transaction; nothing from it was applied (nft batches are atomic).
 
-    def __init__(self, message: str, script: str) -> None:
+    ``incomplete``: nft did not answer at all (killed after its timeout, or missing), so
+    nothing is known about the transaction itself: retrying another form of it (a full
+    sync after a partial one, a replacement after a flush) would only wait again.
+    """
+
+    def __init__(self, message: str, script: str, *, incomplete: bool = False) -> None:
         super().__init__(message)
         self.script = script
+        self.incomplete = incomplete
 
 
 class NftRunner(Protocol):
@@ -121,7 +127,7 @@ class NftCommand(_ScriptRunner):
                 package="nftables",
             )
         except ToolError as err:
-            raise NftError(str(err), script or "") from None
+            raise NftError(str(err), script or "", incomplete=True) from None
         if proc.returncode != 0:
             raise NftError(_summarise(proc.stderr), script or "")
         return proc.stdout
