@@ -33,6 +33,7 @@ from kubeproxy.backends import BACKENDS, CLEANUPS, BackendError, cleanup_all, cr
 from kubeproxy.backends.planning import describe_snapshot
 from kubeproxy.config import (
     ConfigError,
+    IpvsSettings,
     ProxyConfig,
     default_hostname,
     detect_families,
@@ -271,6 +272,21 @@ def proxy_config(cfg: configfile.KubeProxyConfiguration, args: argparse.Namespac
         metrics_bind_address=cfg.metrics_bind_address,
         bind_address_hard_fail=cfg.bind_address_hard_fail,
         enable_profiling=cfg.enable_profiling,
+        ipvs=ipvs_settings(cfg.ipvs),
+    )
+
+
+def ipvs_settings(ipvs: configfile.KubeProxyIPVSConfiguration) -> IpvsSettings:
+    """The ``ipvs:`` section (validated by configfile)."""
+    return IpvsSettings(
+        scheduler=ipvs.scheduler or "rr",
+        exclude_cidrs=tuple(
+            str(ipaddress.ip_network(c.strip(), strict=False)) for c in ipvs.exclude_cidrs or ()
+        ),
+        strict_arp=ipvs.strict_arp,
+        tcp_timeout=int(ipvs.tcp_timeout.seconds),
+        tcp_fin_timeout=int(ipvs.tcp_fin_timeout.seconds),
+        udp_timeout=int(ipvs.udp_timeout.seconds),
     )
 
 
