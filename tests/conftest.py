@@ -5,7 +5,9 @@
   machine, where ``scripts/bootstrap`` installs every tool) a missing tool is a
   *failure*; only an unprivileged run may skip.
 * Real-kernel tests (``tests/kernel/``) need root; an unprivileged run skips them and the
-  summary says so loudly, with the count, so nobody mistakes it for a full run.
+  summary says so loudly, with the count, so nobody mistakes it for a full run. (The
+  ``tests/ipvs/`` tests run in a user-mode-linux guest: see tests/ipvs/conftest.py; a skip
+  there is counted the same way.)
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def require_tool(tool: str, why: str = "") -> None:
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     skipped = terminalreporter.stats.get("skipped", [])
-    kernel = [r for r in skipped if "tests/kernel/" in r.nodeid]
+    kernel = [r for r in skipped if r.nodeid.startswith(("tests/kernel/", "tests/ipvs/"))]
     if not skipped:
         return
     line = "=" * 78

@@ -42,7 +42,7 @@ from kubeproxy.lab.netns import (
     delete_netns,
     ns_exec,
     route,
-    sysctl,
+    sysctls,
     veth,
 )
 
@@ -117,14 +117,19 @@ class Lab:
             self._add(n) for n in (self.node_ns, self.remote_ns, self.client_ns)
         )
         for ns in (node, remote):
-            sysctl(ns, "net.ipv4.ip_forward", "1")
-            sysctl(ns, "net.ipv6.conf.all.forwarding", "1")
             # The kernel rate-limits ICMP errors per destination (about 1/s after a burst
             # of 6), so a test that opens many connections to a Service with no endpoints
             # would see timeouts instead of "connection refused". Real nodes have the same
             # limit with upstream kube-proxy; the lab turns it off to stay deterministic.
-            sysctl(ns, "net.ipv4.icmp_ratelimit", "0")
-            sysctl(ns, "net.ipv6.icmp.ratelimit", "0")
+            sysctls(
+                ns,
+                {
+                    "net.ipv4.ip_forward": "1",
+                    "net.ipv6.conf.all.forwarding": "1",
+                    "net.ipv4.icmp_ratelimit": "0",
+                    "net.ipv6.icmp.ratelimit": "0",
+                },
+            )
         # node <-> remote node: the "underlay".
         veth(node, "eth0", remote, "eth0")
         addr(node, "eth0", f"{NODE_IP}/24")
