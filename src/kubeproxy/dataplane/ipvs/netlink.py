@@ -27,7 +27,9 @@ from __future__ import annotations
 import errno
 import socket
 import struct
-from typing import Any
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from pyroute2 import IPVS, IPRoute, IPVSDest, IPVSService
 from pyroute2.netlink import NLM_F_ACK, NLM_F_REQUEST
@@ -44,6 +46,7 @@ from kubeproxy.dataplane.ipvs import (
     VirtualServer,
 )
 
+T = TypeVar("T")
 _PROTO_NUMBERS = {"TCP": socket.IPPROTO_TCP, "UDP": socket.IPPROTO_UDP, "SCTP": 132}
 _PROTO_NAMES = {v: k for k, v in _PROTO_NUMBERS.items()}
 _V6_NETMASK = ".".join(str(b) for b in struct.pack("=I", 128))
@@ -68,30 +71,33 @@ def _error(err: NetlinkError, what: str) -> IpvsError:
     return IpvsError(f"{what}: {errno.errorcode.get(code, code)} ({err})", code)
 
 
-def ipvs_unavailable(netns: str | None = None) -> str | None:
-    """None if this kernel (namespace) has IPVS; otherwise why not."""
-    try:
-        sock = IPVS(netns=netns) if netns else IPVS()
-    except (NetlinkError, OSError) as err:
-        return f"the kernel has no IPVS (generic netlink family IPVS: {err})"
-    try:
-        sock.service("dump")
-    except (NetlinkError, OSError) as err:
-        return f"cannot read the IPVS table: {err}"
-    finally:
-        sock.close()
-    return None
+class _Confined:
+    """Runs every netlink call on one thread of its own: pyroute2's synchronous sockets
+    drive an asyncio loop of the calling thread, which fails on a thread whose loop is
+    already running (the proxy's), and a socket is best used from one thread."""
+
+    def __init__(self, name: str) -> None:
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+
+    def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return self._pool.submit(fn, *args, **kwargs).result()
+
+    def _shutdown(self) -> None:
+        self._pool.shutdown(wait=True)
 
 
-class NetlinkIpvs:
+class NetlinkIpvs(_Confined):
     def __init__(self, netns: str | None = None) -> None:
+        super().__init__("ipvs-netlink")
         try:
-            self.sock = IPVS(netns=netns) if netns else IPVS()
+            self.sock = self._call(lambda: IPVS(netns=netns) if netns else IPVS())
         except (NetlinkError, OSError) as err:
+            self._shutdown()
             raise IpvsError(f"the kernel has no IPVS ({err})", errno.ENOENT) from None
 
     def close(self) -> None:
-        self.sock.close()
+        self._call(self.sock.close)
+        self._shutdown()
 
     # ---------------------------------------------------------------- requests
 
@@ -122,7 +128,7 @@ class NetlinkIpvs:
 
     def services(self) -> list[VirtualServer]:
         try:
-            msgs = list(self.sock.service("dump"))
+            msgs = self._call(lambda: list(self.sock.service("dump")))
         except NetlinkError as err:
             raise _error(err, "list IPVS services") from None
         out = []
@@ -147,7 +153,8 @@ class NetlinkIpvs:
 
     def destinations(self, key: ServiceKey) -> list[Destination]:
         try:
-            msgs = list(self.sock.dest("dump", service=self._service_arg(key)))
+            service = self._service_arg(key)
+            msgs = self._call(lambda: list(self.sock.dest("dump", service=service)))
         except NetlinkError as err:
             raise _error(err, f"list destinations of {key}") from None
         out = []
@@ -168,7 +175,7 @@ class NetlinkIpvs:
 
     def _service(self, command: str, key: ServiceKey, vs: VirtualServer | None) -> None:
         try:
-            self.sock.service(command, service=self._service_arg(key, vs))
+            self._call(self.sock.service, command, service=self._service_arg(key, vs))
         except NetlinkError as err:
             raise _error(err, f"{command} IPVS service {key}") from None
 
@@ -183,7 +190,9 @@ class NetlinkIpvs:
 
     def _dest(self, command: str, key: ServiceKey, dest: Destination) -> None:
         try:
-            self.sock.dest(command, service=self._service_arg(key), dest=self._dest_arg(dest))
+            self._call(
+                self.sock.dest, command, service=self._service_arg(key), dest=self._dest_arg(dest)
+            )
         except NetlinkError as err:
             raise _error(err, f"{command} destination {dest} of {key}") from None
 
@@ -211,15 +220,17 @@ class NetlinkIpvs:
             raise _error(err, "set IPVS timeouts") from None
 
 
-class NetlinkLinks:
+class NetlinkLinks(_Confined):
     def __init__(self, netns: str | None = None) -> None:
-        self.ipr = IPRoute(netns=netns) if netns else IPRoute()
+        super().__init__("links-netlink")
+        self.ipr = self._call(lambda: IPRoute(netns=netns) if netns else IPRoute())
 
     def close(self) -> None:
-        self.ipr.close()
+        self._call(self.ipr.close)
+        self._shutdown()
 
     def _index(self, name: str) -> int | None:
-        found = self.ipr.link_lookup(ifname=name)
+        found = self._call(self.ipr.link_lookup, ifname=name)
         return int(found[0]) if found else None
 
     def exists(self, name: str) -> bool:
@@ -229,7 +240,7 @@ class NetlinkLinks:
         if self._index(name) is not None:
             return True
         try:
-            self.ipr.link("add", ifname=name, kind="dummy")
+            self._call(self.ipr.link, "add", ifname=name, kind="dummy")
         except NetlinkError as err:
             raise _error(err, f"create dummy link {name}") from None
         return False
@@ -238,7 +249,7 @@ class NetlinkLinks:
         kwargs = {} if index is None else {"index": index}
         return {
             str(a.get_attr("IFA_ADDRESS"))
-            for a in self.ipr.get_addr(**kwargs)
+            for a in self._call(lambda: list(self.ipr.get_addr(**kwargs)))
             if a.get_attr("IFA_ADDRESS") is not None
         }
 
@@ -252,7 +263,7 @@ class NetlinkLinks:
             raise IpvsError(f"no link {name}", errno.ENODEV)
         prefix = 128 if ":" in address else 32
         try:
-            self.ipr.addr(command, index=index, address=address, prefixlen=prefix)
+            self._call(self.ipr.addr, command, index=index, address=address, prefixlen=prefix)
         except NetlinkError as err:
             raise _error(err, f"{command} address {address} on {name}") from None
 
@@ -265,7 +276,7 @@ class NetlinkLinks:
     def node_addresses(self, exclude: str) -> set[str]:
         skip = self._index(exclude)
         out = set()
-        for a in self.ipr.get_addr():
+        for a in self._call(lambda: list(self.ipr.get_addr())):
             if skip is not None and a["index"] == skip:
                 continue
             addr = a.get_attr("IFA_ADDRESS")
@@ -278,7 +289,7 @@ class NetlinkLinks:
         if index is None:
             return False
         try:
-            self.ipr.link("del", index=index)
+            self._call(self.ipr.link, "del", index=index)
         except NetlinkError as err:
             raise _error(err, f"delete link {name}") from None
         return True

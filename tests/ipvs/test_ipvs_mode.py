@@ -1,0 +1,213 @@
+"""ipvs mode's backend against a real IPVS kernel (inside the user-mode-linux guest):
+virtual servers, ipsets and iptables-legacy rules programmed in node-a's namespace over
+netlink, ipset and iptables-restore, and real TCP from the outside client and from Pods.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kubeproxy.backends.ipvs.proxier import IpvsBackend, cleanup, sysctls
+from kubeproxy.config import IpvsSettings, ProxyConfig
+from kubeproxy.dataplane.iptables.runner import IptablesCommand
+from kubeproxy.dataplane.ipset import IpsetCommand
+from kubeproxy.dataplane.ipvs import ServiceKey, VirtualServer
+from kubeproxy.dataplane.ipvs.netlink import NetlinkIpvs, NetlinkLinks
+from kubeproxy.lab.cluster import CLIENT_IP, CLUSTER_CIDRS, NODE, NODE_IP, Lab
+from kubeproxy.lab.echo import tcp_ask
+from kubeproxy.lab.netns import ns_exec, sysctls as set_sysctls
+from kubeproxy.model.nodeports import NodePortAddresses
+from kubeproxy.model.state import NodeState, Snapshot
+from kubeproxy.model.types import Endpoint, IPFamily, ServicePort
+from tests.ipvs.conftest import BACKENDS
+from tests.unit.conftest import port_name
+
+WEB = port_name("web")
+VIP = "10.96.0.10"
+B1, B2 = BACKENDS["backend-1"], BACKENDS["backend-2"]
+
+
+def config(scheduler: str = "rr") -> ProxyConfig:
+    return ProxyConfig(
+        hostname=NODE,
+        mode="ipvs",
+        families=(IPFamily.IPv4,),
+        cluster_cidrs=CLUSTER_CIDRS,
+        nodeport_addresses=NodePortAddresses((), primary=False),
+        ipvs=IpvsSettings(scheduler=scheduler),
+    )
+
+
+def snap(*ports: tuple[ServicePort, tuple[Endpoint, ...]]) -> Snapshot:
+    node = NodeState(NODE, None, {IPFamily.IPv4: NODE_IP})
+    return Snapshot({p.name: p for p, _ in ports}, {p.name: e for p, e in ports}, node)
+
+
+def web(**kw: object) -> ServicePort:
+    fields: dict[str, object] = {"name": WEB, "cluster_ips": (VIP,), "port": 80}
+    fields.update(kw)
+    return ServicePort(**fields)  # type: ignore[arg-type]
+
+
+def eps(*ips: str, port: int = 8080) -> tuple[Endpoint, ...]:
+    return tuple(Endpoint(ip, port, NODE) for ip in ips)
+
+
+@pytest.fixture
+def make(lab: Lab, tmp_path: Path) -> Iterator[object]:
+    """A factory of backends for node-a; what they programmed is cleaned up after."""
+    # The namespace's own sysctls (the backend's /proc is the guest's root namespace).
+    set_sysctls(
+        lab.node_ns,
+        {
+            "net.ipv4.vs.conntrack": "1",
+            "net.ipv4.vs.expire_nodest_conn": "1",
+            "net.ipv4.vs.expire_quiescent_template": "1",
+        },
+    )
+    for path, _ in sysctls(config(), (6, 1)):
+        (tmp_path / "sys" / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "sys" / path).write_text("1\n")
+    ns = lab.node_ns
+    ipvs = NetlinkIpvs(ns)
+    links = NetlinkLinks(ns)
+    runner = IptablesCommand(IPFamily.IPv4, "legacy", netns=ns)
+
+    def build(cfg: ProxyConfig) -> IpvsBackend:
+        backend = IpvsBackend(
+            cfg,
+            open_ipvs=lambda: ipvs,
+            links=links,
+            ipset=IpsetCommand(ns),
+            runners={IPFamily.IPv4: runner},
+            proc=tmp_path,
+        )
+        backend.start()
+        return backend
+
+    yield build
+    cleanup(ipvs, links, IpsetCommand(ns), [runner])
+    ipvs.close()
+    links.close()
+
+
+def asks(lab: Lab, ns: str, ip: str, port: int, count: int) -> list[str]:
+    ex = lab.executor(ns)
+    return [ex.call(tcp_ask, ip, port).pod for _ in range(count)]
+
+
+def test_cluster_ip_round_robin_and_off_cluster_clients_are_masqueraded(
+    lab: Lab, make: object
+) -> None:
+    backend = make(config())  # type: ignore[operator]
+    result = backend.sync(snap((web(), eps(B1, B2))), None)
+    assert not backend.errors and result.full
+    replies = [lab.executor(lab.client_ns).call(tcp_ask, VIP, 80) for _ in range(10)]
+    assert Counter(r.pod for r in replies) == {"backend-1": 5, "backend-2": 5}
+    # The client is outside the cluster CIDR: KUBE-CLUSTER-IP marks it for masquerade.
+    assert CLIENT_IP not in {r.client_ip for r in replies}
+    # A Pod's own traffic keeps its address (and a Pod reaching itself is hairpinned).
+    from_pod = lab.in_pod("backend-1").call(tcp_ask, VIP, 80)
+    assert from_pod.client_ip in (B1, "10.244.1.1")
+    links = ns_exec(lab.node_ns, "ip", "-o", "link", "show", "kube-ipvs0")
+    assert "UP" not in links.split("<", 1)[1].split(">", 1)[0].split(",")
+
+
+def test_node_port_answers_on_the_node_address(lab: Lab, make: object) -> None:
+    backend = make(config())  # type: ignore[operator]
+    backend.sync(snap((web(node_port=30080), eps(B1))), None)
+    reply = lab.executor(lab.client_ns).call(tcp_ask, NODE_IP, 30080)
+    assert reply.pod == "backend-1" and reply.client_ip != CLIENT_IP
+
+
+def test_no_endpoints_is_refused(lab: Lab, make: object) -> None:
+    backend = make(config())  # type: ignore[operator]
+    backend.sync(snap((web(), ())), None)
+    with pytest.raises(ConnectionRefusedError):
+        lab.executor(lab.client_ns).call(tcp_ask, VIP, 80)
+
+
+@pytest.mark.parametrize("scheduler", ["sh", "mh"])
+def test_source_hashing_schedulers_stick_a_client_to_one_backend(
+    lab: Lab, make: object, scheduler: str
+) -> None:
+    backend = make(config(scheduler))  # type: ignore[operator]
+    backend.sync(snap((web(), eps(B1, B2))), None)
+    if scheduler == "sh":
+        assert len(set(asks(lab, lab.client_ns, VIP, 80, 8))) == 1
+    else:
+        # mh with upstream's mh-port flag hashes the source port too: it spreads.
+        assert len(set(asks(lab, lab.client_ns, VIP, 80, 12))) == 2
+
+
+def test_every_scheduler_is_accepted_by_the_kernel(lab: Lab, make: object) -> None:
+    for scheduler in ("rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh"):
+        backend = make(config(scheduler))  # type: ignore[operator]
+        backend.sync(snap((web(), eps(B1))), None)
+        assert not backend.errors, scheduler
+        listed = {vs.key: vs for vs in backend.ipvs.services()}
+        assert listed[ServiceKey(VIP, "TCP", 80)].scheduler == scheduler
+        assert lab.executor(lab.client_ns).call(tcp_ask, VIP, 80).pod == "backend-1"
+
+
+def test_session_affinity_is_ipvs_persistence(lab: Lab, make: object) -> None:
+    backend = make(config())  # type: ignore[operator]
+    backend.sync(snap((web(affinity_timeout=300), eps(B1, B2))), None)
+    vs = backend.ipvs.services()
+    assert VirtualServer(ServiceKey(VIP, "TCP", 80), "rr", 1, 300) in vs
+    assert len(set(asks(lab, lab.client_ns, VIP, 80, 6))) == 1
+
+
+def _hold(port: int) -> None:
+    """In a Pod: accept one connection, answer what it sends, upper-cased."""
+    with socket.create_server(("0.0.0.0", port)) as server:
+        server.settimeout(30)
+        conn, _ = server.accept()
+        with conn:
+            conn.settimeout(30)
+            conn.sendall(conn.recv(16).upper())
+
+
+def test_graceful_termination_keeps_established_and_steers_new(lab: Lab, make: object) -> None:
+    backend = make(config())  # type: ignore[operator]
+    held = ServicePort(name=port_name("held"), cluster_ips=("10.96.0.20",), port=90)
+    both = (web(), eps(B1, B2))
+    backend.sync(snap(both, (held, eps(B2, port=9090))), None)
+    serving = lab.in_pod("backend-2").submit(_hold, 9090)
+    client = lab.executor(lab.client_ns).call(socket.create_connection, ("10.96.0.20", 90), 5)
+    # backend-2 goes away from both Services.
+    backend.sync(snap((web(), eps(B1)), (held, ())), {WEB, held.name})
+    key = ServiceKey("10.96.0.20", "TCP", 90)
+    dests = {d.address: d for d in backend.ipvs.destinations(key)}
+    assert dests[B2].weight == 0 and dests[B2].active == 1
+    with client:
+        client.settimeout(5)
+        client.sendall(b"ping")
+        assert client.recv(16) == b"PING"  # the established connection still works
+    serving.result(10)
+    # New connections to the echo Service avoid backend-2.
+    assert set(asks(lab, lab.client_ns, VIP, 80, 6)) == {"backend-1"}
+
+
+def test_cleanup_removes_only_ours(lab: Lab, make: object) -> None:
+    backend = make(config())  # type: ignore[operator]
+    backend.sync(snap((web(node_port=30080), eps(B1))), None)
+    theirs = VirtualServer(ServiceKey("192.168.50.1", "TCP", 4443), "wlc")
+    backend.ipvs.add_service(theirs)
+    ns = lab.node_ns
+    removed = cleanup(
+        backend.ipvs,
+        NetlinkLinks(ns),
+        IpsetCommand(ns),
+        [IptablesCommand(IPFamily.IPv4, "legacy", netns=ns)],
+    )
+    assert removed
+    assert [vs.key for vs in backend.ipvs.services()] == [theirs.key]
+    assert "kube-ipvs0" not in ns_exec(ns, "ip", "-o", "link", check=False)
+    assert "KUBE-" not in ns_exec(ns, "ipset", "list", "-n", check=False)
+    backend.ipvs.delete_service(theirs.key)
