@@ -19,7 +19,7 @@ import pytest
 
 from kubeproxy.lab import uml
 from kubeproxy.lab.cluster import NODE, Lab
-from kubeproxy.lab.netns import list_netns
+from kubeproxy.lab.netns import list_netns, temporary_netns
 from tests.ipvs import guest_session
 
 HERE = Path(__file__).parent
@@ -56,3 +56,10 @@ def lab() -> Iterator[Lab]:
         yield built
     leftovers = [ns for ns in list_netns() if ns.startswith(prefix)]
     assert not leftovers, f"namespaces left behind: {leftovers}"
+
+
+@pytest.fixture
+def netns() -> Iterator[str]:
+    """One empty namespace (loopback up), deleted by name afterwards."""
+    with temporary_netns(f"kpv{os.getpid() % 100000}n{next(_LABS)}") as name:
+        yield name

@@ -201,4 +201,7 @@ def replace_items(config: pytest.Config, items: list[pytest.Item], here: Path) -
         )
         stand_in.own_markers = list(item.own_markers)
         stand_in.keywords.update(item.keywords)
+        # The first stand-in waits for the whole guest session (pytest-timeout still
+        # limits each test inside the guest).
+        stand_in.add_marker(pytest.mark.timeout(GUEST_TIMEOUT + 60))
         items[i] = stand_in

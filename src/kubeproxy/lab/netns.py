@@ -12,11 +12,12 @@ user-mode-linux guest of the IPVS tests every process start costs ~40 ms.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -96,6 +97,16 @@ def add_netns(name: str) -> None:
 
 def delete_netns(name: str) -> None:
     sh("ip", "netns", "delete", name, check=False)
+
+
+@contextlib.contextmanager
+def temporary_netns(name: str) -> Iterator[str]:
+    """A namespace made by :func:`add_netns` for the ``with`` block, then deleted by name."""
+    add_netns(name)
+    try:
+        yield name
+    finally:
+        delete_netns(name)
 
 
 def list_netns() -> list[str]:

@@ -147,6 +147,8 @@ def run(
             "umid=guest",
             "quiet",
             f"kp_ctl={ctl}",
+            # The guest's own deadline, a little after ours: for when we die first.
+            f"kp_timeout={int(timeout) + 10}",
         ]
         if rw:
             command.append(f"kp_rw={','.join(map(str, rw))}")

@@ -7,7 +7,8 @@
 # modules and loads IPVS and friends; mounts the control directory (kp_ctl=) and every
 # kp_rw= directory read-write from the host; runs $kp_ctl/run.sh with stdout on the first
 # serial line and stderr on the second (the host's own stdout/stderr, byte-exact once the
-# lines are raw); writes its exit status to $kp_ctl/rc and powers off. Progress and errors
+# lines are raw); writes its exit status to $kp_ctl/rc and powers off, at the latest
+# kp_timeout= seconds after boot. Progress and errors
 # before the command starts go to the console, which the host keeps as console.log.
 set -u
 PATH=/usr/sbin:/usr/bin:/sbin:/bin
@@ -20,15 +21,20 @@ fail() {
 }
 
 mount -t proc proc /proc || fail "mount /proc"
-kp_ctl="" kp_rw="" kp_modules=""
+kp_ctl="" kp_rw="" kp_modules="" kp_timeout=""
 for word in $(cat /proc/cmdline); do
     case $word in
     kp_ctl=*) kp_ctl=${word#kp_ctl=} ;;
     kp_rw=*) kp_rw=${word#kp_rw=} ;;
     kp_modules=*) kp_modules=${word#kp_modules=} ;;
+    kp_timeout=*) kp_timeout=${word#kp_timeout=} ;;
     esac
 done
 [ -n "$kp_ctl" ] || fail "no kp_ctl= on the kernel command line"
+if [ -n "$kp_timeout" ]; then
+    # The host kills the guest at its deadline; this covers a host that died first.
+    (sleep "$kp_timeout" && echo "uml_init: deadline passed, powering off" >&2 && poweroff -f -f) &
+fi
 release=$(uname -r)
 uml_modules=/usr/lib/uml/modules/$release
 
