@@ -7,26 +7,29 @@ from __future__ import annotations
 
 import socket
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from kubeproxy.backends.ipvs.proxier import IpvsBackend, cleanup, sysctls
 from kubeproxy.config import IpvsSettings, ProxyConfig
-from kubeproxy.dataplane.iptables.runner import IptablesCommand
 from kubeproxy.dataplane.ipset import IpsetCommand
+from kubeproxy.dataplane.iptables.runner import IptablesCommand
 from kubeproxy.dataplane.ipvs import ServiceKey, VirtualServer
 from kubeproxy.dataplane.ipvs.netlink import NetlinkIpvs, NetlinkLinks
 from kubeproxy.lab.cluster import CLIENT_IP, CLUSTER_CIDRS, NODE, NODE_IP, Lab
 from kubeproxy.lab.echo import tcp_ask
-from kubeproxy.lab.netns import ns_exec, sysctls as set_sysctls
+from kubeproxy.lab.netns import ns_exec
+from kubeproxy.lab.netns import sysctls as set_sysctls
+from kubeproxy.lab.objects import Ep, ManifestDir, endpoint_slice, service
 from kubeproxy.model.nodeports import NodePortAddresses
 from kubeproxy.model.state import NodeState, Snapshot
 from kubeproxy.model.types import Endpoint, IPFamily, ServicePort
 from tests.ipvs.conftest import BACKENDS
 from tests.unit.conftest import port_name
 
+Build = Callable[[ProxyConfig], IpvsBackend]
 WEB = port_name("web")
 VIP = "10.96.0.10"
 B1, B2 = BACKENDS["backend-1"], BACKENDS["backend-2"]
@@ -59,7 +62,7 @@ def eps(*ips: str, port: int = 8080) -> tuple[Endpoint, ...]:
 
 
 @pytest.fixture
-def make(lab: Lab, tmp_path: Path) -> Iterator[object]:
+def make(lab: Lab, tmp_path: Path) -> Iterator[Build]:
     """A factory of backends for node-a; what they programmed is cleaned up after."""
     # The namespace's own sysctls (the backend's /proc is the guest's root namespace).
     set_sysctls(
@@ -102,9 +105,9 @@ def asks(lab: Lab, ns: str, ip: str, port: int, count: int) -> list[str]:
 
 
 def test_cluster_ip_round_robin_and_off_cluster_clients_are_masqueraded(
-    lab: Lab, make: object
+    lab: Lab, make: Build
 ) -> None:
-    backend = make(config())  # type: ignore[operator]
+    backend = make(config())
     result = backend.sync(snap((web(), eps(B1, B2))), None)
     assert not backend.errors and result.full
     replies = [lab.executor(lab.client_ns).call(tcp_ask, VIP, 80) for _ in range(10)]
@@ -118,15 +121,15 @@ def test_cluster_ip_round_robin_and_off_cluster_clients_are_masqueraded(
     assert "UP" not in links.split("<", 1)[1].split(">", 1)[0].split(",")
 
 
-def test_node_port_answers_on_the_node_address(lab: Lab, make: object) -> None:
-    backend = make(config())  # type: ignore[operator]
+def test_node_port_answers_on_the_node_address(lab: Lab, make: Build) -> None:
+    backend = make(config())
     backend.sync(snap((web(node_port=30080), eps(B1))), None)
     reply = lab.executor(lab.client_ns).call(tcp_ask, NODE_IP, 30080)
     assert reply.pod == "backend-1" and reply.client_ip != CLIENT_IP
 
 
-def test_no_endpoints_is_refused(lab: Lab, make: object) -> None:
-    backend = make(config())  # type: ignore[operator]
+def test_no_endpoints_is_refused(lab: Lab, make: Build) -> None:
+    backend = make(config())
     backend.sync(snap((web(), ())), None)
     with pytest.raises(ConnectionRefusedError):
         lab.executor(lab.client_ns).call(tcp_ask, VIP, 80)
@@ -134,9 +137,9 @@ def test_no_endpoints_is_refused(lab: Lab, make: object) -> None:
 
 @pytest.mark.parametrize("scheduler", ["sh", "mh"])
 def test_source_hashing_schedulers_stick_a_client_to_one_backend(
-    lab: Lab, make: object, scheduler: str
+    lab: Lab, make: Build, scheduler: str
 ) -> None:
-    backend = make(config(scheduler))  # type: ignore[operator]
+    backend = make(config(scheduler))
     backend.sync(snap((web(), eps(B1, B2))), None)
     if scheduler == "sh":
         assert len(set(asks(lab, lab.client_ns, VIP, 80, 8))) == 1
@@ -145,9 +148,9 @@ def test_source_hashing_schedulers_stick_a_client_to_one_backend(
         assert len(set(asks(lab, lab.client_ns, VIP, 80, 12))) == 2
 
 
-def test_every_scheduler_is_accepted_by_the_kernel(lab: Lab, make: object) -> None:
+def test_every_scheduler_is_accepted_by_the_kernel(lab: Lab, make: Build) -> None:
     for scheduler in ("rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh"):
-        backend = make(config(scheduler))  # type: ignore[operator]
+        backend = make(config(scheduler))
         backend.sync(snap((web(), eps(B1))), None)
         assert not backend.errors, scheduler
         listed = {vs.key: vs for vs in backend.ipvs.services()}
@@ -155,8 +158,8 @@ def test_every_scheduler_is_accepted_by_the_kernel(lab: Lab, make: object) -> No
         assert lab.executor(lab.client_ns).call(tcp_ask, VIP, 80).pod == "backend-1"
 
 
-def test_session_affinity_is_ipvs_persistence(lab: Lab, make: object) -> None:
-    backend = make(config())  # type: ignore[operator]
+def test_session_affinity_is_ipvs_persistence(lab: Lab, make: Build) -> None:
+    backend = make(config())
     backend.sync(snap((web(affinity_timeout=300), eps(B1, B2))), None)
     vs = backend.ipvs.services()
     assert VirtualServer(ServiceKey(VIP, "TCP", 80), "rr", 1, 300) in vs
@@ -173,8 +176,8 @@ def _hold(port: int) -> None:
             conn.sendall(conn.recv(16).upper())
 
 
-def test_graceful_termination_keeps_established_and_steers_new(lab: Lab, make: object) -> None:
-    backend = make(config())  # type: ignore[operator]
+def test_graceful_termination_keeps_established_and_steers_new(lab: Lab, make: Build) -> None:
+    backend = make(config())
     held = ServicePort(name=port_name("held"), cluster_ips=("10.96.0.20",), port=90)
     both = (web(), eps(B1, B2))
     backend.sync(snap(both, (held, eps(B2, port=9090))), None)
@@ -194,8 +197,8 @@ def test_graceful_termination_keeps_established_and_steers_new(lab: Lab, make: o
     assert set(asks(lab, lab.client_ns, VIP, 80, 6)) == {"backend-1"}
 
 
-def test_cleanup_removes_only_ours(lab: Lab, make: object) -> None:
-    backend = make(config())  # type: ignore[operator]
+def test_cleanup_removes_only_ours(lab: Lab, make: Build) -> None:
+    backend = make(config())
     backend.sync(snap((web(node_port=30080), eps(B1))), None)
     theirs = VirtualServer(ServiceKey("192.168.50.1", "TCP", 4443), "wlc")
     backend.ipvs.add_service(theirs)
@@ -211,3 +214,43 @@ def test_cleanup_removes_only_ours(lab: Lab, make: object) -> None:
     assert "kube-ipvs0" not in ns_exec(ns, "ip", "-o", "link", check=False)
     assert "KUBE-" not in ns_exec(ns, "ipset", "list", "-n", check=False)
     backend.ipvs.delete_service(theirs.key)
+
+
+def test_kubeproxy_run_programs_ipvs_mode(lab: Lab, tmp_path: Path) -> None:
+    """The whole program: ``kubeproxy run --proxy-mode ipvs --once`` over manifests, in
+    node-a's namespace, with iptables-legacy (the guest has no iptables-nft)."""
+    mdir = ManifestDir(tmp_path / "manifests")
+    mdir.path.mkdir()
+    mdir.write(
+        "web.yaml",
+        service("web", "10.96.0.30", type="NodePort",
+                ports=[{"name": "http", "port": 80, "nodePort": 30090}]),
+        endpoint_slice("web", [Ep(B1, node=NODE), Ep(B2, node=NODE)]),
+    )  # fmt: skip
+    command = lab.kubeproxy_command(
+        "run", "--manifests", str(mdir.path), "--hostname-override", NODE,
+        "--cluster-cidr", ",".join(CLUSTER_CIDRS), "--proxy-mode", "ipvs",
+        "--iptables-backend", "legacy", "--ipvs-scheduler", "wrr", "--once",
+    )  # fmt: skip
+    try:
+        result = lab.run(command)
+        assert result.returncode == 0, result.stderr
+        replies = asks(lab, lab.client_ns, "10.96.0.30", 80, 4)
+        assert Counter(replies) == {"backend-1": 2, "backend-2": 2}
+        assert asks(lab, lab.client_ns, NODE_IP, 30090, 1)[0] in BACKENDS
+        assert ns_exec(lab.node_ns, "cat", "/proc/sys/net/ipv4/vs/conntrack").strip() == "1"
+        table = ns_exec(lab.node_ns, "ipvsadm", "-Ln")
+        assert "10.96.0.30:80 wrr" in table
+    finally:
+        cleanup_ns(lab.node_ns)
+
+
+def cleanup_ns(ns: str) -> None:
+    ipvs = NetlinkIpvs(ns)
+    links = NetlinkLinks(ns)
+    try:
+        runner = IptablesCommand(IPFamily.IPv4, "legacy", netns=ns)
+        cleanup(ipvs, links, IpsetCommand(ns), [runner])
+    finally:
+        ipvs.close()
+        links.close()

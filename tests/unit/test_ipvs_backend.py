@@ -20,7 +20,7 @@ from kubeproxy.backends.ipvs.graceful import Action, GracefulTermination
 from kubeproxy.backends.ipvs.proxier import IpvsBackend, cleanup, kernel_version, sysctls
 from kubeproxy.backends.ipvs.render import desired_state
 from kubeproxy.backends.planning import family_plans, service_port_plans
-from kubeproxy.config import IpvsSettings, ProxyConfig
+from kubeproxy.config import ConfigError, IpvsSettings, ProxyConfig
 from kubeproxy.dataplane.ipset import IpsetError, IpsetScript, SetSpec
 from kubeproxy.dataplane.ipset.fake import FakeIpset
 from kubeproxy.dataplane.iptables.fake import FakeIptables
@@ -400,3 +400,22 @@ def test_the_ipset_fake_stops_at_the_refused_line() -> None:
     bad.add("KUBE-CLUSTER-IP", ["fd00::1,tcp:80"])
     with pytest.raises(IpsetError):
         ipset.restore(bad)
+
+
+# --------------------------------------------------------------- configuration
+
+
+def test_the_ipvs_section_reaches_the_backend_and_bad_schedulers_are_refused() -> None:
+    from kubeproxy import cli
+
+    args = cli.build_parser().parse_args(
+        ["run", "--proxy-mode", "ipvs", "--ipvs-scheduler", "mh", "--ipvs-strict-arp",
+         "--ipvs-exclude-cidrs", "172.30.0.0/16", "--ipvs-tcp-timeout", "15m",
+         "--manifests", "."]
+    )  # fmt: skip
+    cfg = cli.load_configuration(args)
+    ipvs = cli.proxy_config(cfg, args).ipvs
+    assert ipvs == IpvsSettings("mh", ("172.30.0.0/16",), True, 900, 0, 0)
+    bad = cli.build_parser().parse_args(["run", "--proxy-mode", "ipvs", "--ipvs-scheduler", "x"])
+    with pytest.raises(ConfigError, match=r"ipvs.scheduler: Invalid value: \"x\""):
+        cli.load_configuration(bad)

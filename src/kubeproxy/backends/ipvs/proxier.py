@@ -120,6 +120,13 @@ def ensure_sysctl(proc: Path, path: str, value: int) -> None:
         raise BackendError(f"can't set sysctl {path} to {value}: {err.strerror or err}") from None
 
 
+def init_node(config: ProxyConfig, proc: Path = Path("/proc"), release: str | None = None) -> None:
+    """The sysctls ipvs mode needs (what ``--init-only`` does for it, as upstream's
+    NewProxier with initOnly). Raises BackendError."""
+    for path, value in sysctls(config, kernel_version(release)):
+        ensure_sysctl(proc, path, value)
+
+
 class IpvsBackend:
     mode = "ipvs"
 
@@ -181,9 +188,7 @@ class IpvsBackend:
             if reason is not None:
                 raise BackendError(f"ipvs mode cannot run ({family.value}): {reason}")
         self._probe_scheduler(ipvs)
-        kernel = kernel_version(self.release)
-        for path, value in sysctls(self.config, kernel):
-            ensure_sysctl(self.proc, path, value)
+        init_node(self.config, self.proc, self.release)
         ipvs_cfg = self.config.ipvs
         if ipvs_cfg.tcp_timeout or ipvs_cfg.tcp_fin_timeout or ipvs_cfg.udp_timeout:
             try:
