@@ -419,3 +419,12 @@ def test_the_ipvs_section_reaches_the_backend_and_bad_schedulers_are_refused() -
     bad = cli.build_parser().parse_args(["run", "--proxy-mode", "ipvs", "--ipvs-scheduler", "x"])
     with pytest.raises(ConfigError, match=r"ipvs.scheduler: Invalid value: \"x\""):
         cli.load_configuration(bad)
+
+
+def test_cleanup_without_traces_of_ipvs_mode_touches_nothing(tmp_path: Path) -> None:
+    w = World(tmp_path)
+    theirs = VirtualServer(ServiceKey("192.168.50.1", "TCP", 443))
+    w.ipvs.add_service(theirs)
+    before = w.iptables.dump()
+    assert cleanup(w.ipvs, w.links, w.ipset, [w.iptables]) == []
+    assert set(w.ipvs.table) == {theirs.key} and w.iptables.dump() == before

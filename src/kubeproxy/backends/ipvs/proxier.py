@@ -531,8 +531,19 @@ def cleanup(
     try:
         sets = {name: s for name, s in ipset.sets().items() if name in n.all_set_names()}
     except IpsetError as err:
-        errors.append(f"ipset: {err}")
+        if not err.missing:  # without the tool, no set of ours was ever created
+            errors.append(f"ipset: {err}")
         sets = {}
+    try:
+        dummy = links.exists(n.DUMMY_DEVICE)
+    except IpvsError as err:
+        errors.append(str(err))
+        dummy = False
+    if not sets and not dummy and not errors:
+        # ipvs mode leaves both behind: without either it never ran here (or was cleaned
+        # up), and nothing would tell its virtual servers from anyone else's. This keeps
+        # the start of the other modes cheap.
+        return []
     node_ports: set[tuple[str, int]] = set()
     for name, state in sets.items():
         for base, proto in (

@@ -42,9 +42,10 @@ TYPES = ("hash:ip", "hash:ip,port", "hash:ip,port,ip", "hash:ip,port,net", "bitm
 class IpsetError(RuntimeError):
     """ipset refused a restore (or could not run); ``line`` is the line it reported."""
 
-    def __init__(self, message: str, line: int | None = None) -> None:
+    def __init__(self, message: str, line: int | None = None, *, missing: bool = False) -> None:
         super().__init__(message)
         self.line = line
+        self.missing = missing  # the ipset binary is not installed
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +162,7 @@ class IpsetCommand:
                 "ipset", args, netns=self.netns, input=input, timeout=TIMEOUT, package="ipset"
             )
         except ToolError as err:
-            raise IpsetError(str(err)) from None
+            raise IpsetError(str(err), missing="not found" in str(err)) from None
         if done.returncode != 0:
             message = done.stderr.strip() or f"ipset exited with status {done.returncode}"
             found = _LINE.search(message)
