@@ -348,19 +348,18 @@ def make_source(
 def _init_only(cfg: configfile.KubeProxyConfiguration, config: ProxyConfig) -> int:
     """upstream's --init-only: what needs more than CAP_NET_ADMIN, then exit."""
     apply_conntrack_sysctls(cfg.conntrack)
-    if config.mode == "ipvs":
-        from kubeproxy.backends.ipvs.proxier import init_node as init_ipvs_node
-
-        try:
-            init_ipvs_node(config)
-        except BackendError as err:
-            log.error("%s", err)
-            return 1
+    init: Callable[[ProxyConfig], None] | None = None
     if config.mode == "iptables":
-        from kubeproxy.backends.iptables.proxier import init_node
+        from kubeproxy.backends.iptables.proxier import init_node as init_iptables
 
+        init = init_iptables
+    elif config.mode == "ipvs":
+        from kubeproxy.backends.ipvs.proxier import init_node as init_ipvs
+
+        init = init_ipvs
+    if init is not None:
         try:
-            init_node(config)
+            init(config)
         except BackendError as err:
             log.error("%s", err)
             return 1
