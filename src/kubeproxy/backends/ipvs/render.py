@@ -135,7 +135,8 @@ def desired_state(
         sel = plan.selection
 
         for ep in sel.all_reachable:
-            if ep.ip in plan.hairpin:
+            # upstream: endpoints on this node (one without a nodeName is not).
+            if ep.is_local(fam.node.name):
                 add(n.LOOP_BACK, member(ep.ip, ep.port, ep.ip, protocol=lower))
         cluster_ip = plan.cluster_ip
         add(n.CLUSTER_IP, member(cluster_ip, svc.port, protocol=lower))
