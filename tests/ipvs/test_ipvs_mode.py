@@ -237,6 +237,7 @@ def test_kubeproxy_run_programs_ipvs_mode(lab: Lab, tmp_path: Path) -> None:
         "run", "--manifests", str(mdir.path), "--hostname-override", NODE,
         "--cluster-cidr", ",".join(CLUSTER_CIDRS), "--proxy-mode", "ipvs",
         "--iptables-backend", "legacy", "--ipvs-scheduler", "wrr", "--once",
+        "--ipvs-tcp-timeout", "15m", "--ipvs-udp-timeout", "45s",
     )  # fmt: skip
     try:
         result = lab.run(command)
@@ -247,6 +248,9 @@ def test_kubeproxy_run_programs_ipvs_mode(lab: Lab, tmp_path: Path) -> None:
         assert ns_exec(lab.node_ns, "cat", "/proc/sys/net/ipv4/vs/conntrack").strip() == "1"
         table = ns_exec(lab.node_ns, "ipvsadm", "-Ln")
         assert "10.96.0.30:80 wrr" in table
+        # The timeouts went in over netlink (IPVS_CMD_SET_CONFIG); tcpfin left alone.
+        timeouts = ns_exec(lab.node_ns, "ipvsadm", "-L", "--timeout")
+        assert "900 120 45" in timeouts, timeouts
         # IPv6 too (the guest has it): the sets of that family are upstream's KUBE-6- ones.
         assert "KUBE-6-CLUSTER-IP" in ns_exec(lab.node_ns, "ipset", "list", "-n")
     finally:
