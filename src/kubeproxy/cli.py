@@ -430,7 +430,11 @@ async def _render(config: ProxyConfig, source: Source, fmt: str) -> int:
     if fmt == "json":
         sys.stdout.write(json.dumps(describe_snapshot(config, snapshot), indent=2) + "\n")
     else:
-        sys.stdout.write(create_backend(config).render(snapshot))
+        backend = create_backend(config)
+        try:
+            sys.stdout.write(backend.render(snapshot))
+        finally:
+            backend.stop()  # ipvs mode's netlink sockets
     return 0
 
 

@@ -209,12 +209,16 @@ def test_cleanup_removes_only_ours(lab: Lab, make: Build) -> None:
     theirs = VirtualServer(ServiceKey("192.168.50.1", "TCP", 4443), "wlc")
     backend.ipvs.add_service(theirs)
     ns = lab.node_ns
-    removed = cleanup(
-        backend.ipvs,
-        NetlinkLinks(ns),
-        IpsetCommand(ns),
-        [IptablesCommand(IPFamily.IPv4, "legacy", netns=ns)],
-    )
+    links = NetlinkLinks(ns)
+    try:
+        removed = cleanup(
+            backend.ipvs,
+            links,
+            IpsetCommand(ns),
+            [IptablesCommand(IPFamily.IPv4, "legacy", netns=ns)],
+        )
+    finally:
+        links.close()
     assert removed
     assert [vs.key for vs in backend.ipvs.services()] == [theirs.key]
     assert "kube-ipvs0" not in ns_exec(ns, "ip", "-o", "link", check=False)

@@ -137,7 +137,13 @@ def _cleanup_ipvs() -> list[str]:
     except IpvsError:
         ipvs = None  # no IPVS in this kernel: nothing of it to remove
     runners = [IptablesCommand(f, flavor) for flavor in FLAVORS for f in IPFamily]
-    return cleanup(ipvs, NetlinkLinks(), IpsetCommand(), list(runners))
+    links = NetlinkLinks()
+    try:
+        return cleanup(ipvs, links, IpsetCommand(), list(runners))
+    finally:
+        links.close()
+        if ipvs is not None:
+            ipvs.close()
 
 
 BACKENDS: dict[str, Callable[[ProxyConfig], Backend]] = {

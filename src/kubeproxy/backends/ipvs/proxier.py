@@ -214,7 +214,12 @@ class IpvsBackend:
             ) from None
 
     def stop(self) -> None:
-        """Nothing to release: the virtual servers stay, so traffic flows across a restart."""
+        """Close the netlink sockets; what was programmed stays, so traffic flows across a
+        restart."""
+        if self._ipvs is not None:
+            self._ipvs.close()
+            self._ipvs = None
+        self.links.close()
 
     def counters(self) -> dict[str, int]:
         return {}

@@ -122,6 +122,8 @@ class Ipvs(Protocol):
     def set_timeouts(self, tcp: int, tcp_fin: int, udp: int) -> None:
         """``ipvsadm --set``: 0 leaves that timeout as it is."""
 
+    def close(self) -> None: ...
+
 
 class Links(Protocol):
     """The dummy interface holding service addresses, and the node's own addresses."""
@@ -143,3 +145,5 @@ class Links(Protocol):
 
     def delete_link(self, name: str) -> bool:
         """Delete ``name``; False if there was none."""
+
+    def close(self) -> None: ...

@@ -129,6 +129,9 @@ class FakeIpvs:
         self.timeouts = (tcp or old[0], tcp_fin or old[1], udp or old[2])
         self.calls.append(f"timeouts {self.timeouts}")
 
+    def close(self) -> None:
+        pass
+
 
 class FakeLinks:
     def __init__(self, node_addresses: set[str] | None = None) -> None:
@@ -177,3 +180,6 @@ class FakeLinks:
             return False
         self.calls.append(f"delete-link {name}")
         return True
+
+    def close(self) -> None:
+        pass

@@ -215,7 +215,13 @@ class NetlinkIpvs(_Confined):
             ("IPVS_CMD_ATTR_TIMEOUT_UDP", udp),
         ]
         try:
-            self.sock.nlm_request(msg, msg_type=self.sock.prid, msg_flags=NLM_F_REQUEST | NLM_F_ACK)
+            self._call(
+                lambda: tuple(
+                    self.sock.nlm_request(
+                        msg, msg_type=self.sock.prid, msg_flags=NLM_F_REQUEST | NLM_F_ACK
+                    )
+                )
+            )
         except NetlinkError as err:
             raise _error(err, "set IPVS timeouts") from None
 
