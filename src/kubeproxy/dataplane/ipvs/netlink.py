@@ -12,7 +12,7 @@ pyroute2 0.9's IPVS helpers have traps this module steps around:
 * ``IPVSDest.from_message()``/``IPVSService.from_message()`` report their defaults for
   some fields instead of what the kernel sent: listings read the attributes themselves.
 * ``service("update")`` sends a *delete*: changes use ``"set"``.
-* ``IPVS_CMD_SET_CONFIG``'s timeouts are mapped as raw bytes; :meth:`set_timeouts` sends
+* ``IPVS_CMD_SET_CONFIG``'s timeouts are mapped as raw bytes; :meth:`set_timeouts` packs
   them as the u32 the kernel reads.
 * A service add needs the netmask attribute in both families; for IPv6 the kernel reads
   it as the prefix length (128) in host byte order, as ipvsadm sends it.
@@ -50,20 +50,6 @@ T = TypeVar("T")
 _PROTO_NUMBERS = {"TCP": socket.IPPROTO_TCP, "UDP": socket.IPPROTO_UDP, "SCTP": 132}
 _PROTO_NAMES = {v: k for k, v in _PROTO_NUMBERS.items()}
 _V6_NETMASK = ".".join(str(b) for b in struct.pack("=I", 128))
-
-
-class _ConfigMsg(genl_ipvs.ipvsmsg):  # type: ignore[misc]
-    """ipvsmsg with the timeouts as u32 (pyroute2 maps them as raw bytes)."""
-
-    nla_map = (
-        ("IPVS_CMD_ATTR_UNSPEC", "none"),
-        ("IPVS_CMD_ATTR_SERVICE", "hex"),
-        ("IPVS_CMD_ATTR_DEST", "hex"),
-        ("IPVS_CMD_ATTR_DAEMON", "hex"),
-        ("IPVS_CMD_ATTR_TIMEOUT_TCP", "uint32"),
-        ("IPVS_CMD_ATTR_TIMEOUT_TCP_FIN", "uint32"),
-        ("IPVS_CMD_ATTR_TIMEOUT_UDP", "uint32"),
-    )
 
 
 def _error(err: NetlinkError, what: str) -> IpvsError:
@@ -206,13 +192,14 @@ class NetlinkIpvs(_Confined):
         self._dest("del", key, Destination(address, port))
 
     def set_timeouts(self, tcp: int, tcp_fin: int, udp: int) -> None:
-        msg = _ConfigMsg()
+        msg = genl_ipvs.ipvsmsg()
         msg["cmd"] = genl_ipvs.IPVS_CMD_SET_CONFIG
         msg["version"] = genl_ipvs.GENL_VERSION
+        # The kernel reads each as a u32 (0: leave that timeout as it is).
         msg["attrs"] = [
-            ("IPVS_CMD_ATTR_TIMEOUT_TCP", tcp),
-            ("IPVS_CMD_ATTR_TIMEOUT_TCP_FIN", tcp_fin),
-            ("IPVS_CMD_ATTR_TIMEOUT_UDP", udp),
+            ("IPVS_CMD_ATTR_TIMEOUT_TCP", struct.pack("=I", tcp)),
+            ("IPVS_CMD_ATTR_TIMEOUT_TCP_FIN", struct.pack("=I", tcp_fin)),
+            ("IPVS_CMD_ATTR_TIMEOUT_UDP", struct.pack("=I", udp)),
         ]
         try:
             self._call(
