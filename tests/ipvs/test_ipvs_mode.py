@@ -19,13 +19,13 @@ from kubeproxy.dataplane.iptables.runner import IptablesCommand
 from kubeproxy.dataplane.ipvs import ServiceKey, VirtualServer
 from kubeproxy.dataplane.ipvs.netlink import NetlinkIpvs, NetlinkLinks
 from kubeproxy.lab.cluster import CLIENT_IP, CLUSTER_CIDRS, NODE, NODE_IP, Lab
-from kubeproxy.lab.echo import tcp_ask
+from kubeproxy.lab.echo import tcp_ask, udp_ask
 from kubeproxy.lab.netns import ns_exec
 from kubeproxy.lab.netns import sysctls as set_sysctls
 from kubeproxy.lab.objects import Ep, ManifestDir, endpoint_slice, service
 from kubeproxy.model.nodeports import NodePortAddresses
 from kubeproxy.model.state import NodeState, Snapshot
-from kubeproxy.model.types import Endpoint, IPFamily, ServicePort
+from kubeproxy.model.types import Endpoint, IPFamily, L4Protocol, ServicePort
 from tests.ipvs.conftest import BACKENDS
 from tests.unit.conftest import port_name
 
@@ -271,3 +271,31 @@ def cleanup_ns(ns: str) -> None:
     finally:
         ipvs.close()
         links.close()
+
+
+def test_external_ips_load_balancers_source_ranges_and_udp(lab: Lab, make: Build) -> None:
+    backend = make(config())
+    open_lb = web(
+        external_ips=("203.0.113.10",),
+        load_balancer_ips=("203.0.113.20",),
+        load_balancer_source_ranges=("192.168.60.0/24",),
+    )
+    closed = ServicePort(
+        name=port_name("closed"),
+        cluster_ips=("10.96.0.41",),
+        port=80,
+        load_balancer_ips=("203.0.113.21",),
+        load_balancer_source_ranges=("198.51.100.0/24",),
+    )
+    dns = ServicePort(
+        name=port_name("dns", "dns", L4Protocol.UDP), cluster_ips=("10.96.0.42",), port=53
+    )
+    backend.sync(snap((open_lb, eps(B1)), (closed, eps(B1)), (dns, eps(B2))), None)
+    assert not backend.errors, backend.errors
+    client = lab.executor(lab.client_ns)
+    assert client.call(tcp_ask, "203.0.113.10", 80).pod == "backend-1"
+    assert client.call(tcp_ask, "203.0.113.20", 80).pod == "backend-1"
+    # The client is outside the second load balancer's source ranges: dropped.
+    with pytest.raises(TimeoutError):
+        client.call(tcp_ask, "203.0.113.21", 80, 1.0)
+    assert client.call(udp_ask, "10.96.0.42", 53).pod == "backend-2"
