@@ -25,7 +25,7 @@ from kubeproxy.lab.netns import sysctls as set_sysctls
 from kubeproxy.lab.objects import Ep, ManifestDir, endpoint_slice, service
 from kubeproxy.model.nodeports import NodePortAddresses
 from kubeproxy.model.state import NodeState, Snapshot
-from kubeproxy.model.types import Endpoint, IPFamily, L4Protocol, ServicePort
+from kubeproxy.model.types import Endpoint, IPFamily, L4Protocol, ServicePort, TrafficPolicy
 from tests.ipvs.conftest import BACKENDS
 from tests.unit.conftest import port_name
 
@@ -299,3 +299,12 @@ def test_external_ips_load_balancers_source_ranges_and_udp(lab: Lab, make: Build
     with pytest.raises(TimeoutError):
         client.call(tcp_ask, "203.0.113.21", 80, 1.0)
     assert client.call(udp_ask, "10.96.0.42", 53).pod == "backend-2"
+
+
+def test_local_policy_node_port_keeps_the_client_address(lab: Lab, make: Build) -> None:
+    backend = make(config())
+    svc = web(node_port=30081, external_traffic_policy=TrafficPolicy.LOCAL)
+    backend.sync(snap((svc, eps(B1))), None)
+    reply = lab.executor(lab.client_ns).call(tcp_ask, NODE_IP, 30081)
+    # KUBE-NODE-PORT-LOCAL-TCP returns before the masquerade mark, as upstream.
+    assert reply.pod == "backend-1" and reply.client_ip == CLIENT_IP
