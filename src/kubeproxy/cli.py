@@ -33,6 +33,7 @@ from kubeproxy.backends import BACKENDS, CLEANUPS, BackendError, cleanup_all, cr
 from kubeproxy.backends.planning import describe_snapshot
 from kubeproxy.config import (
     ConfigError,
+    IpvsSettings,
     ProxyConfig,
     default_hostname,
     detect_families,
@@ -96,8 +97,8 @@ def _add_proxy_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--iptables-backend",
         choices=IPTABLES_BACKENDS,
-        help="iptables mode: which iptables to drive; auto (default) uses the one the "
-        "node's other rules use, as the upstream image's iptables-wrapper",
+        help="iptables and ipvs modes: which iptables to drive; auto (default) uses the one "
+        "the node's other rules use, as the upstream image's iptables-wrapper",
     )
 
 
@@ -243,7 +244,7 @@ def _read(path: Path) -> str:
 
 def proxy_config(cfg: configfile.KubeProxyConfiguration, args: argparse.Namespace) -> ProxyConfig:
     ms = configfile.mode_settings(cfg)
-    if getattr(args, "iptables_backend", None) and ms.mode != "iptables":
+    if getattr(args, "iptables_backend", None) and ms.mode not in ("iptables", "ipvs"):
         log.warning("--iptables-backend is ignored in proxy mode %r", ms.mode)
     try:
         nodeports = NodePortAddresses.parse(list(cfg.node_port_addresses or ()))
@@ -271,6 +272,21 @@ def proxy_config(cfg: configfile.KubeProxyConfiguration, args: argparse.Namespac
         metrics_bind_address=cfg.metrics_bind_address,
         bind_address_hard_fail=cfg.bind_address_hard_fail,
         enable_profiling=cfg.enable_profiling,
+        ipvs=ipvs_settings(cfg.ipvs),
+    )
+
+
+def ipvs_settings(ipvs: configfile.KubeProxyIPVSConfiguration) -> IpvsSettings:
+    """The ``ipvs:`` section (validated by configfile)."""
+    return IpvsSettings(
+        scheduler=ipvs.scheduler or "rr",
+        exclude_cidrs=tuple(
+            str(ipaddress.ip_network(c.strip(), strict=False)) for c in ipvs.exclude_cidrs or ()
+        ),
+        strict_arp=ipvs.strict_arp,
+        tcp_timeout=int(ipvs.tcp_timeout.seconds),
+        tcp_fin_timeout=int(ipvs.tcp_fin_timeout.seconds),
+        udp_timeout=int(ipvs.udp_timeout.seconds),
     )
 
 
@@ -332,11 +348,18 @@ def make_source(
 def _init_only(cfg: configfile.KubeProxyConfiguration, config: ProxyConfig) -> int:
     """upstream's --init-only: what needs more than CAP_NET_ADMIN, then exit."""
     apply_conntrack_sysctls(cfg.conntrack)
+    init: Callable[[ProxyConfig], None] | None = None
     if config.mode == "iptables":
-        from kubeproxy.backends.iptables.proxier import init_node
+        from kubeproxy.backends.iptables.proxier import init_node as init_iptables
 
+        init = init_iptables
+    elif config.mode == "ipvs":
+        from kubeproxy.backends.ipvs.proxier import init_node as init_ipvs
+
+        init = init_ipvs
+    if init is not None:
         try:
-            init_node(config)
+            init(config)
         except BackendError as err:
             log.error("%s", err)
             return 1
@@ -407,7 +430,11 @@ async def _render(config: ProxyConfig, source: Source, fmt: str) -> int:
     if fmt == "json":
         sys.stdout.write(json.dumps(describe_snapshot(config, snapshot), indent=2) + "\n")
     else:
-        sys.stdout.write(create_backend(config).render(snapshot))
+        backend = create_backend(config)
+        try:
+            sys.stdout.write(backend.render(snapshot))
+        finally:
+            backend.stop()  # ipvs mode's netlink sockets
     return 0
 
 
@@ -509,6 +536,9 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(_render(config, source, args.format or "nft"))
     if args.command in ("explain", "list"):
         try:
+            if args.command == "explain" and config.mode == "ipvs":
+                # Its packet walk models the nftables and iptables layouts only.
+                raise ConfigError("explain: not available in ipvs mode (use render)")
             snapshot = asyncio.run(_snapshot(config, source))
             if args.command == "list":
                 return _list(config, snapshot, args.output)

@@ -22,6 +22,23 @@ class ConfigError(ValueError):
     """Invalid configuration; the message names the flag or field."""
 
 
+# The kernel's IPVS schedulers (ip_vs_<name> modules) ipvs.scheduler may name.
+IPVS_SCHEDULERS = ("rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh")
+
+
+@dataclass(frozen=True)
+class IpvsSettings:
+    """The ``ipvs:`` section as ipvs mode uses it (durations in whole seconds, 0: leave
+    the kernel's value)."""
+
+    scheduler: str = "rr"
+    exclude_cidrs: tuple[str, ...] = ()
+    strict_arp: bool = False
+    tcp_timeout: int = 0
+    tcp_fin_timeout: int = 0
+    udp_timeout: int = 0
+
+
 @dataclass(frozen=True)
 class ProxyConfig:
     hostname: str
@@ -43,6 +60,7 @@ class ProxyConfig:
     min_sync_period: float = 1.0
     sync_period: float = 30.0
     features: FeatureFlags = field(default_factory=FeatureFlags)
+    ipvs: IpvsSettings = field(default_factory=IpvsSettings)
     # Empty disables the server (upstream: an empty bind address turns it off).
     healthz_bind_address: str = "0.0.0.0:10256"
     metrics_bind_address: str = "127.0.0.1:10249"

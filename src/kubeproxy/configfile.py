@@ -48,6 +48,7 @@ from typing import Any
 
 import yaml
 
+from kubeproxy.config import IPVS_SCHEDULERS
 from kubeproxy.model.topology import FeatureFlags
 
 API_VERSION = "kubeproxy.config.k8s.io/v1alpha1"
@@ -1002,6 +1003,16 @@ def _ipvs(ipvs: KubeProxyIPVSConfiguration) -> list[FieldError]:
     for i, cidr in enumerate(ipvs.exclude_cidrs or ()):
         if not _is_cidr(cidr):
             errs.append(_invalid(f"ipvs.excludeCIDRs[{i}]", cidr, "must be a valid CIDR"))
+    # Upstream checks the scheduler by creating a virtual server with it at start; the
+    # kernel has these (mh since Linux 4.18).
+    if ipvs.scheduler and ipvs.scheduler not in IPVS_SCHEDULERS:
+        errs.append(
+            _invalid(
+                "ipvs.scheduler",
+                ipvs.scheduler,
+                f"must be one of {', '.join(IPVS_SCHEDULERS)}, blank means rr",
+            )
+        )
     return errs
 
 

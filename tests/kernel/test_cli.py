@@ -198,3 +198,23 @@ def test_init_only_sets_the_node_up_and_programs_nothing() -> None:
         assert "KUBE-" not in ns_exec(ns, "iptables-save") + ns_exec(ns, "nft", "list", "ruleset")
     finally:
         delete_netns(ns)
+
+
+def test_ipvs_mode_on_a_kernel_without_ipvs_says_so_and_exits(tmp_path: Path) -> None:
+    """This host's kernel has no IPVS: upstream refuses to run the ipvs proxier there, and
+    so do we (no fallback to another mode). In a namespace of its own."""
+    if Path("/proc/net/ip_vs").exists():
+        pytest.skip("this kernel has IPVS")
+    ns = f"kpnoipvs{os.getpid() % 100000}"
+    add_netns(ns)
+    try:
+        (tmp_path / "m").mkdir()
+        result = kubeproxy(
+            "run", "--proxy-mode", "ipvs", "--manifests", str(tmp_path / "m"),
+            "--hostname-override", NODE, "--once", ns=ns,
+        )  # fmt: skip
+        assert result.returncode == 1
+        assert "can't use the IPVS proxier: the kernel has no IPVS" in result.stderr
+        assert "kube-ipvs0" not in ns_exec(ns, "ip", "-o", "link")
+    finally:
+        delete_netns(ns)

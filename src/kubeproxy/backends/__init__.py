@@ -108,9 +108,48 @@ def _cleanup_iptables() -> list[str]:
     return cleanup()
 
 
+def _ipvs(config: ProxyConfig) -> Backend:
+    from kubeproxy.backends.iptables.proxier import open_runners
+    from kubeproxy.backends.ipvs.proxier import IpvsBackend
+    from kubeproxy.dataplane.ipset import IpsetCommand
+    from kubeproxy.dataplane.ipvs.netlink import NetlinkIpvs, NetlinkLinks
+
+    return IpvsBackend(
+        config,
+        open_ipvs=NetlinkIpvs,
+        links=NetlinkLinks(),
+        ipset=IpsetCommand(),
+        runners=open_runners(config),
+    )
+
+
+def _cleanup_ipvs() -> list[str]:
+    from kubeproxy.backends.ipvs.proxier import cleanup
+    from kubeproxy.dataplane.ipset import IpsetCommand
+    from kubeproxy.dataplane.iptables.runner import FLAVORS, IptablesCommand
+    from kubeproxy.dataplane.ipvs import Ipvs, IpvsError
+    from kubeproxy.dataplane.ipvs.netlink import NetlinkIpvs, NetlinkLinks
+    from kubeproxy.model.types import IPFamily
+
+    ipvs: Ipvs | None
+    try:
+        ipvs = NetlinkIpvs()
+    except IpvsError:
+        ipvs = None  # no IPVS in this kernel: nothing of it to remove
+    runners = [IptablesCommand(f, flavor) for flavor in FLAVORS for f in IPFamily]
+    links = NetlinkLinks()
+    try:
+        return cleanup(ipvs, links, IpsetCommand(), list(runners))
+    finally:
+        links.close()
+        if ipvs is not None:
+            ipvs.close()
+
+
 BACKENDS: dict[str, Callable[[ProxyConfig], Backend]] = {
     "nftables": _nftables,
     "iptables": _iptables,
+    "ipvs": _ipvs,
 }
 
 # Every mode that can leave state behind: cleanup also removes what another mode (or
@@ -118,6 +157,7 @@ BACKENDS: dict[str, Callable[[ProxyConfig], Backend]] = {
 CLEANUPS: dict[str, Callable[[], list[str]]] = {
     "nftables": _cleanup_nftables,
     "iptables": _cleanup_iptables,
+    "ipvs": _cleanup_ipvs,
 }
 
 

@@ -1,0 +1,605 @@
+"""The ipvs backend: the service plan as IPVS virtual servers, ipsets and a few iptables
+rules, as upstream kube-proxy's ipvs mode programs them.
+
+``sync`` runs named phases per IP family:
+
+1. **observe** — on a full sync (at start, after a failure, when node-level settings
+   change) read the kernel: virtual servers and their destinations, the addresses on
+   ``kube-ipvs0``, the family's sets; otherwise use what the last sync left (it is what
+   the kernel holds, unless someone changed it, which the next full sync repairs);
+2. **want** — :func:`.render.desired_state` (pure) from the family's plans;
+3. **diff** — :func:`.diff.diff` (pure): only the changed virtual servers, real servers,
+   addresses and set members;
+4. **apply** — the ipsets in one ``ipset restore``; the iptables chains in one
+   ``iptables-restore`` (legacy or nft, the flavour chosen as iptables mode chooses it;
+   rewritten only when they differ from what was written); then IPVS over netlink, the
+   addresses of ``kube-ipvs0``; removed real servers go through graceful termination
+   (:mod:`.graceful`); stale addresses and virtual servers go last.
+
+``start`` checks what upstream checks before it runs the ipvs proxier (IPVS in the
+kernel, ipset >= 6.0, the scheduler, by creating and deleting a virtual server with it
+on 198.51.100.0:20000 when none uses it yet) and sets upstream's sysctls; a kernel
+without IPVS is a :class:`~kubeproxy.backends.BackendError` naming the reason, never a
+fallback to another mode.
+
+Each side effect is an interface with a strict fake beside it
+(:mod:`kubeproxy.dataplane.ipvs`, :mod:`kubeproxy.dataplane.ipset`,
+:mod:`kubeproxy.dataplane.iptables`), so this orchestration is tested without IPVS.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+from kubeproxy.backends import BackendError, SyncResult
+from kubeproxy.backends.ipvs import names as n
+from kubeproxy.backends.ipvs.diff import Changes, Network, Observed, diff
+from kubeproxy.backends.ipvs.graceful import Action, GracefulTermination, needs_grace
+from kubeproxy.backends.ipvs.render import (
+    DesiredState,
+    RuleSettings,
+    desired_state,
+    iptables_rules,
+)
+from kubeproxy.backends.planning import family_plans, service_port_plans
+from kubeproxy.config import ProxyConfig
+from kubeproxy.dataplane.ipset import Ipset, IpsetError, IpsetScript
+from kubeproxy.dataplane.iptables.runner import Iptables, IptablesError
+from kubeproxy.dataplane.ipvs import (
+    FLAG_PERSISTENT,
+    FLAG_SCHED1,
+    FLAG_SCHED2,
+    Destination,
+    Ipvs,
+    IpvsError,
+    Links,
+    ServiceKey,
+    VirtualServer,
+)
+from kubeproxy.model.plan import FamilyPlan
+from kubeproxy.model.state import Snapshot
+from kubeproxy.model.types import IPFamily, ServicePortName
+
+log = logging.getLogger(__name__)
+
+MIN_IPSET_VERSION = (6, 0)
+# upstream's IPVSConnReuseModeMinSupportedKernelVersion / ...FixedKernelVersion
+CONN_REUSE_MIN_KERNEL = (4, 1)
+CONN_REUSE_FIXED_KERNEL = (5, 9)
+PROBE = VirtualServer(ServiceKey("198.51.100.0", "TCP", 20000))
+
+
+@dataclass
+class _Family:
+    plan: FamilyPlan
+    observed: Observed
+    rules_text: str = ""
+    valid: bool = True
+    desired: DesiredState = field(default_factory=DesiredState)
+
+
+def kernel_version(release: str | None = None) -> tuple[int, ...]:
+    text = release if release is not None else os.uname().release
+    parts = []
+    for word in text.split("-")[0].split(".")[:3]:
+        digits = "".join(c for c in word if c.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def sysctls(config: ProxyConfig, kernel: tuple[int, ...]) -> list[tuple[str, int]]:
+    """upstream's ipvs NewProxier: (path under /proc/sys, value)."""
+    out = [("net/ipv4/vs/conntrack", 1)]
+    if CONN_REUSE_MIN_KERNEL <= kernel < CONN_REUSE_FIXED_KERNEL:
+        out.append(("net/ipv4/vs/conn_reuse_mode", 0))
+    out += [
+        ("net/ipv4/vs/expire_nodest_conn", 1),
+        ("net/ipv4/vs/expire_quiescent_template", 1),
+        ("net/ipv4/ip_forward", 1),
+    ]
+    if config.ipvs.strict_arp:
+        out += [("net/ipv4/conf/all/arp_ignore", 1), ("net/ipv4/conf/all/arp_announce", 2)]
+    return out
+
+
+def ensure_sysctl(proc: Path, path: str, value: int) -> None:
+    """Write ``value`` unless it is there; BackendError if it cannot be written."""
+    target = proc / "sys" / path
+    try:
+        if target.read_text().strip() != str(value):
+            target.write_text(str(value))
+    except OSError as err:
+        raise BackendError(f"can't set sysctl {path} to {value}: {err.strerror or err}") from None
+
+
+def init_node(config: ProxyConfig, proc: Path = Path("/proc"), release: str | None = None) -> None:
+    """The sysctls ipvs mode needs (what ``--init-only`` does for it, as upstream's
+    NewProxier with initOnly). Raises BackendError."""
+    for path, value in sysctls(config, kernel_version(release)):
+        ensure_sysctl(proc, path, value)
+
+
+class IpvsBackend:
+    mode = "ipvs"
+
+    def __init__(
+        self,
+        config: ProxyConfig,
+        *,
+        open_ipvs: Callable[[], Ipvs],
+        links: Links,
+        ipset: Ipset,
+        runners: Mapping[IPFamily, Iptables],
+        clock: Callable[[], float] = time.monotonic,
+        proc: Path = Path("/proc"),
+        release: str | None = None,
+    ) -> None:
+        self.config = config
+        self.open_ipvs = open_ipvs
+        self._ipvs: Ipvs | None = None
+        self.links = links
+        self.ipset = ipset
+        self.runners = dict(runners)
+        self.clock = clock
+        self.proc = proc
+        self.release = release
+        self.scheduler = config.ipvs.scheduler or "rr"
+        self.exclude: list[Network] = [
+            ipaddress.ip_network(c, strict=False) for c in config.ipvs.exclude_cidrs
+        ]
+        self.graceful = GracefulTermination()
+        self._families: dict[IPFamily, _Family] = {}
+        self._warned: set[IPFamily] = set()
+        self.errors: list[str] = []
+        self._seconds = 0.0
+
+    @property
+    def ipvs(self) -> Ipvs:
+        if self._ipvs is None:
+            try:
+                self._ipvs = self.open_ipvs()
+            except IpvsError as err:
+                raise BackendError(f"can't use the IPVS proxier: {err}") from None
+        return self._ipvs
+
+    # -------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        ipvs = self.ipvs
+        try:
+            version = self.ipset.version()
+        except IpsetError as err:
+            raise BackendError(f"can't use the IPVS proxier: ipset: {err}") from None
+        numbers = tuple(int(p) for p in version.split(".")[:2] if p.isdigit())
+        if numbers < MIN_IPSET_VERSION:
+            raise BackendError(
+                f"can't use the IPVS proxier: ipset version {version} is less than 6.0"
+            )
+        for family, runner in self.runners.items():
+            reason = runner.available()
+            if reason is not None:
+                raise BackendError(f"ipvs mode cannot run ({family.value}): {reason}")
+        self._probe_scheduler(ipvs)
+        init_node(self.config, self.proc, self.release)
+        ipvs_cfg = self.config.ipvs
+        if ipvs_cfg.tcp_timeout or ipvs_cfg.tcp_fin_timeout or ipvs_cfg.udp_timeout:
+            try:
+                ipvs.set_timeouts(
+                    ipvs_cfg.tcp_timeout, ipvs_cfg.tcp_fin_timeout, ipvs_cfg.udp_timeout
+                )
+            except IpvsError as err:
+                log.error("Failed to configure IPVS timeouts: %s", err)
+
+    def _probe_scheduler(self, ipvs: Ipvs) -> None:
+        """As upstream's CanUseIPVSProxier: a scheduler some service already uses works;
+        otherwise create (and delete) a service with it."""
+        try:
+            services = ipvs.services()
+            if any(vs.scheduler == self.scheduler for vs in services):
+                return
+            probe = VirtualServer(PROBE.key, self.scheduler)
+            ipvs.add_service(probe)
+            ipvs.delete_service(probe.key)
+        except IpvsError as err:
+            raise BackendError(
+                f"can't use the IPVS proxier: scheduler {self.scheduler!r}: {err}"
+            ) from None
+
+    def stop(self) -> None:
+        """Close the netlink sockets; what was programmed stays, so traffic flows across a
+        restart."""
+        if self._ipvs is not None:
+            self._ipvs.close()
+            self._ipvs = None
+        self.links.close()
+
+    def counters(self) -> dict[str, int]:
+        return {}
+
+    # ----------------------------------------------------------------- phases
+
+    def _plans(self, snapshot: Snapshot) -> list[FamilyPlan]:
+        warned = self._warned if not self._families else None
+        return [f for f in family_plans(self.config, snapshot, warned) if f.family in self.runners]
+
+    def _desired(self, snapshot: Snapshot, fam: FamilyPlan, node_addrs: set[str]) -> DesiredState:
+        plans = [p for p in service_port_plans(snapshot, fam).values() if p is not None]
+        return desired_state(fam, plans, scheduler=self.scheduler, node_addresses=node_addrs)
+
+    def _observe(self, fam: FamilyPlan) -> Observed:
+        v6 = fam.family is IPFamily.IPv6
+        ipvs = self.ipvs
+        services = {vs.key: vs for vs in ipvs.services() if vs.key.v6 == v6}
+        dests = {key: {d.endpoint: d for d in ipvs.destinations(key)} for key in services}
+        bound = {a for a in self.links.addresses(n.DUMMY_DEVICE) if (":" in a) == v6}
+        ours = {spec.name for spec in n.FamilySets(v6).specs()}
+        members = {
+            name: set(state.members) for name, state in self.ipset.sets().items() if name in ours
+        }
+        return Observed(services, dests, bound, members)
+
+    def _rules(self, fam: FamilyPlan, desired: DesiredState) -> str:
+        runner = self.runners[fam.family]
+        return str(iptables_rules(fam, desired, RuleSettings(runner.has_random_fully)))
+
+    def _ensure_jumps(self, runner: Iptables) -> None:
+        for table, builtin, chain, comment in n.JUMPS:
+            runner.ensure_chain(table, chain)
+            runner.ensure_rule(table, builtin, ("-m", "comment", "--comment", comment, "-j", chain))
+
+    # ----------------------------------------------------------------- apply
+
+    def _try(self, what: str, fn: Callable[[], None]) -> bool:
+        try:
+            fn()
+        except IpvsError as err:
+            self.errors.append(f"{what}: {err}")
+            log.error("IPVS: %s failed: %s", what, err)
+            return False
+        return True
+
+    def _apply(self, state: _Family, desired: DesiredState, changes: Changes, full: bool) -> int:
+        fam = state.plan
+        runner = self.runners[fam.family]
+        obs = state.observed
+        # Sets first: the iptables rules name them.
+        script = IpsetScript()
+        for spec in changes.create_sets:
+            script.create(spec)
+            obs.members[spec.name] = set()
+        for name, members in changes.set_adds.items():
+            script.add(name, members)
+        for name, members in changes.set_dels.items():
+            script.delete(name, members)
+        self.ipset.restore(script)
+        for name, members in changes.set_adds.items():
+            obs.members[name].update(members)
+        for name, members in changes.set_dels.items():
+            obs.members[name].difference_update(members)
+        text = self._rules(fam, desired)
+        if full or text != state.rules_text:
+            if full:
+                self._ensure_jumps(runner)
+            runner.restore(iptables_rules(fam, desired, RuleSettings(runner.has_random_fully)))
+            state.rules_text = text
+        ipvs = self.ipvs
+        ops = 0
+        for vs in changes.add_services:
+            if self._try(f"add service {vs}", partial(ipvs.add_service, vs)):
+                obs.services[vs.key] = vs
+                obs.dests[vs.key] = {}
+                ops += 1
+        for vs in changes.set_services:
+            if self._try(f"change service {vs}", partial(ipvs.set_service, vs)):
+                obs.services[vs.key] = vs
+                ops += 1
+        for key, dest in changes.add_dests:
+            if key not in obs.services:
+                continue
+            if self._try(f"add {dest} to {key}", partial(ipvs.add_destination, key, dest)):
+                obs.dests[key][dest.endpoint] = dest
+                ops += 1
+        for key, dest in changes.set_dests:
+            self.graceful.cancel(key, dest.endpoint)
+            if self._try(f"re-weight {dest} of {key}", partial(ipvs.set_destination, key, dest)):
+                obs.dests[key][dest.endpoint] = dest
+                ops += 1
+        for address in changes.bind:
+            if self._try(
+                f"bind {address}", partial(self.links.add_address, n.DUMMY_DEVICE, address)
+            ):
+                obs.bound.add(address)
+                ops += 1
+        now = self.clock()
+        live: dict[ServiceKey, dict[tuple[str, int], Destination]] = {}
+        for key, dest in changes.remove_dests:
+            if needs_grace(key) and not self.graceful.is_waiting(key, dest.endpoint):
+                # The decision needs the kernel's connection counts, as upstream reads them.
+                if key not in live:
+                    try:
+                        live[key] = {d.endpoint: d for d in ipvs.destinations(key)}
+                    except IpvsError as err:
+                        self.errors.append(f"list destinations of {key}: {err}")
+                        live[key] = {}
+                found = live[key].get(dest.endpoint)
+                if found is None:
+                    obs.dests[key].pop(dest.endpoint, None)
+                    continue
+                ops += self._remove(key, found, now, obs)
+                continue
+            ops += self._remove(key, dest, now, obs)
+        for address in changes.unbind:
+            if self._try(
+                f"unbind {address}",
+                partial(self.links.delete_address, n.DUMMY_DEVICE, address),
+            ):
+                obs.bound.discard(address)
+                ops += 1
+        for key in changes.delete_services:
+            if self._try(f"delete service {key}", partial(ipvs.delete_service, key)):
+                obs.services.pop(key, None)
+                obs.dests.pop(key, None)
+                self.graceful.forget_service(key)
+                ops += 1
+        return ops + len(script)
+
+    def _remove(self, key: ServiceKey, dest: Destination, now: float, obs: Observed) -> int:
+        action = self.graceful.remove(key, dest, now)
+        ipvs = self.ipvs
+        if action is Action.DELETE:
+            if self._try(
+                f"delete {dest} of {key}",
+                lambda: ipvs.delete_destination(key, dest.address, dest.port),
+            ):
+                obs.dests[key].pop(dest.endpoint, None)
+                return 1
+            return 0
+        if action is Action.QUIESCE and dest.weight != 0:
+            quiet = Destination(dest.address, dest.port, 0)
+            if self._try(f"weight 0 for {dest} of {key}", lambda: ipvs.set_destination(key, quiet)):
+                obs.dests[key][dest.endpoint] = quiet
+                return 1
+        return 0
+
+    def flush_terminated(self) -> int:
+        """Delete the real servers graceful termination is done waiting for."""
+        due = self.graceful.due(self.clock())
+        if not due:
+            return 0
+        ipvs = self.ipvs
+        deleted = 0
+        listed: dict[ServiceKey, dict[tuple[str, int], Destination]] = {}
+        for key, endpoint in due:
+            if key not in listed:
+                try:
+                    listed[key] = {d.endpoint: d for d in ipvs.destinations(key)}
+                except IpvsError:
+                    listed[key] = {}
+            dest = listed[key].get(endpoint)
+            if (
+                self.graceful.settle((key, endpoint), dest, self.clock())
+                and dest is not None
+                and self._try(
+                    f"delete terminated {dest} of {key}",
+                    partial(ipvs.delete_destination, key, dest.address, dest.port),
+                )
+            ):
+                deleted += 1
+                for state in self._families.values():
+                    state.observed.dests.get(key, {}).pop(endpoint, None)
+        return deleted
+
+    # ----------------------------------------------------------------- public
+
+    def sync(self, snapshot: Snapshot, changed: set[ServicePortName] | None) -> SyncResult:
+        started = time.perf_counter()
+        self.errors = []
+        result = SyncResult(full=False, service_ports=len(snapshot.services))
+        try:
+            self.links.ensure_dummy(n.DUMMY_DEVICE)
+            node_addrs = self.links.node_addresses(n.DUMMY_DEVICE)
+        except IpvsError as err:
+            raise BackendError(f"{n.DUMMY_DEVICE}: {err}") from None
+        for fam in self._plans(snapshot):
+            v6 = fam.family is IPFamily.IPv6
+            state = self._families.get(fam.family)
+            full = changed is None or state is None or not state.valid or state.plan != fam
+            try:
+                if full or state is None:
+                    state = _Family(fam, self._observe(fam))
+                    self._families[fam.family] = state
+                    result.full = True
+                desired = self._desired(snapshot, fam, node_addrs)
+                changes = diff(
+                    desired,
+                    state.observed,
+                    v6=v6,
+                    specs=n.FamilySets(v6).specs(),
+                    exclude=self.exclude,
+                )
+                result.operations += self._apply(state, desired, changes, full)
+                state.desired = desired
+                state.valid = not self.errors
+            except (IptablesError, IpsetError, IpvsError):
+                if state is not None:
+                    state.valid = False
+                raise
+            result.rendered += len(desired.owners)
+            result.elements += len(desired.services) + sum(map(len, desired.dests.values()))
+            result.conflicts.extend(desired.conflicts)
+            result.no_local_internal += desired.no_local_internal
+            result.no_local_external += desired.no_local_external
+        result.operations += self.flush_terminated()
+        result.render_seconds = time.perf_counter() - started
+        return result
+
+    def check(self) -> str | None:
+        """Deletes terminated real servers that are due; then the canary: kube-ipvs0 and
+        the nat KUBE-SERVICES chain still exist."""
+        with contextlib.suppress(BackendError):
+            self.flush_terminated()
+        if not self._families:
+            return None
+        try:
+            if not self.links.exists(n.DUMMY_DEVICE):
+                return f"{n.DUMMY_DEVICE} is gone"
+        except IpvsError as err:
+            return str(err)
+        for family, runner in self.runners.items():
+            if family not in self._families:
+                continue
+            try:
+                if not runner.chain_exists("nat", n.KUBE_SERVICES):
+                    return f"{family.value} nat table lost {n.KUBE_SERVICES}"
+            except IptablesError as err:
+                return str(err).splitlines()[0]
+        return None
+
+    def render(self, snapshot: Snapshot) -> str:
+        """What a sync from scratch programs: IPVS as ``ipvsadm --save -n`` prints it,
+        the kube-ipvs0 addresses, the ipset restore input and the iptables-restore input."""
+        try:
+            node_addrs = self.links.node_addresses(n.DUMMY_DEVICE)
+        except IpvsError:
+            node_addrs = set()
+        out: list[str] = []
+        for fam in self._plans(snapshot):
+            v6 = fam.family is IPFamily.IPv6
+            desired = self._desired(snapshot, fam, node_addrs)
+            out.append(f"# IPVS ({fam.family.value}), as ipvsadm --save -n\n")
+            for key, vs in sorted(desired.services.items()):
+                out.append(_ipvsadm_service(vs) + "\n")
+                for (ip, port), weight in sorted(desired.dests[key].items()):
+                    host = f"[{ip}]" if ":" in ip else ip
+                    out.append(f"-a {_ipvsadm_key(key)} -r {host}:{port} -m -w {weight}\n")
+            out.append(f"# {n.DUMMY_DEVICE} addresses ({fam.family.value})\n")
+            out.extend(f"{a}\n" for a in sorted(desired.bind))
+            script = IpsetScript()
+            for spec in n.FamilySets(v6).specs():
+                script.create(spec)
+                script.add(spec.name, desired.members.get(spec.name, ()))
+            out.append(f"# ipset restore -exist ({fam.family.value})\n{script}")
+            tool = "ip6tables-restore" if v6 else "iptables-restore"
+            rules = iptables_rules(fam, desired, RuleSettings())
+            out.append(f"# {tool} --noflush ({fam.family.value})\n{rules}")
+        return "".join(out)
+
+
+def _ipvsadm_key(key: ServiceKey) -> str:
+    flag = {"TCP": "-t", "UDP": "-u", "SCTP": "--sctp-service"}[key.protocol]
+    host = f"[{key.address}]" if key.v6 else key.address
+    return f"{flag} {host}:{key.port}"
+
+
+def _ipvsadm_service(vs: VirtualServer) -> str:
+    out = f"-A {_ipvsadm_key(vs.key)} -s {vs.scheduler}"
+    prefix = vs.scheduler if vs.scheduler in ("sh", "mh") else "flag"
+    names = [
+        name
+        for bit, name in ((FLAG_SCHED1, f"{prefix}-fallback"), (FLAG_SCHED2, f"{prefix}-port"))
+        if vs.flags & bit
+    ]
+    if names:
+        out += " -b " + ",".join(names)
+    if vs.flags & FLAG_PERSISTENT:
+        out += f" -p {vs.timeout}"
+    return out
+
+
+def cleanup_is_ours(chain: str) -> bool:
+    return chain in set(n.NAT_CHAINS) | set(n.FILTER_CHAINS)
+
+
+def cleanup(
+    ipvs: Ipvs | None,
+    links: Links,
+    ipset: Ipset,
+    runners: list[Iptables],
+) -> list[str]:
+    """Remove what ipvs mode (ours, or upstream's) created, and only that: the virtual
+    servers on kube-ipvs0's addresses and the NodePort ones whose port is in our NodePort
+    sets (upstream flushes the whole IPVS table; other users' virtual servers stay here),
+    kube-ipvs0, our chains in both flavours and families, then our sets (iptables no
+    longer uses them). ``ipvs`` None: the kernel has no IPVS."""
+    from kubeproxy.dataplane.iptables.cleanup import cleanup_chains
+
+    removed: list[str] = []
+    errors: list[str] = []
+    try:
+        sets = {name: s for name, s in ipset.sets().items() if name in n.all_set_names()}
+    except IpsetError as err:
+        if not err.missing:  # without the tool, no set of ours was ever created
+            errors.append(f"ipset: {err}")
+        sets = {}
+    try:
+        dummy = links.exists(n.DUMMY_DEVICE)
+    except IpvsError as err:
+        errors.append(str(err))
+        dummy = False
+    if not sets and not dummy and not errors:
+        # ipvs mode leaves both behind: without either it never ran here (or was cleaned
+        # up), and nothing would tell its virtual servers from anyone else's. This keeps
+        # the start of the other modes cheap.
+        return []
+    node_ports: set[tuple[str, int]] = set()
+    for name, state in sets.items():
+        for base, proto in (
+            (n.NODE_PORT_TCP, "TCP"),
+            (n.NODE_PORT_UDP, "UDP"),
+            (n.NODE_PORT_SCTP, "SCTP"),
+        ):
+            if name in (n.set_name(base, False), n.set_name(base, True)):
+                for m in state.members:
+                    node_ports.add((proto, int(m.rsplit(":", 1)[-1])))
+    try:
+        bound = links.addresses(n.DUMMY_DEVICE)
+    except IpvsError as err:
+        errors.append(str(err))
+        bound = set()
+    if ipvs is not None:
+        try:
+            for vs in ipvs.services():
+                key = vs.key
+                if key.address in bound or (key.protocol, key.port) in node_ports:
+                    ipvs.delete_service(key)
+                    removed.append(f"ipvs service {key}")
+        except IpvsError as err:
+            errors.append(f"ipvs: {err}")
+    try:
+        if links.delete_link(n.DUMMY_DEVICE):
+            removed.append(f"link {n.DUMMY_DEVICE}")
+    except IpvsError as err:
+        errors.append(str(err))
+    jumps = [
+        (table, builtin, ("-m", "comment", "--comment", comment, "-j", chain))
+        for table, builtin, chain, comment in n.JUMPS
+    ]
+    for runner in runners:
+        if runner.available() is not None:
+            continue
+        try:
+            removed.extend(
+                f"{runner}: {item}" for item in cleanup_chains(runner, cleanup_is_ours, jumps)
+            )
+        except IptablesError as err:
+            errors.append(f"{runner}: {err}")
+    if sets:
+        script = IpsetScript()
+        for name in sorted(sets):
+            script.destroy(name)
+        try:
+            ipset.restore(script)
+            removed.extend(f"ipset {name}" for name in sorted(sets))
+        except IpsetError as err:
+            errors.append(f"ipset: {err}")
+    if errors:
+        raise BackendError("ipvs cleanup: " + "; ".join(errors))
+    return removed

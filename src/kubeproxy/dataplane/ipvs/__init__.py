@@ -1,0 +1,149 @@
+"""The kernel's IP Virtual Server table and the ``kube-ipvs0`` dummy link, as plain data and
+two small interfaces.
+
+* Data: :class:`ServiceKey` (address, protocol, port: what the kernel keys a virtual
+  server by), :class:`VirtualServer` (a key plus scheduler, flags and persistence
+  timeout), :class:`Destination` (a real server: address, port, weight, and the
+  connection counts the kernel reports). Every destination is a NAT ("masquerading")
+  real server, as upstream kube-proxy creates them.
+* :class:`Ipvs` — the IPVS table of one network namespace: list, add, change ("set",
+  never delete-and-add) and delete virtual servers and their destinations, and the
+  connection timeouts (``ipvsadm --set``). :class:`IpvsError` carries the kernel's errno.
+* :class:`Links` — the dummy interface that holds every service address (left down, as
+  upstream: the addresses only need to be local for the routing decision) and the node's
+  other addresses (NodePort virtual servers are created on each of them).
+
+Implementations: :mod:`.netlink` (pyroute2, generic netlink) and :mod:`.fake` (in memory,
+refusing what the kernel refuses).
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+from dataclasses import dataclass
+from typing import Protocol
+
+# ip_vs.h: IP_VS_SVC_F_*
+FLAG_PERSISTENT = 0x0001
+FLAG_HASHED = 0x0002  # set by the kernel on every listed service; never ours to set
+FLAG_SCHED1 = 0x0008  # sh-fallback / mh-fallback
+FLAG_SCHED2 = 0x0010  # sh-port / mh-port (upstream's FlagSourceHash)
+FLAG_SCHED3 = 0x0020
+FLAGS_MASK = 0xFFFF
+# ip_vs.h: IP_VS_CONN_F_MASQ (the forwarding method of a NAT real server)
+FWD_MASQ = 0
+PROTOCOLS = ("TCP", "UDP", "SCTP")
+
+
+class IpvsError(RuntimeError):
+    """The kernel refused an IPVS operation (``errno`` as it answered)."""
+
+    def __init__(self, message: str, code: int = errno.EINVAL) -> None:
+        super().__init__(message)
+        self.errno = code
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ServiceKey:
+    address: str
+    protocol: str  # TCP, UDP, SCTP
+    port: int
+
+    @property
+    def v6(self) -> bool:
+        return ":" in self.address
+
+    def __str__(self) -> str:
+        host = f"[{self.address}]" if self.v6 else self.address
+        return f"{self.protocol}/{host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class VirtualServer:
+    key: ServiceKey
+    scheduler: str = "rr"
+    flags: int = 0  # FLAG_PERSISTENT, FLAG_SCHED*; never FLAG_HASHED
+    timeout: int = 0  # persistence timeout in seconds (with FLAG_PERSISTENT)
+
+    def __str__(self) -> str:
+        extra = f" persistent {self.timeout}" if self.flags & FLAG_PERSISTENT else ""
+        flags = self.flags & ~FLAG_PERSISTENT
+        return f"{self.key} {self.scheduler}{extra}" + (f" flags {flags:#x}" if flags else "")
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Destination:
+    address: str
+    port: int
+    weight: int = 1
+    # Reported by the kernel; ignored when adding or changing a destination.
+    active: int = 0
+    inactive: int = 0
+
+    @property
+    def endpoint(self) -> tuple[str, int]:
+        return (self.address, self.port)
+
+    @property
+    def connections(self) -> int:
+        return self.active + self.inactive
+
+    def __str__(self) -> str:
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"{host}:{self.port}"
+
+
+def canonical_ip(text: str) -> str:
+    return str(ipaddress.ip_address(text))
+
+
+class Ipvs(Protocol):
+    """The IPVS table of one network namespace."""
+
+    def services(self) -> list[VirtualServer]: ...
+
+    def destinations(self, key: ServiceKey) -> list[Destination]: ...
+
+    def add_service(self, vs: VirtualServer) -> None: ...
+
+    def set_service(self, vs: VirtualServer) -> None:
+        """Change scheduler, flags or timeout of an existing service in place."""
+
+    def delete_service(self, key: ServiceKey) -> None: ...
+
+    def add_destination(self, key: ServiceKey, dest: Destination) -> None: ...
+
+    def set_destination(self, key: ServiceKey, dest: Destination) -> None:
+        """Change the weight of an existing destination in place."""
+
+    def delete_destination(self, key: ServiceKey, address: str, port: int) -> None: ...
+
+    def set_timeouts(self, tcp: int, tcp_fin: int, udp: int) -> None:
+        """``ipvsadm --set``: 0 leaves that timeout as it is."""
+
+    def close(self) -> None: ...
+
+
+class Links(Protocol):
+    """The dummy interface holding service addresses, and the node's own addresses."""
+
+    def ensure_dummy(self, name: str) -> bool:
+        """Create ``name`` (a dummy link, left down) unless it exists; True if it did."""
+
+    def exists(self, name: str) -> bool: ...
+
+    def addresses(self, name: str) -> set[str]:
+        """Addresses on ``name`` (empty if it does not exist)."""
+
+    def add_address(self, name: str, address: str) -> None: ...
+
+    def delete_address(self, name: str, address: str) -> None: ...
+
+    def node_addresses(self, exclude: str) -> set[str]:
+        """Every local address on a link other than ``exclude``."""
+
+    def delete_link(self, name: str) -> bool:
+        """Delete ``name``; False if there was none."""
+
+    def close(self) -> None: ...

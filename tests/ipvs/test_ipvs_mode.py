@@ -1,0 +1,310 @@
+"""ipvs mode's backend against a real IPVS kernel (inside the user-mode-linux guest):
+virtual servers, ipsets and iptables-legacy rules programmed in node-a's namespace over
+netlink, ipset and iptables-restore, and real TCP from the outside client and from Pods.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from kubeproxy.backends.ipvs.proxier import IpvsBackend, cleanup, sysctls
+from kubeproxy.config import IpvsSettings, ProxyConfig
+from kubeproxy.dataplane.ipset import IpsetCommand
+from kubeproxy.dataplane.iptables.runner import IptablesCommand
+from kubeproxy.dataplane.ipvs import ServiceKey, VirtualServer
+from kubeproxy.dataplane.ipvs.netlink import NetlinkIpvs, NetlinkLinks
+from kubeproxy.lab.cluster import CLIENT_IP, CLUSTER_CIDRS, NODE, NODE_IP, Lab
+from kubeproxy.lab.echo import tcp_ask, udp_ask
+from kubeproxy.lab.netns import ns_exec
+from kubeproxy.lab.netns import sysctls as set_sysctls
+from kubeproxy.lab.objects import Ep, ManifestDir, endpoint_slice, service
+from kubeproxy.model.nodeports import NodePortAddresses
+from kubeproxy.model.state import NodeState, Snapshot
+from kubeproxy.model.types import Endpoint, IPFamily, L4Protocol, ServicePort, TrafficPolicy
+from tests.ipvs.conftest import BACKENDS
+from tests.unit.conftest import port_name
+
+Build = Callable[[ProxyConfig], IpvsBackend]
+WEB = port_name("web")
+VIP = "10.96.0.10"
+B1, B2 = BACKENDS["backend-1"], BACKENDS["backend-2"]
+
+
+def config(scheduler: str = "rr") -> ProxyConfig:
+    return ProxyConfig(
+        hostname=NODE,
+        mode="ipvs",
+        families=(IPFamily.IPv4,),
+        cluster_cidrs=CLUSTER_CIDRS,
+        nodeport_addresses=NodePortAddresses((), primary=False),
+        ipvs=IpvsSettings(scheduler=scheduler),
+    )
+
+
+def snap(*ports: tuple[ServicePort, tuple[Endpoint, ...]]) -> Snapshot:
+    node = NodeState(NODE, None, {IPFamily.IPv4: NODE_IP})
+    return Snapshot({p.name: p for p, _ in ports}, {p.name: e for p, e in ports}, node)
+
+
+def web(**kw: object) -> ServicePort:
+    fields: dict[str, object] = {"name": WEB, "cluster_ips": (VIP,), "port": 80}
+    fields.update(kw)
+    return ServicePort(**fields)  # type: ignore[arg-type]
+
+
+def eps(*ips: str, port: int = 8080) -> tuple[Endpoint, ...]:
+    return tuple(Endpoint(ip, port, NODE) for ip in ips)
+
+
+@pytest.fixture
+def make(lab: Lab, tmp_path: Path) -> Iterator[Build]:
+    """A factory of backends for node-a; what they programmed is cleaned up after."""
+    # The namespace's own sysctls (the backend's /proc is the guest's root namespace).
+    set_sysctls(
+        lab.node_ns,
+        {
+            "net.ipv4.vs.conntrack": "1",
+            "net.ipv4.vs.expire_nodest_conn": "1",
+            "net.ipv4.vs.expire_quiescent_template": "1",
+        },
+    )
+    for path, _ in sysctls(config(), (6, 1)):
+        (tmp_path / "sys" / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "sys" / path).write_text("1\n")
+    ns = lab.node_ns
+    ipvs = NetlinkIpvs(ns)
+    links = NetlinkLinks(ns)
+    runner = IptablesCommand(IPFamily.IPv4, "legacy", netns=ns)
+
+    def build(cfg: ProxyConfig) -> IpvsBackend:
+        backend = IpvsBackend(
+            cfg,
+            open_ipvs=lambda: ipvs,
+            links=links,
+            ipset=IpsetCommand(ns),
+            runners={IPFamily.IPv4: runner},
+            proc=tmp_path,
+        )
+        backend.start()
+        return backend
+
+    yield build
+    cleanup(ipvs, links, IpsetCommand(ns), [runner])
+    ipvs.close()
+    links.close()
+
+
+def asks(lab: Lab, ns: str, ip: str, port: int, count: int) -> list[str]:
+    ex = lab.executor(ns)
+    return [ex.call(tcp_ask, ip, port).pod for _ in range(count)]
+
+
+def test_cluster_ip_round_robin_and_off_cluster_clients_are_masqueraded(
+    lab: Lab, make: Build
+) -> None:
+    backend = make(config())
+    result = backend.sync(snap((web(), eps(B1, B2))), None)
+    assert not backend.errors and result.full
+    replies = [lab.executor(lab.client_ns).call(tcp_ask, VIP, 80) for _ in range(10)]
+    assert Counter(r.pod for r in replies) == {"backend-1": 5, "backend-2": 5}
+    # The client is outside the cluster CIDR: KUBE-CLUSTER-IP marks it for masquerade.
+    assert CLIENT_IP not in {r.client_ip for r in replies}
+    # A Pod's own traffic keeps its address (and a Pod reaching itself is hairpinned).
+    from_pod = lab.in_pod("backend-1").call(tcp_ask, VIP, 80)
+    assert from_pod.client_ip in (B1, "10.244.1.1")
+    links = ns_exec(lab.node_ns, "ip", "-o", "link", "show", "kube-ipvs0")
+    assert "UP" not in links.split("<", 1)[1].split(">", 1)[0].split(",")
+
+
+def test_node_port_answers_on_the_node_address(lab: Lab, make: Build) -> None:
+    backend = make(config())
+    backend.sync(snap((web(node_port=30080), eps(B1))), None)
+    reply = lab.executor(lab.client_ns).call(tcp_ask, NODE_IP, 30080)
+    assert reply.pod == "backend-1" and reply.client_ip != CLIENT_IP
+
+
+def test_no_endpoints_is_refused(lab: Lab, make: Build) -> None:
+    backend = make(config())
+    backend.sync(snap((web(), ())), None)
+    with pytest.raises(ConnectionRefusedError):
+        lab.executor(lab.client_ns).call(tcp_ask, VIP, 80)
+
+
+@pytest.mark.parametrize("scheduler", ["sh", "mh"])
+def test_source_hashing_schedulers_stick_a_client_to_one_backend(
+    lab: Lab, make: Build, scheduler: str
+) -> None:
+    backend = make(config(scheduler))
+    backend.sync(snap((web(), eps(B1, B2))), None)
+    if scheduler == "sh":
+        assert len(set(asks(lab, lab.client_ns, VIP, 80, 8))) == 1
+    else:
+        # mh with upstream's mh-port flag hashes the source port too: it spreads.
+        assert len(set(asks(lab, lab.client_ns, VIP, 80, 12))) == 2
+
+
+def test_every_scheduler_is_accepted_by_the_kernel(lab: Lab, make: Build) -> None:
+    """Each of the kernel's schedulers, set in place on the live virtual server (netlink
+    "set"), still serves (the backend's own probe at start covers "add")."""
+    backend = make(config())
+    backend.sync(snap((web(), eps(B1))), None)
+    key = ServiceKey(VIP, "TCP", 80)
+    for scheduler in ("wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh"):
+        backend.ipvs.set_service(VirtualServer(key, scheduler))
+        listed = {vs.key: vs for vs in backend.ipvs.services()}
+        assert listed[key].scheduler == scheduler
+        assert lab.executor(lab.client_ns).call(tcp_ask, VIP, 80).pod == "backend-1"
+    # The next full sync puts the configured scheduler back.
+    backend.sync(snap((web(), eps(B1))), None)
+    assert {vs.key: vs for vs in backend.ipvs.services()}[key].scheduler == "rr"
+
+
+def test_session_affinity_is_ipvs_persistence(lab: Lab, make: Build) -> None:
+    backend = make(config())
+    backend.sync(snap((web(affinity_timeout=300), eps(B1, B2))), None)
+    vs = backend.ipvs.services()
+    assert VirtualServer(ServiceKey(VIP, "TCP", 80), "rr", 1, 300) in vs
+    assert len(set(asks(lab, lab.client_ns, VIP, 80, 6))) == 1
+
+
+def _hold(port: int) -> None:
+    """In a Pod: accept one connection, answer what it sends, upper-cased."""
+    with socket.create_server(("0.0.0.0", port)) as server:
+        server.settimeout(30)
+        conn, _ = server.accept()
+        with conn:
+            conn.settimeout(30)
+            conn.sendall(conn.recv(16).upper())
+
+
+def test_graceful_termination_keeps_established_and_steers_new(lab: Lab, make: Build) -> None:
+    backend = make(config())
+    held = ServicePort(name=port_name("held"), cluster_ips=("10.96.0.20",), port=90)
+    both = (web(), eps(B1, B2))
+    backend.sync(snap(both, (held, eps(B2, port=9090))), None)
+    serving = lab.in_pod("backend-2").submit(_hold, 9090)
+    client = lab.executor(lab.client_ns).call(socket.create_connection, ("10.96.0.20", 90), 5)
+    # backend-2 goes away from both Services.
+    backend.sync(snap((web(), eps(B1)), (held, ())), {WEB, held.name})
+    key = ServiceKey("10.96.0.20", "TCP", 90)
+    dests = {d.address: d for d in backend.ipvs.destinations(key)}
+    assert dests[B2].weight == 0 and dests[B2].active == 1
+    with client:
+        client.settimeout(5)
+        client.sendall(b"ping")
+        assert client.recv(16) == b"PING"  # the established connection still works
+    serving.result(10)
+    # New connections to the echo Service avoid backend-2.
+    assert set(asks(lab, lab.client_ns, VIP, 80, 6)) == {"backend-1"}
+
+
+def test_cleanup_removes_only_ours(lab: Lab, make: Build) -> None:
+    backend = make(config())
+    backend.sync(snap((web(node_port=30080), eps(B1))), None)
+    theirs = VirtualServer(ServiceKey("192.168.50.1", "TCP", 4443), "wlc")
+    backend.ipvs.add_service(theirs)
+    ns = lab.node_ns
+    links = NetlinkLinks(ns)
+    try:
+        removed = cleanup(
+            backend.ipvs,
+            links,
+            IpsetCommand(ns),
+            [IptablesCommand(IPFamily.IPv4, "legacy", netns=ns)],
+        )
+    finally:
+        links.close()
+    assert removed
+    assert [vs.key for vs in backend.ipvs.services()] == [theirs.key]
+    assert "kube-ipvs0" not in ns_exec(ns, "ip", "-o", "link", check=False)
+    assert "KUBE-" not in ns_exec(ns, "ipset", "list", "-n", check=False)
+    backend.ipvs.delete_service(theirs.key)
+
+
+def test_kubeproxy_run_programs_ipvs_mode(lab: Lab, tmp_path: Path) -> None:
+    """The whole program: ``kubeproxy run --proxy-mode ipvs --once`` over manifests, in
+    node-a's namespace, with iptables-legacy (the guest has no iptables-nft)."""
+    mdir = ManifestDir(tmp_path / "manifests")
+    mdir.path.mkdir()
+    mdir.write(
+        "web.yaml",
+        service("web", "10.96.0.30", type="NodePort",
+                ports=[{"name": "http", "port": 80, "nodePort": 30090}]),
+        endpoint_slice("web", [Ep(B1, node=NODE), Ep(B2, node=NODE)]),
+    )  # fmt: skip
+    command = lab.kubeproxy_command(
+        "run", "--manifests", str(mdir.path), "--hostname-override", NODE,
+        "--cluster-cidr", ",".join(CLUSTER_CIDRS), "--proxy-mode", "ipvs",
+        "--iptables-backend", "legacy", "--ipvs-scheduler", "wrr", "--once",
+        "--ipvs-tcp-timeout", "15m", "--ipvs-udp-timeout", "45s",
+    )  # fmt: skip
+    try:
+        result = lab.run(command)
+        assert result.returncode == 0, result.stderr
+        replies = asks(lab, lab.client_ns, "10.96.0.30", 80, 4)
+        assert Counter(replies) == {"backend-1": 2, "backend-2": 2}
+        assert asks(lab, lab.client_ns, NODE_IP, 30090, 1)[0] in BACKENDS
+        assert ns_exec(lab.node_ns, "cat", "/proc/sys/net/ipv4/vs/conntrack").strip() == "1"
+        table = ns_exec(lab.node_ns, "ipvsadm", "-Ln")
+        assert "10.96.0.30:80 wrr" in table
+        # The timeouts went in over netlink (IPVS_CMD_SET_CONFIG); tcpfin left alone.
+        timeouts = ns_exec(lab.node_ns, "ipvsadm", "-L", "--timeout")
+        assert "900 120 45" in timeouts, timeouts
+        # IPv6 too (the guest has it): the sets of that family are upstream's KUBE-6- ones.
+        assert "KUBE-6-CLUSTER-IP" in ns_exec(lab.node_ns, "ipset", "list", "-n")
+    finally:
+        cleanup_ns(lab.node_ns)
+
+
+def cleanup_ns(ns: str) -> None:
+    ipvs = NetlinkIpvs(ns)
+    links = NetlinkLinks(ns)
+    try:
+        # kubeproxy run serves both families here: ip6tables rules use the KUBE-6- sets.
+        runners = [IptablesCommand(f, "legacy", netns=ns) for f in IPFamily]
+        cleanup(ipvs, links, IpsetCommand(ns), list(runners))
+    finally:
+        ipvs.close()
+        links.close()
+
+
+def test_external_ips_load_balancers_source_ranges_and_udp(lab: Lab, make: Build) -> None:
+    backend = make(config())
+    open_lb = web(
+        external_ips=("203.0.113.10",),
+        load_balancer_ips=("203.0.113.20",),
+        load_balancer_source_ranges=("192.168.60.0/24",),
+    )
+    closed = ServicePort(
+        name=port_name("closed"),
+        cluster_ips=("10.96.0.41",),
+        port=80,
+        load_balancer_ips=("203.0.113.21",),
+        load_balancer_source_ranges=("198.51.100.0/24",),
+    )
+    dns = ServicePort(
+        name=port_name("dns", "dns", L4Protocol.UDP), cluster_ips=("10.96.0.42",), port=53
+    )
+    backend.sync(snap((open_lb, eps(B1)), (closed, eps(B1)), (dns, eps(B2))), None)
+    assert not backend.errors, backend.errors
+    client = lab.executor(lab.client_ns)
+    assert client.call(tcp_ask, "203.0.113.10", 80).pod == "backend-1"
+    assert client.call(tcp_ask, "203.0.113.20", 80).pod == "backend-1"
+    # The client is outside the second load balancer's source ranges: dropped.
+    with pytest.raises(TimeoutError):
+        client.call(tcp_ask, "203.0.113.21", 80, 1.0)
+    assert client.call(udp_ask, "10.96.0.42", 53).pod == "backend-2"
+
+
+def test_local_policy_node_port_keeps_the_client_address(lab: Lab, make: Build) -> None:
+    backend = make(config())
+    svc = web(node_port=30081, external_traffic_policy=TrafficPolicy.LOCAL)
+    backend.sync(snap((svc, eps(B1))), None)
+    reply = lab.executor(lab.client_ns).call(tcp_ask, NODE_IP, 30081)
+    # KUBE-NODE-PORT-LOCAL-TCP returns before the masquerade mark, as upstream.
+    assert reply.pod == "backend-1" and reply.client_ip == CLIENT_IP
