@@ -142,9 +142,11 @@ class ServiceTable:
     def __init__(self, kv: KVMap) -> None:
         self.kv = kv
 
-    def write(self, frontend: Frontend, targets: Sequence[Target], before: int) -> int:
-        """Program ``targets`` for ``frontend`` (none: remove it), where ``before`` slots
-        were programmed; returns the map operations done."""
+    def write(
+        self, frontend: Frontend, targets: Sequence[Target], before: Sequence[Target] = ()
+    ) -> int:
+        """Program ``targets`` for ``frontend`` (none: remove it) where ``before`` is
+        programmed; only slots that differ are written. Returns the map operations."""
         if len(targets) > MAX_ENDPOINTS:
             raise SockLBError(f"{frontend}: {len(targets)} endpoints (at most {MAX_ENDPOINTS})")
         ops = 0
@@ -152,11 +154,13 @@ class ServiceTable:
             ops += self.kv.delete(_key(frontend, 0))
         else:
             for slot, target in enumerate(targets, 1):
-                self.kv.update(_key(frontend, slot), _value(target))
+                if slot > len(before) or before[slot - 1] != target:
+                    self.kv.update(_key(frontend, slot), _value(target))
+                    ops += 1
+            if len(targets) != len(before):
+                self.kv.update(_key(frontend, 0), _value(None, len(targets)))
                 ops += 1
-            self.kv.update(_key(frontend, 0), _value(None, len(targets)))
-            ops += 1
-        for slot in range(len(targets) + 1, before + 1):
+        for slot in range(len(targets) + 1, len(before) + 1):
             self.kv.delete(_key(frontend, slot))
             ops += 1
         return ops
