@@ -1,9 +1,11 @@
 """The ebpf backend: socket load-balancing for ClusterIPs, nftables for everything else.
 
-Composition, not a copy: every sync first runs the nftables backend of the same process
-on the same snapshot (so NodePorts, external traffic, REJECT/DROP, session affinity and
-the ClusterIP rules for sockets outside the cgroup all work as in nftables mode), then
-programs the BPF service map from the same service plans (:mod:`.render`):
+Composition, not a copy: every sync programs the BPF service map from the service plans
+(:mod:`.render`), then runs the nftables backend of the same process on the same
+snapshot (so NodePorts, external traffic, REJECT/DROP, session affinity and the
+ClusterIP rules for sockets outside the cgroup all work as in nftables mode). The map
+goes first: a map write takes effect in microseconds, an nft transaction in
+milliseconds, and a failing nftables sync must not hold the sockets' endpoints back.
 
 * **full sync** (at start, when nftables does one, after a failure): the wanted entries
   of every ServicePort against what the map holds — our record of it, or after a
@@ -79,6 +81,8 @@ class EbpfBackend:
         self._programmed: Entries | None = None
         self._wanted: dict[ServicePortName, Entries] = {}
         self._owner: dict[Frontend, ServicePortName] = {}
+        # How long the last sync took to bring the map in line (its change-to-effect).
+        self.map_seconds = 0.0
 
     # -------------------------------------------------------------- lifecycle
 
@@ -96,16 +100,19 @@ class EbpfBackend:
             self._lb.close()
             self._lb = None
 
+    @property
+    def socket_lb(self) -> SocketLB:
+        """The loaded hooks (after :meth:`start`)."""
+        if self._lb is None:
+            raise BackendError("ebpf mode: not started")
+        return self._lb
+
     # ------------------------------------------------------------------ sync
 
     def sync(self, snapshot: Snapshot, changed: set[ServicePortName] | None) -> SyncResult:
-        result = self.nftables.sync(snapshot, changed)
-        lb = self._lb
-        if lb is None:
-            raise BackendError("ebpf mode: sync before start")
+        lb = self.socket_lb
         started = time.perf_counter()
-        full = result.full or changed is None or self._programmed is None
-        names = None if full else changed
+        names = None if changed is None or self._programmed is None else changed
         try:
             if self._programmed is None:
                 self._programmed = lb.services.dump()
@@ -114,7 +121,8 @@ class EbpfBackend:
         except Exception:
             self._programmed = None
             raise
-        seconds = time.perf_counter() - started
+        seconds = self.map_seconds = time.perf_counter() - started
+        result = self.nftables.sync(snapshot, changed)
         result.operations += operations
         result.elements += sum(1 + len(t) for t in self._programmed.values())
         result.apply_seconds += seconds

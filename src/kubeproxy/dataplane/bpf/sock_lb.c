@@ -42,7 +42,8 @@ struct rev_key4 {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 262144);
+	/* 30,000 Services of 10 endpoints take 330,000; not preallocated. */
+	__uint(max_entries, 1048576);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct svc_key4);
 	__type(value, struct endpoint4);

@@ -96,7 +96,7 @@ class KVMap(Protocol):
 class FakeMap:
     """A hash map in memory, refusing what the kernel refuses (sizes, capacity)."""
 
-    def __init__(self, key_size: int, value_size: int, max_entries: int = 262144) -> None:
+    def __init__(self, key_size: int, value_size: int, max_entries: int = 1048576) -> None:
         self.key_size = key_size
         self.value_size = value_size
         self.max_entries = max_entries
