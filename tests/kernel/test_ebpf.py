@@ -33,6 +33,7 @@ TARGET = {"name": "http", "port": 8080}
 DNS = {"name": "dns", "port": 53, "protocol": "UDP"}
 DNS_TARGET = {"name": "dns", "port": 8080, "protocol": "UDP"}
 VIP = "10.96.7.1"
+VIP6 = "fd00:96::7:1"
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +88,25 @@ def test_udp_replies_come_from_the_cluster_ip(
         seen = client(lab, bpf, action, port=53)
         assert set(seen["answers"]) == {"local-1", "local-2"}, (action, seen)
         assert seen["peers"] == [f"{VIP}:53"], (action, seen)
+
+
+def test_ipv6_cluster_ips_too(lab: Lab, bpf: BpfLab, manifests: ManifestDir) -> None:
+    manifests.write(
+        "web6.yaml",
+        service("web6", VIP6, [HTTP, DNS], ipFamilies=["IPv6"]),
+        endpoint_slice("web6", eps("local-1", "remote-1", family=6), [TARGET, DNS_TARGET]),
+    )
+    sync(lab, manifests, *bpf.flags())
+    ns_exec(lab.node_ns, "conntrack", "-F", check=False)
+    netns = lab.pods["client"].netns
+    seen = bpf.client(netns, "tcp", VIP6, 80, 30)
+    assert set(seen["answers"]) == {"local-1", "remote-1"}, seen
+    assert seen["peers"] == [f"[{VIP6}]:80"]
+    for action in ("udp", "udp-connected"):
+        seen = bpf.client(netns, action, VIP6, 53, 20)
+        assert set(seen["answers"]) == {"local-1", "remote-1"}, (action, seen)
+        assert seen["peers"] == [f"[{VIP6}]:53"], (action, seen)
+    assert conntrack_to(lab, VIP6) == []
 
 
 def test_a_service_without_endpoints_is_refused_by_the_nftables_rules(
@@ -164,11 +184,13 @@ def test_cleanup_removes_programs_links_and_pins(
 
 
 HOOKS = sorted(
-    (
-        "cgroup_inet4_connect",
-        "cgroup_udp4_sendmsg",
-        "cgroup_udp4_recvmsg",
-        "cgroup_inet4_getpeername",
+    f"cgroup_{kind}{v}_{hook}"
+    for v in "46"
+    for kind, hook in (
+        ("inet", "connect"),
+        ("udp", "sendmsg"),
+        ("udp", "recvmsg"),
+        ("inet", "getpeername"),
     )
 )
 

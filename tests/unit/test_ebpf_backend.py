@@ -64,6 +64,11 @@ class RecordingMap(FakeMap):
         return super().delete(key)
 
 
+def table_of(kv4: FakeMap, kv6: FakeMap | None = None) -> ServiceTable:
+    """The table over ``kv4`` (and an IPv6 map of its own unless given)."""
+    return ServiceTable(kv4, kv6 if kv6 is not None else FakeMap(24, 20))
+
+
 def targets(n: int, base: int = 10) -> tuple[Target, ...]:
     return tuple(Target(f"10.244.1.{base + i}", 8080) for i in range(n))
 
@@ -73,7 +78,7 @@ def targets(n: int, base: int = 10) -> tuple[Target, ...]:
 
 def test_growing_writes_the_slots_before_the_count() -> None:
     kv = RecordingMap()
-    table = ServiceTable(kv)
+    table = table_of(kv)
     table.write(WEB, targets(2), before=())
     assert kv.log == [("update", 1), ("update", 2), ("update", 0)]
     assert table.dump() == {WEB: targets(2)}
@@ -81,7 +86,7 @@ def test_growing_writes_the_slots_before_the_count() -> None:
 
 def test_shrinking_writes_the_count_before_removing_slots() -> None:
     kv = RecordingMap()
-    table = ServiceTable(kv)
+    table = table_of(kv)
     table.write(WEB, targets(3), before=())
     kv.log.clear()
     table.write(WEB, targets(1, base=20), before=targets(3))
@@ -91,7 +96,7 @@ def test_shrinking_writes_the_count_before_removing_slots() -> None:
 
 def test_removing_a_frontend_removes_its_count_first() -> None:
     kv = RecordingMap()
-    table = ServiceTable(kv)
+    table = table_of(kv)
     table.write(WEB, targets(2), before=())
     kv.log.clear()
     table.write(WEB, (), before=targets(2))
@@ -102,7 +107,7 @@ def test_removing_a_frontend_removes_its_count_first() -> None:
 def test_dump_keeps_slots_a_cut_short_write_left() -> None:
     """Slots beyond the count are reported, so the next write removes them."""
     kv = FakeMap(12, 8)
-    table = ServiceTable(kv)
+    table = table_of(kv)
     table.write(WEB, targets(3), before=())
     # A shrink to one endpoint that died after writing the count: slots 2 and 3 remain.
     count_key = next(k for k in kv.data if k[6:8] == b"\0\0")
@@ -162,10 +167,29 @@ def test_what_the_hooks_leave_to_nftables(
     assert socket_entries(plan_of(port, eps)) == {}, why
 
 
-def test_ipv6_is_left_to_nftables_in_this_slice() -> None:
+def test_ipv6_cluster_ips_are_served_too() -> None:
     port = service_port(cluster_ips=("fd00:96::10",))
     eps = (Endpoint("fd00:10:244:1::10", 8080, "node-a"),)
-    assert socket_entries(plan_of(port, eps, IPFamily.IPv6)) == {}
+    frontend = Frontend("fd00:96::10", 80, L4Protocol.TCP)
+    assert socket_entries(plan_of(port, eps, IPFamily.IPv6)) == {
+        frontend: (Target("fd00:10:244:1::10", 8080),)
+    }
+
+
+def test_a_dual_stack_service_port_has_a_frontend_in_each_map() -> None:
+    kv4, kv6 = FakeMap(12, 8), FakeMap(24, 20)
+    port = service_port(cluster_ips=("10.96.0.10", "fd00:96::10"))
+    eps = (Endpoint("10.244.1.10", 8080, "node-a"), Endpoint("fd00:10:244:1::10", 8080, "node-a"))
+    b = backend(kv4, kv6=kv6)
+    b.sync(Snapshot({port.name: port}, {port.name: eps}, NODE), None)
+    assert table_of(kv4, kv6).dump() == {
+        WEB: (Target("10.244.1.10", 8080),),
+        Frontend("fd00:96::10", 80, L4Protocol.TCP): (Target("fd00:10:244:1::10", 8080),),
+    }
+    assert len(kv4.data) == len(kv6.data) == 2
+    # Gone: both go.
+    b.sync(Snapshot({}, {}, NODE), {port.name})
+    assert kv4.data == kv6.data == {}
 
 
 def test_internal_traffic_policy_local_serves_the_local_endpoints_only() -> None:
@@ -177,8 +201,8 @@ def test_internal_traffic_policy_local_serves_the_local_endpoints_only() -> None
 
 
 class FakeLB:
-    def __init__(self, kv: FakeMap) -> None:
-        self.services = ServiceTable(kv)
+    def __init__(self, kv: FakeMap, kv6: FakeMap) -> None:
+        self.services = table_of(kv, kv6)
         self.closed = False
 
     def check(self) -> str | None:
@@ -188,8 +212,11 @@ class FakeLB:
         self.closed = True
 
 
-def backend(kv: FakeMap, nft: FakeNftables | None = None) -> EbpfBackend:
-    b = EbpfBackend(CONFIG, NftablesBackend(CONFIG, nft or FakeNftables()), lambda: FakeLB(kv))
+def backend(
+    kv: FakeMap, nft: FakeNftables | None = None, kv6: FakeMap | None = None
+) -> EbpfBackend:
+    v6 = kv6 if kv6 is not None else FakeMap(24, 20)
+    b = EbpfBackend(CONFIG, NftablesBackend(CONFIG, nft or FakeNftables()), lambda: FakeLB(kv, v6))
     b.start()
     return b
 
@@ -207,7 +234,7 @@ def test_a_full_sync_programs_nftables_and_the_map() -> None:
     kv, nft = FakeMap(12, 8), FakeNftables()
     result = backend(kv, nft).sync(snapshot(3), None)
     assert result.full
-    assert len(ServiceTable(kv).dump()) == 3
+    assert len(table_of(kv).dump()) == 3
     assert result.elements >= 3 * 3
     # Everything else (NodePorts, REJECT, the ClusterIP for other cgroups) is nftables'.
     assert "10.96.0.1" in nft.dump()
@@ -225,7 +252,7 @@ def test_a_partial_sync_touches_only_the_changed_service_ports() -> None:
     result = b.sync(Snapshot(snap.services, eps, NODE), {name})
     assert not result.full
     assert kv.writes == 2  # the new slot, then the count
-    assert ServiceTable(kv).dump()[Frontend("10.96.0.1", 80, L4Protocol.TCP)][-1] == Target(
+    assert table_of(kv).dump()[Frontend("10.96.0.1", 80, L4Protocol.TCP)][-1] == Target(
         "10.244.2.99", 8080
     )
 
@@ -237,10 +264,10 @@ def test_a_service_port_losing_its_endpoints_leaves_the_map() -> None:
     b.sync(snap, None)
     name = next(iter(snap.services))
     b.sync(Snapshot(snap.services, {**snap.endpoints, name: ()}, NODE), {name})
-    assert Frontend("10.96.0.1", 80, L4Protocol.TCP) not in ServiceTable(kv).dump()
+    assert Frontend("10.96.0.1", 80, L4Protocol.TCP) not in table_of(kv).dump()
     deleted = {n: p for n, p in snap.services.items() if n != name}
     b.sync(Snapshot(deleted, snap.endpoints, NODE), {name})
-    assert len(ServiceTable(kv).dump()) == 1
+    assert len(table_of(kv).dump()) == 1
 
 
 def test_a_restart_reads_the_pinned_map_and_rewrites_nothing_that_is_right() -> None:
@@ -266,10 +293,10 @@ def test_two_service_ports_claiming_one_frontend_first_by_name_wins() -> None:
     }
     be = backend(kv)
     be.sync(Snapshot({a.name: a, b.name: b}, eps, NODE), None)
-    assert ServiceTable(kv).dump()[WEB] == (Target("10.244.1.10", 8080),)
+    assert table_of(kv).dump()[WEB] == (Target("10.244.1.10", 8080),)
     # "a" goes away: "b" takes the frontend at the next full sync.
     be.sync(Snapshot({b.name: b}, eps, NODE), None)
-    assert ServiceTable(kv).dump()[WEB] == (Target("10.244.1.11", 8080),)
+    assert table_of(kv).dump()[WEB] == (Target("10.244.1.11", 8080),)
 
 
 def test_render_lists_the_socket_entries_after_the_nft_script() -> None:

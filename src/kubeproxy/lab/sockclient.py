@@ -31,13 +31,17 @@ from kubeproxy.lab.cluster import lab_env
 from kubeproxy.lab.echo import Reply
 
 
-def _address(addr: tuple[str, int]) -> str:
-    return f"{addr[0]}:{addr[1]}"
+def _family(host: str) -> socket.AddressFamily:
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+def _address(addr: tuple[str, int] | tuple[str, int, int, int]) -> str:
+    return f"[{addr[0]}]:{addr[1]}" if ":" in addr[0] else f"{addr[0]}:{addr[1]}"
 
 
 def _tcp(host: str, port: int) -> tuple[str, str]:
     """(pod that answered or why not, the peer address getpeername() gave)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    with socket.socket(_family(host), socket.SOCK_STREAM) as s:
         s.settimeout(2)
         try:
             s.connect((host, port))
@@ -55,7 +59,7 @@ def _tcp(host: str, port: int) -> tuple[str, str]:
 
 def _udp(host: str, port: int, connected: bool) -> tuple[str, str]:
     """(pod that answered or why not, the reply's source: recvfrom, or getpeername)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+    with socket.socket(_family(host), socket.SOCK_DGRAM) as s:
         s.settimeout(1)
         try:
             if connected:
@@ -83,7 +87,7 @@ def _latency(host: str, port: int, count: int) -> list[int]:
     """Nanoseconds per TCP connect() (then close), ``count`` times."""
     out = []
     for _ in range(count):
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s = socket.socket(_family(host), socket.SOCK_STREAM)
         started = time.perf_counter_ns()
         s.connect((host, port))
         out.append(time.perf_counter_ns() - started)

@@ -40,7 +40,7 @@ from kubeproxy.dataplane.bpf.socklb import (
     cgroup2_root,
 )
 from kubeproxy.model.state import Snapshot
-from kubeproxy.model.types import IPFamily, ServicePortName
+from kubeproxy.model.types import ServicePortName
 
 log = logging.getLogger(__name__)
 
@@ -130,8 +130,12 @@ class EbpfBackend:
 
     def _plan(self, snapshot: Snapshot, names: Iterable[ServicePortName] | None) -> set[Frontend]:
         """Update the wanted entries of ``names`` (all when None); the frontends touched."""
-        fams = [f for f in family_plans(self.config, snapshot) if f.family is IPFamily.IPv4]
-        plans = service_port_plans(snapshot, fams[0], names) if fams else {}
+        plans: dict[ServicePortName, Entries] = {}
+        for fam in family_plans(self.config, snapshot):
+            for name, plan in service_port_plans(snapshot, fam, names).items():
+                entries = plans.setdefault(name, {})
+                if plan is not None:
+                    entries.update(socket_entries(plan))
         if names is None:
             touched = set(self._owner) | set(self._programmed or ())
             self._wanted, self._owner = {}, {}
@@ -142,8 +146,7 @@ class EbpfBackend:
                     touched.add(frontend)
                     if self._owner.get(frontend) == name:
                         del self._owner[frontend]
-        for name, plan in sorted(plans.items()):
-            entries = socket_entries(plan) if plan is not None else {}
+        for name, entries in sorted(plans.items()):
             if entries:
                 self._wanted[name] = entries
             for frontend in entries:

@@ -3,7 +3,7 @@
 A ServicePort's ClusterIP is served by the hooks when everything nftables mode would do
 for a new connection from this node is "DNAT to one of these endpoints, at random":
 
-* IPv4 (the hooks of this slice), TCP or UDP (SCTP sockets are not rewritten);
+* TCP or UDP (SCTP sockets are not rewritten);
 * the internal route's verdict is DNAT (REJECT and DROP stay with the nftables rules,
   which answer exactly as in nftables mode: an ICMP/TCP refusal, or silence);
 * no session affinity (nftables keeps the ClientIP affinity memory).
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from kubeproxy.dataplane.bpf.socklb import Frontend, Target, supported
 from kubeproxy.model.plan import ServicePortPlan, Verdict
-from kubeproxy.model.types import IPFamily
 
 Entries = dict[Frontend, tuple[Target, ...]]
 
@@ -27,8 +26,7 @@ def socket_entries(plan: ServicePortPlan) -> Entries:
     """The map entries of one ServicePort plan (empty: left to nftables)."""
     svc = plan.service_port
     if (
-        plan.family is not IPFamily.IPv4
-        or not supported(svc.protocol)
+        not supported(svc.protocol)
         or plan.internal.verdict is not Verdict.DNAT
         or plan.affinity_timeout is not None
     ):

@@ -1,8 +1,9 @@
 """The socket load-balancer in the kernel: its maps, its programs, their pins.
 
-* :class:`ServiceTable` — frontends and their endpoints in the ``kp_svc4`` map (layout in
-  ``sock_lb.c``), over any :class:`KVMap`: the real map (:class:`~.libbpf.MapFd`) or
-  :class:`FakeMap`, a dict as strict as the kernel about key and value sizes. Writes
+* :class:`ServiceTable` — frontends and their endpoints in the ``kp_svc4`` and ``kp_svc6``
+  maps (layout in ``sock_lb.c``), over any :class:`KVMap`: the real map
+  (:class:`~.libbpf.MapFd`) or :class:`FakeMap`, a dict as strict as the kernel about key
+  and value sizes. Writes
   are ordered so a concurrent ``connect()`` never sees a count larger than the slots
   behind it: slots before the count when growing, the count before the slots when
   shrinking.
@@ -12,7 +13,7 @@
   never goes empty); ``close`` leaves everything pinned and attached.
 * :func:`cleanup` — detach the pinned links and remove every pin.
 
-Only IPv4 (connect4, sendmsg4, recvmsg4, getpeername4) for now.
+Both families: connect, sendmsg, recvmsg and getpeername, each in its 4 and 6 flavour.
 """
 
 from __future__ import annotations
@@ -27,26 +28,25 @@ from pathlib import Path
 from typing import Protocol
 
 from kubeproxy.dataplane.bpf import libbpf
-from kubeproxy.model.types import L4Protocol
+from kubeproxy.model.types import IPFamily, L4Protocol, family_of
 
 DEFAULT_PIN_PATH = Path("/sys/fs/bpf/kubeproxy")
 
-MAPS = ("kp_svc4", "kp_rev4")
+MAPS = ("kp_svc4", "kp_rev4", "kp_svc6", "kp_rev6")
 # hook -> program (sock_lb.c's SEC names and functions)
 PROGRAMS = {
-    "connect4": "kp_connect4",
-    "sendmsg4": "kp_sendmsg4",
-    "recvmsg4": "kp_recvmsg4",
-    "getpeername4": "kp_getpeername4",
+    f"{hook}{v}": f"kp_{hook}{v}"
+    for v in "46"
+    for hook in ("connect", "sendmsg", "recvmsg", "getpeername")
 }
 _PROTO = {L4Protocol.TCP: socket.IPPROTO_TCP, L4Protocol.UDP: socket.IPPROTO_UDP}
 _PROTO_BACK = {v: k for k, v in _PROTO.items()}
 
-# struct svc_key4 {u32 addr; u16 port; u16 slot; u8 proto; u8 pad[3]} (addr, port: network order)
-_SVC_KEY = struct.Struct("=4s2sHB3x")
-# struct endpoint4 {u32 addr; u16 port; u16 count}
-_ENDPOINT = struct.Struct("=4s2sH")
-_REV_KEY_SIZE = 16
+# struct svc_key4/6 {u32 addr[1 or 4]; u16 port; u16 slot; u8 proto; u8 pad[3]}
+# (addr, port: network order), and struct endpoint4/6 {u32 addr[1 or 4]; u16 port; u16 count}
+_SVC_KEY = {IPFamily.IPv4: struct.Struct("=4s2sHB3x"), IPFamily.IPv6: struct.Struct("=16s2sHB3x")}
+_ENDPOINT = {IPFamily.IPv4: struct.Struct("=4s2sH"), IPFamily.IPv6: struct.Struct("=16s2sH")}
+_AF = {IPFamily.IPv4: socket.AF_INET, IPFamily.IPv6: socket.AF_INET6}
 MAX_ENDPOINTS = 0xFFFF
 BPF_FS_MAGIC = "bpf"
 
@@ -57,14 +57,19 @@ class SockLBError(RuntimeError):
 
 @dataclass(frozen=True, order=True, slots=True)
 class Frontend:
-    """A destination the hooks rewrite: an IPv4 address, port and protocol."""
+    """A destination the hooks rewrite: an address, port and protocol."""
 
     ip: str
     port: int
     protocol: L4Protocol
 
+    @property
+    def family(self) -> IPFamily:
+        return family_of(self.ip)
+
     def __str__(self) -> str:
-        return f"{self.ip}:{self.port}/{self.protocol.value}"
+        ip = f"[{self.ip}]" if ":" in self.ip else self.ip
+        return f"{ip}:{self.port}/{self.protocol.value}"
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -75,7 +80,7 @@ class Target:
     port: int
 
     def __str__(self) -> str:
-        return f"{self.ip}:{self.port}"
+        return f"[{self.ip}]:{self.port}" if ":" in self.ip else f"{self.ip}:{self.port}"
 
 
 def supported(protocol: L4Protocol) -> bool:
@@ -122,25 +127,27 @@ class FakeMap:
 
 
 def _key(frontend: Frontend, slot: int) -> bytes:
-    return _SVC_KEY.pack(
-        socket.inet_aton(frontend.ip),
+    family = frontend.family
+    return _SVC_KEY[family].pack(
+        socket.inet_pton(_AF[family], frontend.ip),
         frontend.port.to_bytes(2, "big"),
         slot,
         _PROTO[frontend.protocol],
     )
 
 
-def _value(target: Target | None, count: int = 0) -> bytes:
+def _value(family: IPFamily, target: Target | None, count: int = 0) -> bytes:
     if target is None:
-        return _ENDPOINT.pack(b"\0" * 4, b"\0\0", count)
-    return _ENDPOINT.pack(socket.inet_aton(target.ip), target.port.to_bytes(2, "big"), count)
+        return _ENDPOINT[family].pack(b"", b"\0\0", count)
+    address = socket.inet_pton(_AF[family], target.ip)
+    return _ENDPOINT[family].pack(address, target.port.to_bytes(2, "big"), count)
 
 
 class ServiceTable:
-    """Frontends → endpoints in ``kp_svc4``; the caller says how many slots are there."""
+    """Frontends → endpoints in ``kp_svc4`` and ``kp_svc6`` (by the frontend's family)."""
 
-    def __init__(self, kv: KVMap) -> None:
-        self.kv = kv
+    def __init__(self, kv4: KVMap, kv6: KVMap) -> None:
+        self.kv = {IPFamily.IPv4: kv4, IPFamily.IPv6: kv6}
 
     def write(
         self, frontend: Frontend, targets: Sequence[Target], before: Sequence[Target] = ()
@@ -149,19 +156,21 @@ class ServiceTable:
         programmed; only slots that differ are written. Returns the map operations."""
         if len(targets) > MAX_ENDPOINTS:
             raise SockLBError(f"{frontend}: {len(targets)} endpoints (at most {MAX_ENDPOINTS})")
+        family = frontend.family
+        kv = self.kv[family]
         ops = 0
         if not targets:
-            ops += self.kv.delete(_key(frontend, 0))
+            ops += kv.delete(_key(frontend, 0))
         else:
             for slot, target in enumerate(targets, 1):
                 if slot > len(before) or before[slot - 1] != target:
-                    self.kv.update(_key(frontend, slot), _value(target))
+                    kv.update(_key(frontend, slot), _value(family, target))
                     ops += 1
             if len(targets) != len(before):
-                self.kv.update(_key(frontend, 0), _value(None, len(targets)))
+                kv.update(_key(frontend, 0), _value(family, None, len(targets)))
                 ops += 1
         for slot in range(len(targets) + 1, len(before) + 1):
-            self.kv.delete(_key(frontend, slot))
+            kv.delete(_key(frontend, slot))
             ops += 1
         return ops
 
@@ -171,26 +180,26 @@ class ServiceTable:
         short) count as programmed so the next write removes them."""
         counts: dict[Frontend, int] = {}
         slots: dict[Frontend, dict[int, Target]] = {}
-        for key, value in self.kv.items():
-            addr, port, slot, proto = _SVC_KEY.unpack(key)
-            if proto not in _PROTO_BACK:
-                continue
-            frontend = Frontend(
-                socket.inet_ntoa(addr), int.from_bytes(port, "big"), _PROTO_BACK[proto]
-            )
-            ep_addr, ep_port, count = _ENDPOINT.unpack(value)
-            if slot == 0:
-                counts[frontend] = count
-            else:
-                target = Target(socket.inet_ntoa(ep_addr), int.from_bytes(ep_port, "big"))
-                slots.setdefault(frontend, {})[slot] = target
+        for family, kv in self.kv.items():
+            af = _AF[family]
+            for key, value in kv.items():
+                addr, port, slot, proto = _SVC_KEY[family].unpack(key)
+                if proto not in _PROTO_BACK:
+                    continue
+                frontend = Frontend(
+                    socket.inet_ntop(af, addr), int.from_bytes(port, "big"), _PROTO_BACK[proto]
+                )
+                ep_addr, ep_port, count = _ENDPOINT[family].unpack(value)
+                if slot == 0:
+                    counts[frontend] = count
+                else:
+                    target = Target(socket.inet_ntop(af, ep_addr), int.from_bytes(ep_port, "big"))
+                    slots.setdefault(frontend, {})[slot] = target
         out: dict[Frontend, tuple[Target, ...]] = {}
         for frontend in sorted(counts.keys() | slots.keys()):
             by_slot = slots.get(frontend, {})
             last = max([counts.get(frontend, 0), *by_slot])
-            out[frontend] = tuple(
-                by_slot.get(slot, Target("0.0.0.0", 0)) for slot in range(1, last + 1)
-            )
+            out[frontend] = tuple(by_slot.get(slot, Target("", 0)) for slot in range(1, last + 1))
         return out
 
 
@@ -248,7 +257,12 @@ class SockLB:
         self._obj = obj
         self.pin_dir = pin_dir
         self.cgroup = cgroup
-        self.services = ServiceTable(obj.map_fd("kp_svc4", _SVC_KEY.size, _ENDPOINT.size))
+        self.services = ServiceTable(
+            *(
+                obj.map_fd(name, _SVC_KEY[family].size, _ENDPOINT[family].size)
+                for name, family in (("kp_svc4", IPFamily.IPv4), ("kp_svc6", IPFamily.IPv6))
+            )
+        )
 
     @classmethod
     def open(cls, object_file: Path, pin_dir: Path, cgroup: Path) -> SockLB:
