@@ -1,6 +1,6 @@
 """ebpf mode: connect latency direct vs socket hook vs nftables DNAT, and update latency.
 
-``python -m bench.ebpf [--sizes 100,10000] [--connections 1000] [--rounds 3]`` (root).
+``python -m bench.ebpf [--sizes 100,10000] [--connections 1000] [--rounds 5]`` (root).
 
 In the namespace lab, node-a is programmed in ebpf mode (its nftables tables and the BPF
 service map, from the same snapshot) with N Services (N-1 synthetic ones with 10
@@ -59,13 +59,23 @@ def stats(times_s: list[float]) -> tuple[float, float]:
     return statistics.median(ordered) * 1e6, ordered[int(0.99 * len(ordered))] * 1e6
 
 
-def measure(rounds: int, fn: Any) -> dict[str, float]:
-    medians, p99s = [], []
+def measure(rounds: int, paths: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Each path once per round, interleaved, so a noisy moment of a shared machine
+    falls on every path alike; the median over rounds of each round's median and p99."""
+    medians: dict[str, list[float]] = {name: [] for name in paths}
+    p99s: dict[str, list[float]] = {name: [] for name in paths}
     for _ in range(rounds):
-        median, p99 = stats(fn())
-        medians.append(median)
-        p99s.append(p99)
-    return {"median_us": statistics.median(medians), "p99_us": statistics.median(p99s)}
+        for name, fn in paths.items():
+            median, p99 = stats(fn())
+            medians[name].append(median)
+            p99s[name].append(p99)
+    return {
+        name: {
+            "median_us": statistics.median(medians[name]),
+            "p99_us": statistics.median(p99s[name]),
+        }
+        for name in paths
+    }
 
 
 def snapshot_of(services: int) -> tuple[Snapshot, ServicePortName]:
@@ -115,10 +125,15 @@ def run_size(lab: Lab, bpf: BpfLab, services: int, connections: int, rounds: int
             "services": services,
             "connections": connections * rounds,
             "full_sync_s": full_s,
-            "direct": measure(rounds, lambda: probe(lab, POD_IP, 8080, connections)),
-            "direct_hooked": measure(rounds, lambda: hooked(POD_IP, 8080)),
-            "ebpf": measure(rounds, lambda: hooked(vip, 80)),
-            "nftables": measure(rounds, lambda: probe(lab, vip, 80, connections)),
+            **measure(
+                rounds,
+                {
+                    "direct": lambda: probe(lab, POD_IP, 8080, connections),
+                    "direct_hooked": lambda: hooked(POD_IP, 8080),
+                    "ebpf": lambda: hooked(vip, 80),
+                    "nftables": lambda: probe(lab, vip, 80, connections),
+                },
+            ),
         }
         ns_exec(lab.node_ns, "conntrack", "-F", check=False)
         bpf.client(netns, "latency", vip, 80, 1000)
@@ -188,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="100,10000")
     parser.add_argument("--connections", type=int, default=1000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s]
     results = []
