@@ -14,6 +14,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -140,7 +141,7 @@ def test_a_restart_keeps_serving_without_a_gap(
 ) -> None:
     web(manifests, "local-1", "local-2")
     sync(lab, manifests, *bpf.flags())
-    links = _link_ids(bpf)
+    links, tables = _link_ids(bpf), _table_handles(lab)
     ns_exec(lab.node_ns, "conntrack", "-F", check=False)
     loop = bpf.spawn_client(lab.pods["client"].netns, "loop", VIP, 80, 4)
     time.sleep(0.5)
@@ -152,7 +153,26 @@ def test_a_restart_keeps_serving_without_a_gap(
     # Every connection was rewritten by a hook: none fell through to nftables' DNAT.
     assert conntrack_to(lab, VIP) == []
     assert _link_ids(bpf) == links  # the same links: never detached
+    # ... and the same nftables tables: ebpf mode does not clean nftables mode up.
+    assert _table_handles(lab) == tables
     assert _attached(bpf) == HOOKS
+
+
+def test_a_new_cgroup_path_moves_the_hooks(lab: Lab, bpf: BpfLab, manifests: ManifestDir) -> None:
+    web(manifests, "local-1")
+    sync(lab, manifests, *bpf.flags())
+    other = bpf.cgroup2 / f"{bpf.cgroup.name}-b"
+    other.mkdir()
+    try:
+        moved = [f if f != str(bpf.cgroup) else str(other) for f in bpf.flags()]
+        sync(lab, manifests, *moved)
+        assert _attached(bpf) == []
+        assert _attached(bpf, other) == HOOKS
+        sync(lab, manifests, *bpf.flags())
+        assert _attached(bpf, other) == []
+        assert _attached(bpf) == HOOKS
+    finally:
+        other.rmdir()
 
 
 def test_node_ports_and_external_traffic_stay_with_nftables(
@@ -195,9 +215,9 @@ HOOKS = sorted(
 )
 
 
-def _attached(bpf: BpfLab) -> list[str]:
+def _attached(bpf: BpfLab, cgroup: Path | None = None) -> list[str]:
     """The hooks with a program attached to the test cgroup (``bpftool cgroup show``)."""
-    out = sh("bpftool", "cgroup", "show", str(bpf.cgroup))
+    out = sh("bpftool", "cgroup", "show", str(cgroup or bpf.cgroup))
     return sorted(line.split()[1] for line in out.splitlines()[1:] if line.strip())
 
 
@@ -210,3 +230,13 @@ def _link_ids(bpf: BpfLab) -> dict[str, int]:
         finally:
             os.close(fd)
     return out
+
+
+def _table_handles(lab: Lab) -> list[int]:
+    """The kernel's handles of node-a's kube-proxy tables (new ones if re-created)."""
+    listing = json.loads(ns_exec(lab.node_ns, "nft", "-j", "list", "tables"))
+    return sorted(
+        item["table"]["handle"]
+        for item in listing["nftables"]
+        if item.get("table", {}).get("name") == "kube-proxy"
+    )
