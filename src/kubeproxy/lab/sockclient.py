@@ -28,7 +28,7 @@ from types import TracebackType
 from typing import Any
 
 from kubeproxy.lab.cluster import lab_env
-from kubeproxy.lab.echo import Reply
+from kubeproxy.lab.echo import Reply, read_reply
 
 
 def _family(host: str) -> socket.AddressFamily:
@@ -48,13 +48,7 @@ def _tcp(host: str, port: int) -> tuple[str, str]:
         except OSError as err:
             return errno.errorcode.get(err.errno or 0, str(err)), ""
         peer = _address(s.getpeername())
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = s.recv(256)
-            if not chunk:
-                break
-            data += chunk
-    return Reply.parse(data.decode()).pod, peer
+        return read_reply(s).pod, peer
 
 
 def _udp(host: str, port: int, connected: bool) -> tuple[str, str]:
