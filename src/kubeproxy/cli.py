@@ -29,7 +29,14 @@ import yaml
 
 from kubeproxy import __version__, configfile, logs
 from kubeproxy.app import Proxy, ServerBindError, install_signal_handlers
-from kubeproxy.backends import BACKENDS, CLEANUPS, BackendError, cleanup_all, create_backend
+from kubeproxy.backends import (
+    BACKENDS,
+    COMPOSES,
+    BackendError,
+    cleanup_all,
+    cleanups,
+    create_backend,
+)
 from kubeproxy.backends.planning import describe_snapshot
 from kubeproxy.config import (
     ConfigError,
@@ -67,6 +74,8 @@ _OURS = (
     "config",
     "write-config-to",
     "cleanup",
+    "ebpf-cgroup-path",
+    "ebpf-pin-path",
 )
 
 
@@ -99,6 +108,20 @@ def _add_proxy_flags(p: argparse.ArgumentParser) -> None:
         choices=IPTABLES_BACKENDS,
         help="iptables and ipvs modes: which iptables to drive; auto (default) uses the one "
         "the node's other rules use, as the upstream image's iptables-wrapper",
+    )
+    p.add_argument(
+        "--ebpf-cgroup-path",
+        help="ebpf mode (ours): the cgroup v2 directory whose processes' sockets are "
+        "load-balanced (default: the root of the cgroup v2 hierarchy, every process)",
+    )
+    _add_pin_path(p)
+
+
+def _add_pin_path(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--ebpf-pin-path",
+        help="ebpf mode (ours): where its BPF maps and links are pinned, on a BPF "
+        "filesystem (default /sys/fs/bpf/kubeproxy)",
     )
 
 
@@ -189,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cleanup", help="remove everything kubeproxy created, and nothing else"
     )
     cleanup.add_argument("--v", type=int, default=0, metavar="N", help="log verbosity")
+    _add_pin_path(cleanup)
     return parser
 
 
@@ -246,6 +270,8 @@ def proxy_config(cfg: configfile.KubeProxyConfiguration, args: argparse.Namespac
     ms = configfile.mode_settings(cfg)
     if getattr(args, "iptables_backend", None) and ms.mode not in ("iptables", "ipvs"):
         log.warning("--iptables-backend is ignored in proxy mode %r", ms.mode)
+    if getattr(args, "ebpf_cgroup_path", None) and ms.mode != "ebpf":
+        log.warning("--ebpf-cgroup-path is ignored in proxy mode %r", ms.mode)
     try:
         nodeports = NodePortAddresses.parse(list(cfg.node_port_addresses or ()))
     except ValueError as err:
@@ -273,6 +299,8 @@ def proxy_config(cfg: configfile.KubeProxyConfiguration, args: argparse.Namespac
         bind_address_hard_fail=cfg.bind_address_hard_fail,
         enable_profiling=cfg.enable_profiling,
         ipvs=ipvs_settings(cfg.ipvs),
+        ebpf_cgroup_path=getattr(args, "ebpf_cgroup_path", None) or "",
+        ebpf_pin_path=getattr(args, "ebpf_pin_path", None) or ProxyConfig.ebpf_pin_path,
     )
 
 
@@ -367,9 +395,9 @@ def _init_only(cfg: configfile.KubeProxyConfiguration, config: ProxyConfig) -> i
     return 0
 
 
-def _cleanup() -> int:
+def _cleanup(ebpf_pin_path: str | None) -> int:
     try:
-        removed = cleanup_all()
+        removed = cleanup_all(cleanups(ebpf_pin_path=ebpf_pin_path))
     except BackendError as err:
         log.error("%s", err)
         return 1
@@ -438,10 +466,12 @@ async def _render(config: ProxyConfig, source: Source, fmt: str) -> int:
     return 0
 
 
-def cleanup_other_modes(mode: str) -> None:
+def cleanup_other_modes(mode: str, *, ebpf_pin_path: str | None = None) -> None:
     """As upstream's platformCleanup: when a node switches proxy modes, the rules the
-    other modes left behind would still catch traffic; remove them at start."""
-    others = {m: fn for m, fn in CLEANUPS.items() if m != mode}
+    other modes left behind would still catch traffic; remove them at start (not those
+    of a mode this one runs inside itself)."""
+    keep = {mode, *COMPOSES.get(mode, ())}
+    others = {m: fn for m, fn in cleanups(ebpf_pin_path=ebpf_pin_path).items() if m not in keep}
     try:
         removed = cleanup_all(others)
     except BackendError as err:
@@ -467,7 +497,7 @@ async def _run(
     # Each setting that cannot be applied (e.g. read-only in a network namespace) is
     # logged by apply_conntrack_sysctls; none of them stops the proxy, as upstream.
     apply_conntrack_sysctls(cfg.conntrack)
-    cleanup_other_modes(config.mode)
+    cleanup_other_modes(config.mode, ebpf_pin_path=config.ebpf_pin_path)
     if config.enable_profiling and not once:
         # From the start, so /debug/pprof/heap sees every allocation still alive.
         start_heap_tracing()
@@ -504,7 +534,7 @@ def main(argv: list[str] | None = None) -> int:
         fmt=fmt if fmt in logs.FORMATS else "text",
     )
     if args.command == "cleanup" or getattr(args, "cleanup", False):
-        return _cleanup()
+        return _cleanup(getattr(args, "ebpf_pin_path", None))
     try:
         cfg = load_configuration(args)
         logs.setup(

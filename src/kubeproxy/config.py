@@ -68,6 +68,12 @@ class ProxyConfig:
     bind_address_hard_fail: bool = False
     # /debug/pprof and /debug/flags/v on the metrics server; heap tracing from start-up.
     enable_profiling: bool = False
+    # ebpf mode (ours): the cgroup v2 directory the socket hooks attach to ("": the root
+    # of the cgroup v2 hierarchy), where their maps and links are pinned (on a BPF
+    # filesystem), and where the compiled BPF object is cached.
+    ebpf_cgroup_path: str = ""
+    ebpf_pin_path: str = "/sys/fs/bpf/kubeproxy"
+    bpf_cache: str = "/var/cache/kubeproxy/bpf"
 
     @property
     def masquerade_mark(self) -> int:

@@ -62,6 +62,9 @@ KUBE_PROXY_OOM_SCORE_ADJ = -999
 # most tested mode, as the default (documented in the README); iptables is explicit.
 DEFAULT_MODE = "nftables"
 LINUX_PROXY_MODES = ("iptables", "ipvs", "nftables")
+# Ours (not upstream's): socket load-balancing with the nftables mode beside it, whose
+# configuration section (nftables.*) it uses.
+OUR_PROXY_MODES = ("ebpf",)
 LOCAL_MODES = ("ClusterCIDR", "NodeCIDR", "BridgeInterface", "InterfaceNamePrefix", "")
 LOG_FORMATS = ("json", "text")
 NODE_PORT_ADDRESSES_PRIMARY = "primary"
@@ -713,12 +716,14 @@ def default_config() -> KubeProxyConfiguration:
 def _section(mode: str) -> str:
     """The v1alpha1 section whose sync periods a mode uses (upstream's conversion: ipvs
     and nftables their own, anything else, blank included, iptables)."""
+    if mode == "ebpf":
+        return "nftables"
     return mode if mode in ("ipvs", "nftables") else "iptables"
 
 
 def _masquerade_section(mode: str) -> str:
     """The section whose masqueradeAll a mode uses (ipvs shares iptables')."""
-    return "nftables" if mode == "nftables" else "iptables"
+    return "nftables" if mode in ("nftables", "ebpf") else "iptables"
 
 
 def complete(cfg: KubeProxyConfiguration) -> KubeProxyConfiguration:
@@ -734,7 +739,7 @@ def complete(cfg: KubeProxyConfiguration) -> KubeProxyConfiguration:
         cfg = _with_mode_values(
             cfg, source.sync_period, source.min_sync_period, source.masquerade_all
         )
-    if cfg.mode == "nftables" and not cfg.node_port_addresses:
+    if cfg.mode in ("nftables", "ebpf") and not cfg.node_port_addresses:
         cfg = dataclasses.replace(cfg, node_port_addresses=(NODE_PORT_ADDRESSES_PRIMARY,))
     if not cfg.detect_local_mode:
         cfg = dataclasses.replace(cfg, detect_local_mode="ClusterCIDR")
@@ -776,7 +781,9 @@ def mode_settings(cfg: KubeProxyConfiguration) -> ModeSettings:
     section = getattr(cfg, _section(cfg.mode))
     masquerade_all = getattr(cfg, _masquerade_section(cfg.mode)).masquerade_all
     # The nftables proxier reads nftables.masqueradeBit; the others iptables'.
-    bit = cfg.nftables.masquerade_bit if mode == "nftables" else cfg.iptables.masquerade_bit
+    bit = (
+        cfg.nftables.masquerade_bit if mode in ("nftables", "ebpf") else cfg.iptables.masquerade_bit
+    )
     return ModeSettings(
         mode=mode,
         sync_period=section.sync_period,
@@ -922,14 +929,14 @@ def validation_errors(cfg: KubeProxyConfiguration) -> list[FieldError]:
     errs += _masquerade_bit(cfg.iptables.masquerade_bit, "iptables.masqueradeBit")
     if cfg.mode == "ipvs":
         errs += _ipvs(cfg.ipvs)
-    elif cfg.mode == "nftables":
+    elif cfg.mode in ("nftables", "ebpf"):
         errs += _masquerade_bit(cfg.nftables.masquerade_bit, "nftables.masqueradeBit")
     errs += _conntrack(cfg.conntrack)
     if cfg.oom_score_adj is not None and not -1000 <= cfg.oom_score_adj <= 1000:
         errs.append(
             _invalid("oomScoreAdj", cfg.oom_score_adj, "must be within the range [-1000, 1000]")
         )
-    if cfg.mode and cfg.mode not in LINUX_PROXY_MODES:
+    if cfg.mode and cfg.mode not in (*LINUX_PROXY_MODES, *OUR_PROXY_MODES):
         errs.append(
             _invalid(
                 "mode",

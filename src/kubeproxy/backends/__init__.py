@@ -18,6 +18,7 @@ Every backend consumes the same service plan (:mod:`kubeproxy.backends.planning`
 :data:`BACKENDS` maps each mode to its factory; :data:`CLEANUPS` maps every mode to a
 function removing what that mode ever created, and :func:`cleanup_all` runs them all, as
 upstream's ``kube-proxy --cleanup`` clears every mode whatever the current one.
+:data:`COMPOSES` names the modes a mode runs inside itself (ebpf mode runs nftables').
 """
 
 from __future__ import annotations
@@ -95,6 +96,20 @@ def _cleanup_nftables() -> list[str]:
     return cleanup(open_runner())
 
 
+def _ebpf(config: ProxyConfig) -> Backend:
+    from kubeproxy.backends.ebpf.proxier import EbpfBackend, socket_lb_opener
+
+    return EbpfBackend(config, _nftables(config), socket_lb_opener(config))
+
+
+def _cleanup_ebpf(pin_path: str | None = None) -> list[str]:
+    from pathlib import Path
+
+    from kubeproxy.dataplane.bpf.socklb import DEFAULT_PIN_PATH, cleanup
+
+    return cleanup(Path(pin_path) if pin_path else DEFAULT_PIN_PATH)
+
+
 def _iptables(config: ProxyConfig) -> Backend:
     from kubeproxy.backends.iptables.proxier import IptablesBackend, open_runners
     from kubeproxy.dataplane.nfacct import NfacctCommand
@@ -150,6 +165,7 @@ BACKENDS: dict[str, Callable[[ProxyConfig], Backend]] = {
     "nftables": _nftables,
     "iptables": _iptables,
     "ipvs": _ipvs,
+    "ebpf": _ebpf,
 }
 
 # Every mode that can leave state behind: cleanup also removes what another mode (or
@@ -158,7 +174,19 @@ CLEANUPS: dict[str, Callable[[], list[str]]] = {
     "nftables": _cleanup_nftables,
     "iptables": _cleanup_iptables,
     "ipvs": _cleanup_ipvs,
+    "ebpf": _cleanup_ebpf,
 }
+
+# Modes that run another mode's backend inside them: switching to such a mode keeps
+# that mode's state (ebpf mode's nftables tables carry everything the hooks do not).
+COMPOSES: dict[str, tuple[str, ...]] = {"ebpf": ("nftables",)}
+
+
+def cleanups(*, ebpf_pin_path: str | None = None) -> dict[str, Callable[[], list[str]]]:
+    """:data:`CLEANUPS`, with ebpf mode's pins looked for under ``ebpf_pin_path``."""
+    if not ebpf_pin_path:
+        return dict(CLEANUPS)
+    return {**CLEANUPS, "ebpf": lambda: _cleanup_ebpf(ebpf_pin_path)}
 
 
 def create_backend(config: ProxyConfig) -> Backend:

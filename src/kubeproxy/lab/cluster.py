@@ -77,6 +77,8 @@ MODE_FLAGS = {
     "nftables": ("--proxy-mode", "nftables"),
     "iptables-nft": ("--proxy-mode", "iptables", "--iptables-backend", "nft"),
     "iptables-legacy": ("--proxy-mode", "iptables", "--iptables-backend", "legacy"),
+    # ebpf mode also needs its cgroup and pin flags (kubeproxy.lab.sockclient.BpfLab).
+    "ebpf": ("--proxy-mode", "ebpf"),
 }
 
 
@@ -237,7 +239,7 @@ class Lab:
 
     def run(self, command: list[str]) -> subprocess.CompletedProcess[str]:
         """Run ``command`` (e.g. :meth:`kubeproxy_command`) to completion, output captured."""
-        return subprocess.run(command, capture_output=True, text=True, check=False, env=_env())
+        return subprocess.run(command, capture_output=True, text=True, check=False, env=lab_env())
 
     def start(self, manifests: Path, *extra: str, log: Path | None = None) -> subprocess.Popen[str]:
         """Start ``kubeproxy run`` for node-a in the node namespace (stopped in :meth:`close`)."""
@@ -252,7 +254,7 @@ class Lab:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 text=True,
-                env=_env(),
+                env=lab_env(),
                 start_new_session=True,
             )
         self._procs.append(proc)
@@ -260,7 +262,7 @@ class Lab:
 
     def rules_present(self) -> bool:
         """Whether kubeproxy's rules are in node-a's kernel (in the lab's mode)."""
-        if self.mode == "nftables":
+        if self.mode in ("nftables", "ebpf"):
             return "kube-proxy" in ns_exec(self.node_ns, "nft", "list", "tables", check=False)
         save = "iptables-legacy-save" if self.mode == "iptables-legacy" else "iptables-nft-save"
         return ":KUBE-SERVICES" in ns_exec(self.node_ns, save, "-t", "nat", check=False)
@@ -316,7 +318,8 @@ def stop_process(proc: subprocess.Popen[str]) -> None:
         proc.wait(5)
 
 
-def _env() -> dict[str, str]:
+def lab_env() -> dict[str, str]:
+    """The environment of a lab process: kubeproxy imported from this source tree."""
     env = dict(os.environ)
     # kubeproxy must import from the same source tree as the caller.
     src = str(Path(__file__).resolve().parents[2])

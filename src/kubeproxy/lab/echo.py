@@ -127,12 +127,17 @@ def tcp_ask(ip: str, port: int, timeout: float = 2.0) -> Reply:
     with socket.socket(_family(ip), socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
         s.connect((ip, port))
-        data = b""
-        while not data.endswith(b"\n"):
-            chunk = s.recv(256)
-            if not chunk:
-                break
-            data += chunk
+        return read_reply(s)
+
+
+def read_reply(s: socket.socket) -> Reply:
+    """The server's one-line answer on a connected TCP socket."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = s.recv(256)
+        if not chunk:
+            break
+        data += chunk
     return Reply.parse(data.decode())
 
 

@@ -1,0 +1,194 @@
+"""The ebpf backend: socket load-balancing for ClusterIPs, nftables for everything else.
+
+Composition, not a copy: every sync programs the BPF service map from the service plans
+(:mod:`.render`), then runs the nftables backend of the same process on the same
+snapshot (so NodePorts, external traffic, REJECT/DROP, session affinity and the
+ClusterIP rules for sockets outside the cgroup all work as in nftables mode). The map
+goes first: a map write takes effect in microseconds, an nft transaction in
+milliseconds, and a failing nftables sync must not hold the sockets' endpoints back.
+
+* **full sync** (at start, when nftables does one, after a failure): the wanted entries
+  of every ServicePort against what the map holds — our record of it, or after a
+  restart what the pinned map itself holds (read back once), so a restart rewrites
+  nothing that is already right and connections never see an empty map;
+* **partial sync**: only the entries of the changed ServicePorts.
+
+Two ServicePorts claiming one frontend: the first by name keeps it (nftables reports the
+conflict). A failure leaves our record unknown; the next (full) sync reads the map again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Protocol
+
+from kubeproxy.backends import Backend, BackendError, SyncResult
+from kubeproxy.backends.ebpf.render import Entries, socket_entries
+from kubeproxy.backends.planning import family_plans, service_port_plans
+from kubeproxy.config import ProxyConfig
+from kubeproxy.dataplane.bpf.build import BuildError, build
+from kubeproxy.dataplane.bpf.libbpf import BpfError
+from kubeproxy.dataplane.bpf.socklb import (
+    Frontend,
+    ServiceTable,
+    SockLB,
+    SockLBError,
+    Target,
+    cgroup2_root,
+)
+from kubeproxy.model.state import Snapshot
+from kubeproxy.model.types import ServicePortName
+
+log = logging.getLogger(__name__)
+
+
+class SocketLB(Protocol):
+    """What the backend needs of the loaded hooks (:class:`SockLB`, or a fake)."""
+
+    services: ServiceTable
+
+    def check(self) -> str | None: ...
+
+    def close(self) -> None: ...
+
+
+def socket_lb_opener(config: ProxyConfig) -> Callable[[], SocketLB]:
+    """Build (if needed), load, attach and pin the hooks as ``config`` says."""
+
+    def open_lb() -> SocketLB:
+        cgroup = Path(config.ebpf_cgroup_path) if config.ebpf_cgroup_path else cgroup2_root()
+        if cgroup is None:
+            raise SockLBError("no cgroup v2 hierarchy is mounted (give --ebpf-cgroup-path)")
+        return SockLB.open(build(Path(config.bpf_cache)), Path(config.ebpf_pin_path), cgroup)
+
+    return open_lb
+
+
+class EbpfBackend:
+    mode = "ebpf"
+
+    def __init__(
+        self, config: ProxyConfig, nftables: Backend, open_lb: Callable[[], SocketLB]
+    ) -> None:
+        self.config = config
+        self.nftables = nftables
+        self._open_lb = open_lb
+        self._lb: SocketLB | None = None
+        # What the map holds, frontend -> endpoints (None: unknown, read it back).
+        self._programmed: Entries | None = None
+        self._wanted: dict[ServicePortName, Entries] = {}
+        self._owner: dict[Frontend, ServicePortName] = {}
+        # How long the last sync took to bring the map in line (its change-to-effect).
+        self.map_seconds = 0.0
+
+    # -------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        self.nftables.start()
+        try:
+            self._lb = self._open_lb()
+        except (SockLBError, BuildError, BpfError) as err:
+            raise BackendError(f"ebpf mode cannot run: {err}") from None
+
+    def stop(self) -> None:
+        """Programs, links and maps stay pinned: sockets are served across a restart."""
+        self.nftables.stop()
+        if self._lb is not None:
+            self._lb.close()
+            self._lb = None
+
+    @property
+    def socket_lb(self) -> SocketLB:
+        """The loaded hooks (after :meth:`start`)."""
+        if self._lb is None:
+            raise BackendError("ebpf mode: not started")
+        return self._lb
+
+    # ------------------------------------------------------------------ sync
+
+    def sync(self, snapshot: Snapshot, changed: set[ServicePortName] | None) -> SyncResult:
+        lb = self.socket_lb
+        started = time.perf_counter()
+        names = None if changed is None or self._programmed is None else changed
+        try:
+            if self._programmed is None:
+                self._programmed = lb.services.dump()
+            touched = self._plan(snapshot, names)
+            operations = self._write(lb.services, self._programmed, touched)
+        except Exception:
+            self._programmed = None
+            raise
+        seconds = self.map_seconds = time.perf_counter() - started
+        result = self.nftables.sync(snapshot, changed)
+        result.operations += operations
+        result.elements += sum(1 + len(t) for t in self._programmed.values())
+        result.apply_seconds += seconds
+        return result
+
+    def _plan(self, snapshot: Snapshot, names: Iterable[ServicePortName] | None) -> set[Frontend]:
+        """Update the wanted entries of ``names`` (all when None); the frontends touched."""
+        plans: dict[ServicePortName, Entries] = {}
+        for fam in family_plans(self.config, snapshot):
+            for name, plan in service_port_plans(snapshot, fam, names).items():
+                entries = plans.setdefault(name, {})
+                if plan is not None:
+                    entries.update(socket_entries(plan))
+        if names is None:
+            touched = set(self._owner) | set(self._programmed or ())
+            self._wanted, self._owner = {}, {}
+        else:
+            touched = set()
+            for name in plans:
+                for frontend in self._wanted.pop(name, {}):
+                    touched.add(frontend)
+                    if self._owner.get(frontend) == name:
+                        del self._owner[frontend]
+        for name, entries in sorted(plans.items()):
+            if entries:
+                self._wanted[name] = entries
+            for frontend in entries:
+                touched.add(frontend)
+                owner = self._owner.get(frontend)
+                if owner is None or owner > name:
+                    self._owner[frontend] = name
+        return touched
+
+    def _write(self, table: ServiceTable, programmed: Entries, touched: set[Frontend]) -> int:
+        operations = 0
+        for frontend in sorted(touched):
+            owner = self._owner.get(frontend)
+            want: tuple[Target, ...] = self._wanted[owner][frontend] if owner else ()
+            have = programmed.get(frontend, ())
+            if want == have:
+                continue
+            operations += table.write(frontend, want, before=have)
+            if want:
+                programmed[frontend] = want
+            else:
+                programmed.pop(frontend, None)
+        return operations
+
+    # ---------------------------------------------------------------- others
+
+    def check(self) -> str | None:
+        problem = self.nftables.check()
+        if problem is None and self._lb is not None:
+            problem = self._lb.check()
+        return problem
+
+    def render(self, snapshot: Snapshot) -> str:
+        """The nftables script, then the socket map's entries as nft comments."""
+        lines = ["", "# ebpf mode: socket load-balancing (kp_svc4), frontend -> endpoints"]
+        for fam in family_plans(self.config, snapshot):
+            for _, plan in sorted(service_port_plans(snapshot, fam).items()):
+                if plan is None:
+                    continue
+                for frontend, targets in socket_entries(plan).items():
+                    lines.append(f"# {frontend} -> {', '.join(str(t) for t in targets)}")
+        return self.nftables.render(snapshot) + "\n".join(lines) + "\n"
+
+    def counters(self) -> dict[str, int]:
+        return self.nftables.counters()

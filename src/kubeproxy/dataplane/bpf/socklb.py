@@ -1,0 +1,342 @@
+"""The socket load-balancer in the kernel: its maps, its programs, their pins.
+
+* :class:`ServiceTable` — frontends and their endpoints in the ``kp_svc4`` and ``kp_svc6``
+  maps (layout in ``sock_lb.c``), over any :class:`KVMap`: the real map
+  (:class:`~.libbpf.MapFd`) or :class:`FakeMap`, a dict as strict as the kernel about key
+  and value sizes. Writes
+  are ordered so a concurrent ``connect()`` never sees a count larger than the slots
+  behind it: slots before the count when growing, the count before the slots when
+  shrinking.
+* :class:`SockLB` — load the object with its maps pinned under the pin directory
+  (reused when already there: a restart keeps every entry), attach each program to the
+  cgroup through a pinned link, or swap the program of a link already pinned (the hook
+  never goes empty); ``close`` leaves everything pinned and attached.
+* :func:`cleanup` — detach the pinned links and remove every pin.
+
+Both families: connect, sendmsg, recvmsg and getpeername, each in its 4 and 6 flavour.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import struct
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from kubeproxy.dataplane.bpf import libbpf
+from kubeproxy.model.types import IPFamily, L4Protocol, family_of
+
+DEFAULT_PIN_PATH = Path("/sys/fs/bpf/kubeproxy")
+
+MAPS = ("kp_svc4", "kp_rev4", "kp_svc6", "kp_rev6")
+# hook -> program (sock_lb.c's SEC names and functions)
+PROGRAMS = {
+    f"{hook}{v}": f"kp_{hook}{v}"
+    for v in "46"
+    for hook in ("connect", "sendmsg", "recvmsg", "getpeername")
+}
+_PROTO = {L4Protocol.TCP: socket.IPPROTO_TCP, L4Protocol.UDP: socket.IPPROTO_UDP}
+_PROTO_BACK = {v: k for k, v in _PROTO.items()}
+
+# struct svc_key4/6 {u32 addr[1 or 4]; u16 port; u16 slot; u8 proto; u8 pad[3]}
+# (addr, port: network order), and struct endpoint4/6 {u32 addr[1 or 4]; u16 port; u16 count}
+_SVC_KEY = {IPFamily.IPv4: struct.Struct("=4s2sHB3x"), IPFamily.IPv6: struct.Struct("=16s2sHB3x")}
+_ENDPOINT = {IPFamily.IPv4: struct.Struct("=4s2sH"), IPFamily.IPv6: struct.Struct("=16s2sH")}
+_AF = {IPFamily.IPv4: socket.AF_INET, IPFamily.IPv6: socket.AF_INET6}
+MAX_ENDPOINTS = 0xFFFF
+BPF_FS_MAGIC = "bpf"
+
+
+class SockLBError(RuntimeError):
+    """The socket load-balancer cannot be set up here; the message says why."""
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class Frontend:
+    """A destination the hooks rewrite: an address, port and protocol."""
+
+    ip: str
+    port: int
+    protocol: L4Protocol
+
+    @property
+    def family(self) -> IPFamily:
+        return family_of(self.ip)
+
+    def __str__(self) -> str:
+        ip = f"[{self.ip}]" if ":" in self.ip else self.ip
+        return f"{ip}:{self.port}/{self.protocol.value}"
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class Target:
+    """An endpoint a frontend's sockets are sent to."""
+
+    ip: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"[{self.ip}]:{self.port}" if ":" in self.ip else f"{self.ip}:{self.port}"
+
+
+def supported(protocol: L4Protocol) -> bool:
+    """Protocols whose sockets the hooks rewrite (SCTP stays with nftables)."""
+    return protocol in _PROTO
+
+
+class KVMap(Protocol):
+    """The map operations the table needs (:class:`~.libbpf.MapFd` or :class:`FakeMap`)."""
+
+    def update(self, key: bytes, value: bytes, flags: int = ...) -> None: ...
+
+    def delete(self, key: bytes) -> bool: ...
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]: ...
+
+
+class FakeMap:
+    """A hash map in memory, refusing what the kernel refuses (sizes, capacity)."""
+
+    def __init__(self, key_size: int, value_size: int, max_entries: int = 1048576) -> None:
+        self.key_size = key_size
+        self.value_size = value_size
+        self.max_entries = max_entries
+        self.data: dict[bytes, bytes] = {}
+        self.writes = 0
+
+    def update(self, key: bytes, value: bytes, flags: int = libbpf.BPF_ANY) -> None:
+        if len(key) != self.key_size or len(value) != self.value_size:
+            raise libbpf.BpfError(errno.EINVAL, "update: wrong key or value size")
+        if key not in self.data and len(self.data) >= self.max_entries:
+            raise libbpf.BpfError(errno.E2BIG, "update: map full")
+        self.data[key] = value
+        self.writes += 1
+
+    def delete(self, key: bytes) -> bool:
+        if len(key) != self.key_size:
+            raise libbpf.BpfError(errno.EINVAL, "delete: wrong key size")
+        self.writes += 1
+        return self.data.pop(key, None) is not None
+
+    def items(self) -> Iterator[tuple[bytes, bytes]]:
+        yield from list(self.data.items())
+
+
+def _key(frontend: Frontend, slot: int) -> bytes:
+    family = frontend.family
+    return _SVC_KEY[family].pack(
+        socket.inet_pton(_AF[family], frontend.ip),
+        frontend.port.to_bytes(2, "big"),
+        slot,
+        _PROTO[frontend.protocol],
+    )
+
+
+def _value(family: IPFamily, target: Target | None, count: int = 0) -> bytes:
+    if target is None:
+        return _ENDPOINT[family].pack(b"", b"\0\0", count)
+    address = socket.inet_pton(_AF[family], target.ip)
+    return _ENDPOINT[family].pack(address, target.port.to_bytes(2, "big"), count)
+
+
+class ServiceTable:
+    """Frontends → endpoints in ``kp_svc4`` and ``kp_svc6`` (by the frontend's family)."""
+
+    def __init__(self, kv4: KVMap, kv6: KVMap) -> None:
+        self.kv = {IPFamily.IPv4: kv4, IPFamily.IPv6: kv6}
+
+    def write(
+        self, frontend: Frontend, targets: Sequence[Target], before: Sequence[Target] = ()
+    ) -> int:
+        """Program ``targets`` for ``frontend`` (none: remove it) where ``before`` is
+        programmed; only slots that differ are written. Returns the map operations."""
+        if len(targets) > MAX_ENDPOINTS:
+            raise SockLBError(f"{frontend}: {len(targets)} endpoints (at most {MAX_ENDPOINTS})")
+        family = frontend.family
+        kv = self.kv[family]
+        ops = 0
+        if not targets:
+            ops += kv.delete(_key(frontend, 0))
+        else:
+            for slot, target in enumerate(targets, 1):
+                if slot > len(before) or before[slot - 1] != target:
+                    kv.update(_key(frontend, slot), _value(family, target))
+                    ops += 1
+            if len(targets) != len(before):
+                kv.update(_key(frontend, 0), _value(family, None, len(targets)))
+                ops += 1
+        for slot in range(len(targets) + 1, len(before) + 1):
+            kv.delete(_key(frontend, slot))
+            ops += 1
+        return ops
+
+    def dump(self) -> dict[Frontend, tuple[Target, ...]]:
+        """Everything programmed (what a restart finds in the pinned map): the frontends
+        with their endpoints in slot order; slots beyond a frontend's count (a write cut
+        short) count as programmed so the next write removes them."""
+        counts: dict[Frontend, int] = {}
+        slots: dict[Frontend, dict[int, Target]] = {}
+        for family, kv in self.kv.items():
+            af = _AF[family]
+            for key, value in kv.items():
+                addr, port, slot, proto = _SVC_KEY[family].unpack(key)
+                if proto not in _PROTO_BACK:
+                    continue
+                frontend = Frontend(
+                    socket.inet_ntop(af, addr), int.from_bytes(port, "big"), _PROTO_BACK[proto]
+                )
+                ep_addr, ep_port, count = _ENDPOINT[family].unpack(value)
+                if slot == 0:
+                    counts[frontend] = count
+                else:
+                    target = Target(socket.inet_ntop(af, ep_addr), int.from_bytes(ep_port, "big"))
+                    slots.setdefault(frontend, {})[slot] = target
+        out: dict[Frontend, tuple[Target, ...]] = {}
+        for frontend in sorted(counts.keys() | slots.keys()):
+            by_slot = slots.get(frontend, {})
+            last = max([counts.get(frontend, 0), *by_slot])
+            out[frontend] = tuple(by_slot.get(slot, Target("", 0)) for slot in range(1, last + 1))
+        return out
+
+
+# ------------------------------------------------------------------ in the kernel
+
+
+def mount_type(path: Path, mountinfo: str = "/proc/self/mountinfo") -> str | None:
+    """The filesystem type of the mount holding ``path`` (None if unknown)."""
+    target = os.path.realpath(path)
+    best, fstype = "", None
+    with open(mountinfo, encoding="utf-8") as f:
+        for line in f:
+            fields = line.split()
+            sep = fields.index("-")
+            point = fields[4].replace("\\040", " ")
+            inside = target == point or target.startswith(point.rstrip("/") + "/")
+            if inside and len(point) >= len(best):
+                best, fstype = point, fields[sep + 1]
+    return fstype
+
+
+def cgroup2_root(mountinfo: str = "/proc/self/mountinfo") -> Path | None:
+    """Where the cgroup v2 hierarchy is mounted (``/sys/fs/cgroup``, or ``.../unified``
+    on a hybrid host); None without one."""
+    with open(mountinfo, encoding="utf-8") as f:
+        for line in f:
+            fields = line.split()
+            if fields[fields.index("-") + 1] == "cgroup2":
+                return Path(fields[4])
+    return None
+
+
+def _pin_dir_ready(pin_dir: Path) -> None:
+    if mount_type(pin_dir.parent if not pin_dir.exists() else pin_dir) != BPF_FS_MAGIC:
+        raise SockLBError(
+            f"--ebpf-pin-path {pin_dir}: not on a BPF filesystem "
+            f"(mount one: mount -t bpf bpf {pin_dir.parent})"
+        )
+    pin_dir.mkdir(mode=0o700, exist_ok=True)
+
+
+def _cgroup_fd(cgroup: Path) -> int:
+    if mount_type(cgroup) != "cgroup2":
+        raise SockLBError(f"--ebpf-cgroup-path {cgroup}: not a cgroup v2 directory")
+    try:
+        return os.open(cgroup, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as err:
+        raise SockLBError(f"--ebpf-cgroup-path {cgroup}: {err.strerror}") from None
+
+
+class SockLB:
+    """The loaded programs and maps; attached and pinned once :meth:`open` returns."""
+
+    def __init__(self, obj: libbpf.BpfObject, pin_dir: Path, cgroup: Path) -> None:
+        self._obj = obj
+        self.pin_dir = pin_dir
+        self.cgroup = cgroup
+        self.services = ServiceTable(
+            *(
+                obj.map_fd(name, _SVC_KEY[family].size, _ENDPOINT[family].size)
+                for name, family in (("kp_svc4", IPFamily.IPv4), ("kp_svc6", IPFamily.IPv6))
+            )
+        )
+
+    @classmethod
+    def open(cls, object_file: Path, pin_dir: Path, cgroup: Path) -> SockLB:
+        _pin_dir_ready(pin_dir)
+        cgroup_fd = _cgroup_fd(cgroup)
+        obj = libbpf.BpfObject(str(object_file))
+        try:
+            for name in MAPS:
+                obj.pin_map(name, str(pin_dir / name))
+            obj.load()
+            cgroup_id = os.fstat(cgroup_fd).st_ino
+            for hook, program in PROGRAMS.items():
+                _attach(obj.program(program), hook, pin_dir / f"link_{hook}", cgroup_fd, cgroup_id)
+        except BaseException:
+            obj.close()
+            raise
+        finally:
+            os.close(cgroup_fd)
+        return cls(obj, pin_dir, cgroup)
+
+    def check(self) -> str | None:
+        """None if every map and link is still pinned (someone may have removed them)."""
+        missing = [
+            name
+            for name in (*MAPS, *(f"link_{hook}" for hook in PROGRAMS))
+            if not (self.pin_dir / name).exists()
+        ]
+        return f"{self.pin_dir}: missing {', '.join(missing)}" if missing else None
+
+    def close(self) -> None:
+        """Release our handles; programs stay attached and maps pinned."""
+        self._obj.close()
+
+
+def _attach(program: int, hook: str, pin: Path, cgroup_fd: int, cgroup_id: int) -> None:
+    if pin.exists():
+        link = libbpf.Link.open_pinned(str(pin))
+        try:
+            if link.info().cgroup_id == cgroup_id:
+                link.update_program(program)
+                return
+        finally:
+            link.close()
+        # Attached to another cgroup (the flag changed): move it.
+        libbpf.link_detach_pinned(str(pin))
+    link = libbpf.Link.attach_cgroup(program, cgroup_fd, hook)
+    try:
+        link.pin(str(pin))
+    finally:
+        link.close()
+
+
+def cleanup(pin_dir: Path = DEFAULT_PIN_PATH) -> list[str]:
+    """Detach our links and remove every pin under ``pin_dir``; what was removed."""
+    if not pin_dir.is_dir():
+        return []
+    removed = []
+    for hook in PROGRAMS:
+        pin = pin_dir / f"link_{hook}"
+        if pin.exists():
+            libbpf.link_detach_pinned(str(pin))
+            removed.append(f"bpf link {hook} ({pin})")
+    for name in MAPS:
+        pin = pin_dir / name
+        if pin.exists():
+            pin.unlink()
+            removed.append(f"bpf map {name} ({pin})")
+    for leftover in pin_dir.iterdir():
+        leftover.unlink()
+        removed.append(f"bpf pin {leftover}")
+    pin_dir.rmdir()
+    return removed
+
+
+def frontends_by_slots(entries: Mapping[Frontend, Sequence[Target]]) -> int:
+    """How many map entries ``entries`` take (one per frontend plus one per slot)."""
+    return sum(1 + len(targets) for targets in entries.values())

@@ -1,0 +1,242 @@
+"""ebpf mode in the real kernel: socket hooks on a cgroup of the test's own, real sockets.
+
+kubeproxy runs in node-a's namespace with ``--proxy-mode ebpf``, its hooks attached to a
+cgroup the test creates (:class:`~kubeproxy.lab.sockclient.BpfLab`) and its pins on a
+BPF filesystem the test mounts; only the test's client processes ever join that cgroup.
+A client in the cgroup, in the client Pod's namespace, reaches the ClusterIP with no NAT
+(node-a's conntrack has no entry for the ClusterIP); a client outside the cgroup (the
+test process itself) still goes through the nftables rules of the same kubeproxy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kubeproxy.dataplane.bpf.libbpf import link_info, obj_get
+from kubeproxy.dataplane.bpf.socklb import PROGRAMS
+from kubeproxy.lab.cluster import NODE_IP, Lab, stop_process
+from kubeproxy.lab.echo import tally, tcp_ask
+from kubeproxy.lab.netns import ns_exec, sh
+from kubeproxy.lab.objects import ManifestDir, endpoint_slice, service
+from kubeproxy.lab.sockclient import BpfLab
+from tests.conftest import require_tool
+from tests.kernel.conftest import HTTP, eps, sync, wait_for
+
+PROXY_MODES = ("ebpf",)
+TARGET = {"name": "http", "port": 8080}
+DNS = {"name": "dns", "port": 53, "protocol": "UDP"}
+DNS_TARGET = {"name": "dns", "port": 8080, "protocol": "UDP"}
+VIP = "10.96.7.1"
+VIP6 = "fd00:96::7:1"
+
+
+@pytest.fixture(scope="module")
+def bpf(lab: Lab) -> Iterator[BpfLab]:
+    require_tool("bpftool", "to see what is attached to the test cgroup")
+    with BpfLab(f"{lab.prefix}-ebpf") as built:
+        yield built
+    assert not built.root.exists(), "the test's mounts and cgroup were not removed"
+
+
+def web(manifests: ManifestDir, *pods: str, name: str = "web", vip: str = VIP) -> None:
+    manifests.write(
+        f"{name}.yaml",
+        service(name, vip, [HTTP, DNS]),
+        endpoint_slice(name, eps(*pods), [TARGET, DNS_TARGET]),
+    )
+
+
+def client(lab: Lab, bpf: BpfLab, action: str, count: float = 30, port: int = 80) -> Any:
+    return bpf.client(lab.pods["client"].netns, action, VIP, port, count)
+
+
+def conntrack_to(lab: Lab, address: str) -> list[str]:
+    out = ns_exec(lab.node_ns, "conntrack", "-L", "-d", address, check=False)
+    return [line for line in out.splitlines() if line.startswith(("tcp", "udp"))]
+
+
+def test_a_cluster_ip_connects_straight_to_an_endpoint_without_nat(
+    lab: Lab, bpf: BpfLab, manifests: ManifestDir
+) -> None:
+    web(manifests, "local-1", "remote-1")
+    sync(lab, manifests, *bpf.flags())
+    ns_exec(lab.node_ns, "conntrack", "-F", check=False)
+    seen = client(lab, bpf, "tcp")
+    assert set(seen["answers"]) == {"local-1", "remote-1"}, seen
+    # getpeername() gives the address the application connected to.
+    assert seen["peers"] == [f"{VIP}:80"]
+    # No DNAT happened anywhere: nothing in node-a's conntrack was addressed to the VIP.
+    assert conntrack_to(lab, VIP) == []
+    # The same Service from outside the cgroup: nftables' DNAT, as in nftables mode.
+    outside = lab.in_pod("client").call(tally, tcp_ask, VIP, 80, count=10)
+    assert set(outside) <= {"local-1", "remote-1"}, outside
+    assert conntrack_to(lab, VIP) != []
+
+
+def test_udp_replies_come_from_the_cluster_ip(
+    lab: Lab, bpf: BpfLab, manifests: ManifestDir
+) -> None:
+    web(manifests, "local-1", "local-2")
+    sync(lab, manifests, *bpf.flags())
+    for action in ("udp", "udp-connected"):
+        seen = client(lab, bpf, action, port=53)
+        assert set(seen["answers"]) == {"local-1", "local-2"}, (action, seen)
+        assert seen["peers"] == [f"{VIP}:53"], (action, seen)
+
+
+def test_ipv6_cluster_ips_too(lab: Lab, bpf: BpfLab, manifests: ManifestDir) -> None:
+    manifests.write(
+        "web6.yaml",
+        service("web6", VIP6, [HTTP, DNS], ipFamilies=["IPv6"]),
+        endpoint_slice("web6", eps("local-1", "remote-1", family=6), [TARGET, DNS_TARGET]),
+    )
+    sync(lab, manifests, *bpf.flags())
+    ns_exec(lab.node_ns, "conntrack", "-F", check=False)
+    netns = lab.pods["client"].netns
+    seen = bpf.client(netns, "tcp", VIP6, 80, 30)
+    assert set(seen["answers"]) == {"local-1", "remote-1"}, seen
+    assert seen["peers"] == [f"[{VIP6}]:80"]
+    for action in ("udp", "udp-connected"):
+        seen = bpf.client(netns, action, VIP6, 53, 20)
+        assert set(seen["answers"]) == {"local-1", "remote-1"}, (action, seen)
+        assert seen["peers"] == [f"[{VIP6}]:53"], (action, seen)
+    assert conntrack_to(lab, VIP6) == []
+
+
+def test_a_service_without_endpoints_is_refused_by_the_nftables_rules(
+    lab: Lab, bpf: BpfLab, manifests: ManifestDir
+) -> None:
+    web(manifests)
+    sync(lab, manifests, *bpf.flags())
+    seen = client(lab, bpf, "tcp", count=5)
+    assert seen["answers"] == {"ECONNREFUSED": 5}
+
+
+def test_an_endpoint_change_takes_effect_in_a_running_proxy(
+    lab: Lab, bpf: BpfLab, manifests: ManifestDir
+) -> None:
+    web(manifests, "local-1")
+    proc = lab.start(manifests.path, *bpf.flags())
+    try:
+        wait_for(lambda: set(client(lab, bpf, "tcp", 5)["answers"]) == {"local-1"})
+        ns_exec(lab.node_ns, "conntrack", "-F", check=False)
+        web(manifests, "remote-2")  # a partial sync of this ServicePort
+        wait_for(lambda: set(client(lab, bpf, "tcp", 10)["answers"]) == {"remote-2"})
+        assert proc.poll() is None
+        # The hooks did it (nftables' DNAT would have left entries for the VIP).
+        assert conntrack_to(lab, VIP) == []
+    finally:
+        stop_process(proc)
+
+
+def test_a_restart_keeps_serving_without_a_gap(
+    lab: Lab, bpf: BpfLab, manifests: ManifestDir
+) -> None:
+    web(manifests, "local-1", "local-2")
+    sync(lab, manifests, *bpf.flags())
+    links, tables = _link_ids(bpf), _table_handles(lab)
+    ns_exec(lab.node_ns, "conntrack", "-F", check=False)
+    loop = bpf.spawn_client(lab.pods["client"].netns, "loop", VIP, 80, 4)
+    time.sleep(0.5)
+    for _ in range(2):  # each run loads new programs and swaps them into the links
+        sync(lab, manifests, *bpf.flags())
+    out, _ = loop.communicate(timeout=30)
+    answers = json.loads(out)["answers"]
+    assert set(answers) == {"local-1", "local-2"}, answers
+    # Every connection was rewritten by a hook: none fell through to nftables' DNAT.
+    assert conntrack_to(lab, VIP) == []
+    assert _link_ids(bpf) == links  # the same links: never detached
+    # ... and the same nftables tables: ebpf mode does not clean nftables mode up.
+    assert _table_handles(lab) == tables
+    assert _attached(bpf) == HOOKS
+
+
+def test_a_new_cgroup_path_moves_the_hooks(lab: Lab, bpf: BpfLab, manifests: ManifestDir) -> None:
+    web(manifests, "local-1")
+    sync(lab, manifests, *bpf.flags())
+    other = bpf.cgroup2 / f"{bpf.cgroup.name}-b"
+    other.mkdir()
+    try:
+        moved = [f if f != str(bpf.cgroup) else str(other) for f in bpf.flags()]
+        sync(lab, manifests, *moved)
+        assert _attached(bpf) == []
+        assert _attached(bpf, other) == HOOKS
+        sync(lab, manifests, *bpf.flags())
+        assert _attached(bpf, other) == []
+        assert _attached(bpf) == HOOKS
+    finally:
+        other.rmdir()
+
+
+def test_node_ports_and_external_traffic_stay_with_nftables(
+    lab: Lab, bpf: BpfLab, manifests: ManifestDir
+) -> None:
+    """A mixed cluster: a Service only reachable through its NodePort still is."""
+    manifests.write(
+        "np.yaml",
+        service("np", "10.96.7.2", [{**HTTP, "nodePort": 30080}], type="NodePort"),
+        endpoint_slice("np", eps("remote-1"), [TARGET]),
+    )
+    sync(lab, manifests, *bpf.flags())
+    outside = lab.executor(lab.client_ns).call(tally, tcp_ask, NODE_IP, 30080, count=5)
+    assert outside == {"remote-1": 5}
+
+
+def test_cleanup_removes_programs_links_and_pins(
+    lab: Lab, bpf: BpfLab, manifests: ManifestDir
+) -> None:
+    web(manifests, "local-1")
+    sync(lab, manifests, *bpf.flags())
+    assert _attached(bpf) == HOOKS
+    result = lab.run(lab.kubeproxy_command("cleanup", "--ebpf-pin-path", str(bpf.pin_path)))
+    assert result.returncode == 0, result.stderr
+    assert "bpf link connect4" in result.stderr
+    assert _attached(bpf) == []
+    assert not bpf.pin_path.exists()
+    assert not lab.rules_present()
+
+
+HOOKS = sorted(
+    f"cgroup_{kind}{v}_{hook}"
+    for v in "46"
+    for kind, hook in (
+        ("inet", "connect"),
+        ("udp", "sendmsg"),
+        ("udp", "recvmsg"),
+        ("inet", "getpeername"),
+    )
+)
+
+
+def _attached(bpf: BpfLab, cgroup: Path | None = None) -> list[str]:
+    """The hooks with a program attached to the test cgroup (``bpftool cgroup show``)."""
+    out = sh("bpftool", "cgroup", "show", str(cgroup or bpf.cgroup))
+    return sorted(line.split()[1] for line in out.splitlines()[1:] if line.strip())
+
+
+def _link_ids(bpf: BpfLab) -> dict[str, int]:
+    out = {}
+    for hook in PROGRAMS:
+        fd = obj_get(str(bpf.pin_path / f"link_{hook}"))
+        try:
+            out[hook] = link_info(fd).id
+        finally:
+            os.close(fd)
+    return out
+
+
+def _table_handles(lab: Lab) -> list[int]:
+    """The kernel's handles of node-a's kube-proxy tables (new ones if re-created)."""
+    listing = json.loads(ns_exec(lab.node_ns, "nft", "-j", "list", "tables"))
+    return sorted(
+        item["table"]["handle"]
+        for item in listing["nftables"]
+        if item.get("table", {}).get("name") == "kube-proxy"
+    )

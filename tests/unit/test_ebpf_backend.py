@@ -1,0 +1,331 @@
+"""ebpf mode without root: the service map's layout and write order on the strict fake
+map, which ServicePorts the hooks serve, and the backend's full, partial and restart
+syncs (the real EbpfBackend over FakeNftables and a FakeMap)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from kubeproxy.backends.ebpf.proxier import EbpfBackend
+from kubeproxy.backends.ebpf.render import socket_entries
+from kubeproxy.backends.nftables.proxier import NftablesBackend
+from kubeproxy.backends.planning import family_plans, service_port_plans
+from kubeproxy.config import ProxyConfig
+from kubeproxy.dataplane.bpf import build
+from kubeproxy.dataplane.bpf.socklb import (
+    FakeMap,
+    Frontend,
+    ServiceTable,
+    Target,
+    mount_type,
+)
+from kubeproxy.dataplane.nftables.fake import FakeNftables
+from kubeproxy.model.plan import ServicePortPlan
+from kubeproxy.model.state import NodeState, Snapshot
+from kubeproxy.model.types import (
+    Endpoint,
+    IPFamily,
+    L4Protocol,
+    ServicePort,
+    ServicePortName,
+    TrafficPolicy,
+)
+from tests.conftest import require_tool
+from tests.unit.conftest import service_port
+
+CONFIG = ProxyConfig(
+    hostname="node-a",
+    mode="ebpf",
+    families=(IPFamily.IPv4, IPFamily.IPv6),
+    cluster_cidrs=("10.244.0.0/16",),
+    healthz_bind_address="",
+    metrics_bind_address="",
+)
+NODE = NodeState("node-a", "zone-a", {IPFamily.IPv4: "192.168.50.1"})
+WEB = Frontend("10.96.0.10", 80, L4Protocol.TCP)
+
+
+class RecordingMap(FakeMap):
+    """The fake map, remembering each write as ("update"|"delete", slot)."""
+
+    def __init__(self) -> None:
+        super().__init__(12, 8)
+        self.log: list[tuple[str, int]] = []
+
+    def update(self, key: bytes, value: bytes, flags: int = 0) -> None:
+        super().update(key, value, flags)
+        self.log.append(("update", int.from_bytes(key[6:8], "little")))
+
+    def delete(self, key: bytes) -> bool:
+        self.log.append(("delete", int.from_bytes(key[6:8], "little")))
+        return super().delete(key)
+
+
+def table_of(kv4: FakeMap, kv6: FakeMap | None = None) -> ServiceTable:
+    """The table over ``kv4`` (and an IPv6 map of its own unless given)."""
+    return ServiceTable(kv4, kv6 if kv6 is not None else FakeMap(24, 20))
+
+
+def targets(n: int, base: int = 10) -> tuple[Target, ...]:
+    return tuple(Target(f"10.244.1.{base + i}", 8080) for i in range(n))
+
+
+# ------------------------------------------------------------------ the map
+
+
+def test_growing_writes_the_slots_before_the_count() -> None:
+    kv = RecordingMap()
+    table = table_of(kv)
+    table.write(WEB, targets(2), before=())
+    assert kv.log == [("update", 1), ("update", 2), ("update", 0)]
+    assert table.dump() == {WEB: targets(2)}
+
+
+def test_shrinking_writes_the_count_before_removing_slots() -> None:
+    kv = RecordingMap()
+    table = table_of(kv)
+    table.write(WEB, targets(3), before=())
+    kv.log.clear()
+    table.write(WEB, targets(1, base=20), before=targets(3))
+    assert kv.log == [("update", 1), ("update", 0), ("delete", 2), ("delete", 3)]
+    assert table.dump() == {WEB: targets(1, base=20)}
+
+
+def test_removing_a_frontend_removes_its_count_first() -> None:
+    kv = RecordingMap()
+    table = table_of(kv)
+    table.write(WEB, targets(2), before=())
+    kv.log.clear()
+    table.write(WEB, (), before=targets(2))
+    assert kv.log == [("delete", 0), ("delete", 1), ("delete", 2)]
+    assert kv.data == {}
+
+
+def test_dump_keeps_slots_a_cut_short_write_left() -> None:
+    """Slots beyond the count are reported, so the next write removes them."""
+    kv = FakeMap(12, 8)
+    table = table_of(kv)
+    table.write(WEB, targets(3), before=())
+    # A shrink to one endpoint that died after writing the count: slots 2 and 3 remain.
+    count_key = next(k for k in kv.data if k[6:8] == b"\0\0")
+    kv.data[count_key] = kv.data[count_key][:6] + (1).to_bytes(2, "little")
+    assert len(table.dump()[WEB]) == 3
+    table.write(WEB, targets(1), before=table.dump()[WEB])
+    assert table.dump() == {WEB: targets(1)}
+    assert len(kv.data) == 2
+
+
+def test_the_fake_map_refuses_what_the_kernel_refuses() -> None:
+    kv = FakeMap(12, 8, max_entries=1)
+    with pytest.raises(OSError):
+        kv.update(b"short", b"\0" * 8)
+    kv.update(b"\0" * 12, b"\0" * 8)
+    with pytest.raises(OSError):
+        kv.update(b"\1" * 12, b"\0" * 8)
+
+
+# --------------------------------------------------------------- what is served
+
+
+def plan_of(
+    port: ServicePort, eps: tuple[Endpoint, ...], family: IPFamily = IPFamily.IPv4
+) -> ServicePortPlan:
+    snap = Snapshot({port.name: port}, {port.name: eps}, NODE)
+    fam = next(f for f in family_plans(CONFIG, snap) if f.family is family)
+    plan = service_port_plans(snap, fam)[port.name]
+    assert plan is not None
+    return plan
+
+
+EPS = (Endpoint("10.244.1.10", 8080, "node-a"), Endpoint("10.244.2.10", 8080, "node-b"))
+
+
+def test_a_cluster_ip_with_endpoints_is_served_by_the_hooks() -> None:
+    entries = socket_entries(plan_of(service_port(), EPS))
+    assert entries == {WEB: (Target("10.244.1.10", 8080), Target("10.244.2.10", 8080))}
+
+
+@pytest.mark.parametrize(
+    ("port", "eps", "why"),
+    [
+        (service_port(), (), "no endpoints: nftables REJECTs"),
+        (
+            service_port(itp=TrafficPolicy.LOCAL),
+            (Endpoint("10.244.2.10", 8080, "node-b"),),
+            "no local endpoint: nftables DROPs",
+        ),
+        (replace(service_port(), affinity_timeout=10800), EPS, "session affinity"),
+        (service_port(protocol=L4Protocol.SCTP), EPS, "SCTP"),
+    ],
+)
+def test_what_the_hooks_leave_to_nftables(
+    port: ServicePort, eps: tuple[Endpoint, ...], why: str
+) -> None:
+    assert socket_entries(plan_of(port, eps)) == {}, why
+
+
+def test_ipv6_cluster_ips_are_served_too() -> None:
+    port = service_port(cluster_ips=("fd00:96::10",))
+    eps = (Endpoint("fd00:10:244:1::10", 8080, "node-a"),)
+    frontend = Frontend("fd00:96::10", 80, L4Protocol.TCP)
+    assert socket_entries(plan_of(port, eps, IPFamily.IPv6)) == {
+        frontend: (Target("fd00:10:244:1::10", 8080),)
+    }
+
+
+def test_a_dual_stack_service_port_has_a_frontend_in_each_map() -> None:
+    kv4, kv6 = FakeMap(12, 8), FakeMap(24, 20)
+    port = service_port(cluster_ips=("10.96.0.10", "fd00:96::10"))
+    eps = (Endpoint("10.244.1.10", 8080, "node-a"), Endpoint("fd00:10:244:1::10", 8080, "node-a"))
+    b = backend(kv4, kv6=kv6)
+    b.sync(Snapshot({port.name: port}, {port.name: eps}, NODE), None)
+    assert table_of(kv4, kv6).dump() == {
+        WEB: (Target("10.244.1.10", 8080),),
+        Frontend("fd00:96::10", 80, L4Protocol.TCP): (Target("fd00:10:244:1::10", 8080),),
+    }
+    assert len(kv4.data) == len(kv6.data) == 2
+    # Gone: both go.
+    b.sync(Snapshot({}, {}, NODE), {port.name})
+    assert kv4.data == kv6.data == {}
+
+
+def test_internal_traffic_policy_local_serves_the_local_endpoints_only() -> None:
+    entries = socket_entries(plan_of(service_port(itp=TrafficPolicy.LOCAL), EPS))
+    assert entries == {WEB: (Target("10.244.1.10", 8080),)}
+
+
+# ------------------------------------------------------------------ the backend
+
+
+class FakeLB:
+    def __init__(self, kv: FakeMap, kv6: FakeMap) -> None:
+        self.services = table_of(kv, kv6)
+        self.closed = False
+
+    def check(self) -> str | None:
+        return None
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def backend(
+    kv: FakeMap, nft: FakeNftables | None = None, kv6: FakeMap | None = None
+) -> EbpfBackend:
+    v6 = kv6 if kv6 is not None else FakeMap(24, 20)
+    b = EbpfBackend(CONFIG, NftablesBackend(CONFIG, nft or FakeNftables()), lambda: FakeLB(kv, v6))
+    b.start()
+    return b
+
+
+def snapshot(n: int, endpoints: int = 2) -> Snapshot:
+    ports = [service_port(f"svc{i}", cluster_ips=(f"10.96.0.{i + 1}",)) for i in range(n)]
+    eps = {
+        p.name: tuple(Endpoint(f"10.244.1.{10 + j}", 8080, "node-a") for j in range(endpoints))
+        for p in ports
+    }
+    return Snapshot({p.name: p for p in ports}, eps, NODE)
+
+
+def test_a_full_sync_programs_nftables_and_the_map() -> None:
+    kv, nft = FakeMap(12, 8), FakeNftables()
+    result = backend(kv, nft).sync(snapshot(3), None)
+    assert result.full
+    assert len(table_of(kv).dump()) == 3
+    assert result.elements >= 3 * 3
+    # Everything else (NodePorts, REJECT, the ClusterIP for other cgroups) is nftables'.
+    assert "10.96.0.1" in nft.dump()
+
+
+def test_a_partial_sync_touches_only_the_changed_service_ports() -> None:
+    kv = FakeMap(12, 8)
+    b = backend(kv)
+    snap = snapshot(50)
+    b.sync(snap, None)
+    name = next(iter(snap.services))
+    eps = dict(snap.endpoints)
+    eps[name] = (*eps[name], Endpoint("10.244.2.99", 8080, "node-b"))
+    kv.writes = 0
+    result = b.sync(Snapshot(snap.services, eps, NODE), {name})
+    assert not result.full
+    assert kv.writes == 2  # the new slot, then the count
+    assert table_of(kv).dump()[Frontend("10.96.0.1", 80, L4Protocol.TCP)][-1] == Target(
+        "10.244.2.99", 8080
+    )
+
+
+def test_a_service_port_losing_its_endpoints_leaves_the_map() -> None:
+    kv = FakeMap(12, 8)
+    b = backend(kv)
+    snap = snapshot(2)
+    b.sync(snap, None)
+    name = next(iter(snap.services))
+    b.sync(Snapshot(snap.services, {**snap.endpoints, name: ()}, NODE), {name})
+    assert Frontend("10.96.0.1", 80, L4Protocol.TCP) not in table_of(kv).dump()
+    deleted = {n: p for n, p in snap.services.items() if n != name}
+    b.sync(Snapshot(deleted, snap.endpoints, NODE), {name})
+    assert len(table_of(kv).dump()) == 1
+
+
+def test_a_restart_reads_the_pinned_map_and_rewrites_nothing_that_is_right() -> None:
+    kv = FakeMap(12, 8)
+    backend(kv).sync(snapshot(20), None)
+    kv.writes = 0
+    again = backend(kv)  # a new process, the same (pinned) map
+    snap = snapshot(20)
+    gone = next(iter(snap.services))
+    kept = {n: p for n, p in snap.services.items() if n != gone}
+    again.sync(Snapshot(kept, snap.endpoints, NODE), None)
+    # Only the ServicePort that went away while we were down (its count, 2 slots).
+    assert kv.writes == 3
+
+
+def test_two_service_ports_claiming_one_frontend_first_by_name_wins() -> None:
+    kv = FakeMap(12, 8)
+    a = service_port("a", cluster_ips=("10.96.0.10",))
+    b = service_port("b", cluster_ips=("10.96.0.10",))
+    eps: dict[ServicePortName, tuple[Endpoint, ...]] = {
+        a.name: (Endpoint("10.244.1.10", 8080, "node-a"),),
+        b.name: (Endpoint("10.244.1.11", 8080, "node-a"),),
+    }
+    be = backend(kv)
+    be.sync(Snapshot({a.name: a, b.name: b}, eps, NODE), None)
+    assert table_of(kv).dump()[WEB] == (Target("10.244.1.10", 8080),)
+    # "a" goes away: "b" takes the frontend at the next full sync.
+    be.sync(Snapshot({b.name: b}, eps, NODE), None)
+    assert table_of(kv).dump()[WEB] == (Target("10.244.1.11", 8080),)
+
+
+def test_render_lists_the_socket_entries_after_the_nft_script() -> None:
+    text = backend(FakeMap(12, 8)).render(snapshot(1))
+    assert "table ip kube-proxy" in text
+    assert "# 10.96.0.1:80/TCP -> 10.244.1.10:8080, 10.244.1.11:8080" in text
+
+
+# ----------------------------------------------------------------- the build
+
+
+def test_the_object_builds_reproducibly_into_its_cache(tmp_path: Path) -> None:
+    require_tool("clang", "ebpf mode builds its BPF object")
+    first = build.build(tmp_path / "a")
+    second = build.build(tmp_path / "b")
+    assert first.name == second.name
+    assert first.read_bytes() == second.read_bytes()
+    assert build.build(tmp_path / "a") == first  # cached: not rebuilt
+
+
+def test_a_missing_compiler_is_named(tmp_path: Path) -> None:
+    with pytest.raises(build.BuildError, match="clang and libbpf-dev"):
+        build.build(tmp_path, clang="no-such-clang")
+
+
+def test_mount_type_finds_the_filesystem_of_a_path(tmp_path: Path) -> None:
+    info = tmp_path / "mountinfo"
+    info.write_text(
+        "22 1 0:21 / / rw - ext4 /dev/sda rw\n40 22 0:35 / /sys/fs/bpf rw - bpf bpf rw\n"
+    )
+    assert mount_type(Path("/sys/fs/bpf/kubeproxy"), str(info)) == "bpf"
+    assert mount_type(Path("/sys/fs/bpfx"), str(info)) == "ext4"
