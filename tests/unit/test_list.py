@@ -117,3 +117,15 @@ def test_readme_shows_real_output(capsys: pytest.CaptureFixture[str]) -> None:
         for expected in shown:
             if expected.strip() and expected.strip() != "...":
                 assert expected in printed, expected
+
+
+@pytest.mark.parametrize("mode", ["ipvs", "ebpf"])
+def test_explain_refuses_modes_it_does_not_model(
+    capsys: pytest.CaptureFixture[str], mode: str
+) -> None:
+    # Its packet walk is nftables' and iptables'; a wrong answer is worse than none.
+    packet = ["--src", "10.0.0.1", "--dst", "10.96.0.10", "--port", "53"]
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["explain", *FLAGS, "--proxy-mode", mode, *packet])
+    assert exc.value.code == 2
+    assert f"not available in {mode} mode" in capsys.readouterr().err
