@@ -68,7 +68,6 @@ FLOW_POD, CLIENT_POD = ("remote-1", "10.244.2.10"), ("client", "10.244.1.100")
 GROUPS = 20  # manifest files the Services are spread over
 # Partial syncs as often as a change comes (the default minimum is 1 s).
 PROXY_FLAGS = ("--iptables-min-sync-period", "50ms", "--v", "2")
-TOOL_NAMES = ("nft", "iptables", "ip6tables", "xtables")
 CONVERGE_SECONDS = 30.0
 SYNC_DEADLINE = 120.0
 
@@ -200,15 +199,19 @@ class Proxy:
         self.proc.wait(10)
 
     def child(self) -> int | None:
-        """The pid of a data-plane tool the proxy runs now, if any."""
+        """The pid of the tool applying a sync (``nft -f``, ``*-restore``) now, if any.
+
+        Not the probes (``iptables --version``, ``iptables-save``): a killed start-up
+        probe makes the proxy exit with one clear line, by design, like upstream's."""
         if self.proc is None:
             return None
         for pid in process_tree(self.proc.pid)[1:]:
             try:
-                comm = Path(f"/proc/{pid}/comm").read_text().strip()
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if comm.startswith(TOOL_NAMES):
+            tool = os.path.basename(argv[0].decode())
+            if (tool == "nft" and b"-f" in argv) or tool.endswith("-restore"):
                 return pid
         return None
 
