@@ -56,9 +56,8 @@ from typing import Any
 from bench.e2e import process_tree
 from kubeproxy.lab.cluster import NODE, NODE_IP, NODE_IP6, REMOTE_NODE, Lab
 from kubeproxy.lab.flow import LongFlow, StreamEcho
-from kubeproxy.lab.netns import add_netns, delete_netns
 from kubeproxy.lab.objects import Ep, endpoint_slice, node, service
-from kubeproxy.lab.rulestate import differences, empty_rules, rules_state
+from kubeproxy.lab.rulestate import differences, empty_rules, fresh_sync, rules_state
 
 ALL_MODES = ("nftables", "iptables-nft", "iptables-legacy")
 KINDS = ("cold", "restart", "partial")
@@ -279,28 +278,11 @@ class Run:
 
     def reference(self) -> dict[str, Any]:
         """The rules a fresh full sync of the current objects writes into an empty netns."""
-        ns = f"{self.lab.prefix}-ref"
-        delete_netns(ns)
-        add_netns(ns)
+        flags = self.lab.proxy_flags(self.objects.path)
         try:
-            command = [
-                "ip",
-                "netns",
-                "exec",
-                ns,
-                sys.executable,
-                "-m",
-                "kubeproxy",
-                "run",
-                *self.lab.proxy_flags(self.objects.path),
-                "--once",
-            ]
-            done = self.lab.run(command)
-            if done.returncode != 0:
-                raise CrashError(f"the reference sync failed: {done.stderr[-2000:]}")
-            return rules_state(ns, self.mode)
-        finally:
-            delete_netns(ns)
+            return fresh_sync(f"{self.lab.prefix}-ref", self.mode, flags)
+        except RuntimeError as err:
+            raise CrashError(str(err)) from None
 
     def converge(self, want: Future[dict[str, Any]]) -> float:
         """Seconds until node-a's rules are ``want`` (the reference), counted from when the

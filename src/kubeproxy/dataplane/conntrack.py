@@ -250,10 +250,10 @@ class ConntrackCommand:
         self.binary = binary
         self.timeout = timeout
 
-    def clear(self, flt: Filter) -> int:
+    def _run(self, args: list[str]) -> subprocess.CompletedProcess[str]:
         try:
-            proc = subprocess.run(
-                [self.binary, *flt.args()],
+            return subprocess.run(
+                [self.binary, *args],
                 capture_output=True,
                 text=True,
                 timeout=self.timeout,
@@ -261,6 +261,9 @@ class ConntrackCommand:
             )
         except (OSError, subprocess.TimeoutExpired) as err:
             raise ConntrackError(f"{self.binary}: {err}") from None
+
+    def clear(self, flt: Filter) -> int:
+        proc = self._run(flt.args())
         output = f"{proc.stderr}\n{proc.stdout}"
         match = _DELETED.search(output)
         # "0 flow entries have been deleted" comes with exit status 1: not an error.
@@ -273,16 +276,7 @@ class ConntrackCommand:
 
     def entries(self, family: IPFamily, protocol: L4Protocol) -> list[Entry]:
         args = ["-L", "-f", "ipv6" if family is IPFamily.IPv6 else "ipv4", "-p", protocol.lower()]
-        try:
-            proc = subprocess.run(
-                [self.binary, *args],
-                capture_output=True,
-                text=True,
-                timeout=self.timeout,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as err:
-            raise ConntrackError(f"{self.binary}: {err}") from None
+        proc = self._run(args)
         if proc.returncode != 0:
             raise ConntrackError(f"{self.binary} {' '.join(args)}: {' '.join(proc.stderr.split())}")
         return parse_listing(proc.stdout, family, protocol)

@@ -232,7 +232,9 @@ class Lab:
 
     def run(self, command: list[str]) -> subprocess.CompletedProcess[str]:
         """Run ``command`` (e.g. :meth:`kubeproxy_command`) to completion, output captured."""
-        return subprocess.run(command, capture_output=True, text=True, check=False, env=_env())
+        return subprocess.run(
+            command, capture_output=True, text=True, check=False, env=kubeproxy_env()
+        )
 
     def start(self, manifests: Path, *extra: str, log: Path | None = None) -> subprocess.Popen[str]:
         """Start ``kubeproxy run`` for node-a in the node namespace (stopped in :meth:`close`)."""
@@ -247,7 +249,7 @@ class Lab:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 text=True,
-                env=_env(),
+                env=kubeproxy_env(),
                 start_new_session=True,
             )
         self._procs.append(proc)
@@ -311,7 +313,7 @@ def stop_process(proc: subprocess.Popen[str]) -> None:
         proc.wait(5)
 
 
-def _env() -> dict[str, str]:
+def kubeproxy_env() -> dict[str, str]:
     env = dict(os.environ)
     # kubeproxy must import from the same source tree as the caller.
     src = str(Path(__file__).resolve().parents[2])

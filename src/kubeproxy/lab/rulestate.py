@@ -6,7 +6,8 @@ elements sorted, rules in their order within each chain, handles and counter val
 left out (the JSON listing); for iptables, ``iptables-save`` of both families, chains
 declared in sorted order, rules grouped by chain in their order, counters left out.
 Used by the partial-sync test and by the crash and soak benchmarks, which compare a
-node's kernel with a fresh full sync of the same objects in an empty namespace.
+node's kernel with a fresh full sync of the same objects in an empty namespace
+(:func:`fresh_sync`).
 """
 
 from __future__ import annotations
@@ -14,9 +15,13 @@ from __future__ import annotations
 import difflib
 import json
 import re
+import subprocess
+import sys
+from collections.abc import Sequence
 from typing import Any
 
-from kubeproxy.lab.netns import ns_exec
+from kubeproxy.lab.cluster import kubeproxy_env
+from kubeproxy.lab.netns import add_netns, delete_netns, ns_exec
 
 # The tables of kubeproxy's nftables mode.
 KUBE_PROXY_TABLES = (("ip", "kube-proxy"), ("ip6", "kube-proxy"))
@@ -120,6 +125,23 @@ def empty_rules(ns: str, mode: str) -> None:
     )
     for binary in ("iptables-legacy-restore", "ip6tables-legacy-restore"):
         ns_exec(ns, binary, input=text)
+
+
+def fresh_sync(ns: str, mode: str, args: Sequence[str]) -> dict[str, Any]:
+    """:func:`rules_state` after ``kubeproxy run --once ARGS`` in a new, empty namespace
+    ``ns`` (deleted afterwards): the reference a node's rules are compared with."""
+    delete_netns(ns)
+    add_netns(ns)
+    try:
+        command = ["ip", "netns", "exec", ns, sys.executable, "-m", "kubeproxy", "run", *args]
+        done = subprocess.run(
+            [*command, "--once"], capture_output=True, text=True, check=False, env=kubeproxy_env()
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"the fresh sync failed: {done.stderr[-2000:]}")
+        return rules_state(ns, mode)
+    finally:
+        delete_netns(ns)
 
 
 def differences(got: dict[str, Any], want: dict[str, Any], limit: int = 5) -> list[str]:
