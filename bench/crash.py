@@ -153,18 +153,21 @@ class Objects:
         self._write(f"group-{group}.json", items)
 
     def change(self) -> None:
-        """About 5% of the Services get new endpoints, 1% go away, 1% come (back)."""
+        """About 5% of the Services get new endpoints, 1% go away, as many come back."""
         touched = set()
         for i in self.rng.sample(range(self.services), max(1, self.services // 20)):
             if i in self.live:
                 self.live[i] += 1
                 touched.add(i)
-        for _ in range(max(1, self.services // 100)):
-            i = self.rng.randrange(self.services)
-            if i in self.live:
-                del self.live[i]
-            else:
-                self.live[i] = 0
+        # As many come back as go, so the cluster keeps its size (and nftables mode's
+        # full sync keeps running the nft binary).
+        gone = sorted(set(range(self.services)) - set(self.live))
+        turnover = max(1, self.services // 100)
+        for i in self.rng.sample(sorted(self.live), turnover):
+            del self.live[i]
+            touched.add(i)
+        for i in self.rng.sample(gone, min(turnover, len(gone))):
+            self.live[i] = 0
             touched.add(i)
         for group in {i % GROUPS for i in touched}:
             self._write_group(group)
@@ -324,7 +327,9 @@ class Run:
         # Generous: a start takes seconds on an idle machine, far more on a busy one.
         deadline = began + TOOL_DEADLINE
         while (pid := self.proxy.child()) is None:
-            if time.monotonic() > deadline or not self.proxy.running():
+            if not self.proxy.running():
+                raise CrashError(f"the proxy exited ({self.proxy.log})")
+            if time.monotonic() > deadline:
                 raise CrashError(f"no data-plane tool ran within {TOOL_DEADLINE:.0f}s")
             time.sleep(0.001)
         seen = time.time()

@@ -260,9 +260,9 @@ def stale_conntrack(listing: str, fleet: Fleet) -> list[str]:
 # ----------------------------------------------------------------------------- the run
 
 
-def _metrics(probes: Callable[..., Any]) -> str:
+def _metrics(probes: Callable[..., Any], timeout: float = 5.0) -> str:
     def scrape() -> str:
-        with urllib.request.urlopen("http://127.0.0.1:10249/metrics", timeout=5) as resp:
+        with urllib.request.urlopen("http://127.0.0.1:10249/metrics", timeout=timeout) as resp:
             text: str = resp.read().decode()
             return text
 
@@ -359,7 +359,8 @@ def soak(
                 raise SoakError(f"the proxy exited ({proxy.returncode}):\n{text[-3000:]}")
             udp = ns_exec(the_lab.node, "conntrack", "-L", "-p", "udp", check=False)
             stale = stale_conntrack(udp, fleet)
-            metrics = _metrics(the_lab.probes.call)
+            # A proxy still busy with a backlog answers slowly (seen at full churn here).
+            metrics = _metrics(the_lab.probes.call, timeout=120)
             stop(proxy)
         finally:
             api.close()
