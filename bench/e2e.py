@@ -43,6 +43,7 @@ if py-spy is installed beside this Python, samples of the proxy during the chang
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -205,12 +206,16 @@ def stop(proc: subprocess.Popen[str]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    for stream in (proc.stdin, proc.stdout):
+        if stream is not None:
+            with contextlib.suppress(OSError):  # a pipe to a dead process
+                stream.close()
 
 
 # ------------------------------------------------------------------------------ memory
 
 
-def _tree(pid: int) -> list[int]:
+def process_tree(pid: int) -> list[int]:
     """``pid`` and its descendants (a child is listed under the thread that forked it)."""
     pids = [pid]
     try:
@@ -223,11 +228,11 @@ def _tree(pid: int) -> list[int]:
         except OSError:
             continue
         for child in listed:
-            pids.extend(_tree(int(child)))
+            pids.extend(process_tree(int(child)))
     return pids
 
 
-def _status_kb(pid: int, field_name: str) -> int:
+def status_kb(pid: int, field_name: str) -> int:
     try:
         with open(f"/proc/{pid}/status") as status:
             for line in status:
@@ -250,7 +255,7 @@ class TreeRss:
 
     def _run(self) -> None:
         while not self._stop.wait(0.005):
-            total = sum(_status_kb(p, "VmRSS:") for p in _tree(self.pid))
+            total = sum(status_kb(p, "VmRSS:") for p in process_tree(self.pid))
             self.peak_kb = max(self.peak_kb, total)
 
     def close(self) -> None:
@@ -303,9 +308,9 @@ class Manifests:
 class Api:
     """The stand-in in its own process; a write returns once the stand-in acknowledged it."""
 
-    def __init__(self, lab: Lab, services: int) -> None:
+    def __init__(self, lab: Lab, services: int, endpoints: int = ENDPOINTS) -> None:
         self.proc = spawn(
-            lab.node, ["-m", "bench.e2e_api", str(services), str(ENDPOINTS)], stdin=True
+            lab.node, ["-m", "bench.e2e_api", str(services), str(endpoints)], stdin=True
         )
         lab.children.append(self.proc)
         assert self.proc.stdout is not None
@@ -314,7 +319,8 @@ class Api:
     def args(self) -> list[str]:
         return ["--master", f"http://127.0.0.1:{self.port}"]
 
-    def _command(self, command: dict[str, Any]) -> None:
+    def command(self, command: dict[str, Any]) -> None:
+        """``{"apply": [OBJECT...]}`` or ``{"delete": [[KIND, NAMESPACE, NAME]...]}``."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(json.dumps(command) + "\n")
         self.proc.stdin.flush()
@@ -324,13 +330,13 @@ class Api:
     def prepare_write(self, i: int, objects: list[dict[str, Any]]) -> Callable[[], None]:
         # The slice first, so the Service never exists without its endpoints.
         command = {"apply": sorted(objects, key=lambda o: o["kind"] == "Service")}
-        return lambda: self._command(command)
+        return lambda: self.command(command)
 
     def prepare_delete(self, i: int) -> Callable[[], None]:
         name = f"svc-{i}"
         slice_name = f"{name}-ipv4"
         command = {"delete": [["Service", "bench", name], ["EndpointSlice", "bench", slice_name]]}
-        return lambda: self._command(command)
+        return lambda: self.command(command)
 
     def close(self) -> None:
         stop(self.proc)
@@ -439,7 +445,7 @@ def _measure(the_lab: Lab, feed: Manifests | Api, size: Size, log: IO[str]) -> d
         if spy is not None:
             spy.send_signal(signal.SIGINT)
             spy.wait(30)
-        hwm_kb = _status_kb(proxy.pid, "VmHWM:")
+        hwm_kb = status_kb(proxy.pid, "VmHWM:")
     finally:
         rss.close()
         stop(proxy)

@@ -29,7 +29,8 @@ async def serve(services: int, endpoints: int) -> None:
     await api.start()
     print(api.port, flush=True)
     loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
+    # A command carries whole objects: a line may be megabytes (the soak's churn).
+    reader = asyncio.StreamReader(limit=1 << 30)
     await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
     while line := await reader.readline():
         command = json.loads(line)

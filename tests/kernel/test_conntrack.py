@@ -288,7 +288,7 @@ def test_the_tool_and_the_fake_delete_the_same_entries(lab: Lab, flt: Filter) ->
         assert deleted == fake.clear(flt) == len(ENTRIES) - len(remaining)
         assert remaining == {
             (e.orig_src, e.orig_dst, e.orig_src_port, e.orig_dst_port, e.reply_src)
-            for e in fake.entries
+            for e in fake.table
         }
     finally:
         for src, dst, *_ in ENTRIES:

@@ -34,6 +34,7 @@ from kubeproxy.dataplane.iptables.runner import (
     detect_flavor,
 )
 from kubeproxy.lab.netns import add_netns, delete_netns, list_netns, ns_exec
+from kubeproxy.lab.rulestate import BUILTIN_CHAINS, empty_rules
 from kubeproxy.model.types import IPFamily
 from tests.conftest import require_tool
 from tests.iptables_fake_cases import (
@@ -71,28 +72,6 @@ def namespaces() -> Iterator[dict[Flavor, str]]:
     assert not set(names.values()) & set(list_netns())
 
 
-_BUILTINS = {
-    "filter": ("INPUT", "FORWARD", "OUTPUT"),
-    "nat": ("PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"),
-    "mangle": ("PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"),
-}
-
-
-def reset(ns: str, flavor: Flavor) -> None:
-    """Empty filter, nat and mangle of both families."""
-    if flavor == "nft":
-        ns_exec(ns, "nft", "flush", "ruleset")
-        return
-    # Without --noflush, iptables-restore flushes each table it names and deletes its
-    # user chains.
-    text = "".join(
-        f"*{table}\n" + "".join(f":{c} ACCEPT [0:0]\n" for c in chains) + "COMMIT\n"
-        for table, chains in _BUILTINS.items()
-    )
-    for family in FAMILIES:
-        ns_exec(ns, command_names(family, flavor)[2], input=text)
-
-
 def normalise(text: str) -> str:
     """iptables-save output without comment lines, counters zeroed."""
     lines = [
@@ -118,7 +97,7 @@ def test_fake_agrees_with_iptables(
     case: Case, flavor: Flavor, namespaces: dict[Flavor, str]
 ) -> None:
     ns = namespaces[flavor]
-    reset(ns, flavor)
+    empty_rules(ns, f"iptables-{flavor}")
     real = IptablesCommand(case.family, flavor, netns=ns)
     fake = FakeIptables(case.family, flavor)
     for i, step in enumerate(case.steps):
@@ -151,17 +130,17 @@ def test_fake_agrees_with_iptables(
 @pytest.mark.parametrize("family", FAMILIES)
 def test_runner_basics(family: IPFamily, flavor: Flavor, namespaces: dict[Flavor, str]) -> None:
     ns = namespaces[flavor]
-    reset(ns, flavor)
+    empty_rules(ns, f"iptables-{flavor}")
     ipt = IptablesCommand(family, flavor, netns=ns)
     assert ipt.available() is None
     assert re.fullmatch(r"\d+\.\d+\.\d+", ipt.version)
     assert ipt.has_random_fully
     for table in COMPARED_TABLES:
-        assert ipt.chains(table) == chains_from_save(ipt.save(table)) == set(_BUILTINS[table])
+        assert ipt.chains(table) == chains_from_save(ipt.save(table)) == set(BUILTIN_CHAINS[table])
     data = restore(nat=[":KUBE-A", ":KUBE-B", "-A KUBE-A -j KUBE-B"], mangle=[":KUBE-M"])
     ipt.restore(data)
     ipt.restore(Restore())  # nothing: not even run
-    assert ipt.chains("nat") == {*_BUILTINS["nat"], "KUBE-A", "KUBE-B"}
+    assert ipt.chains("nat") == {*BUILTIN_CHAINS["nat"], "KUBE-A", "KUBE-B"}
     assert ipt.chains("nat") == chains_from_save(ipt.save("nat"))
     assert ipt.chain_exists("mangle", "KUBE-M")
     assert not ipt.chain_exists("filter", "KUBE-M")
@@ -169,16 +148,17 @@ def test_runner_basics(family: IPFamily, flavor: Flavor, namespaces: dict[Flavor
     other = IptablesCommand(
         IPFamily.IPv6 if family is IPFamily.IPv4 else IPFamily.IPv4, flavor, netns=ns
     )
-    assert other.chains("nat") == set(_BUILTINS["nat"])
+    assert other.chains("nat") == set(BUILTIN_CHAINS["nat"])
 
 
 def test_nft_chain_listing_without_nft(namespaces: dict[Flavor, str]) -> None:
     ns = namespaces["nft"]
-    reset(ns, "nft")
+    empty_rules(ns, "iptables-nft")
     with_nft = IptablesCommand(flavor="nft", netns=ns)
     without = IptablesCommand(flavor="nft", netns=ns, nft="")
     with_nft.restore(restore(filter=[":KUBE-F"]))
-    assert with_nft.chains("filter") == without.chains("filter") == {*_BUILTINS["filter"], "KUBE-F"}
+    want = {*BUILTIN_CHAINS["filter"], "KUBE-F"}
+    assert with_nft.chains("filter") == without.chains("filter") == want
 
 
 def test_legacy_listing_does_not_create_tables(namespaces: dict[Flavor, str]) -> None:
@@ -186,7 +166,7 @@ def test_legacy_listing_does_not_create_tables(namespaces: dict[Flavor, str]) ->
     add_netns(ns)
     try:
         ipt = IptablesCommand(flavor="legacy", netns=ns)
-        assert ipt.chains("mangle") == set(_BUILTINS["mangle"])
+        assert ipt.chains("mangle") == set(BUILTIN_CHAINS["mangle"])
         assert ns_exec(ns, "cat", "/proc/net/ip_tables_names").split() == []
         assert ns_exec(ns, "iptables-legacy-save") == ""
     finally:
@@ -196,7 +176,7 @@ def test_legacy_listing_does_not_create_tables(namespaces: dict[Flavor, str]) ->
 @pytest.mark.parametrize("flavor", FLAVORS)
 def test_a_refused_restore_names_its_table(flavor: Flavor, namespaces: dict[Flavor, str]) -> None:
     ns = namespaces[flavor]
-    reset(ns, flavor)
+    empty_rules(ns, f"iptables-{flavor}")
     ipt = IptablesCommand(flavor=flavor, netns=ns)
     data = restore(filter=[":KUBE-F"], nat=[":KUBE-N", "-A KUBE-N -j KUBE-MISSING"])
     with pytest.raises(IptablesError) as err:
@@ -211,7 +191,7 @@ def test_a_refused_restore_names_its_table(flavor: Flavor, namespaces: dict[Flav
 @pytest.mark.parametrize("flavor", FLAVORS)
 def test_cleanup_agrees_with_the_fake(flavor: Flavor, namespaces: dict[Flavor, str]) -> None:
     ns = namespaces[flavor]
-    reset(ns, flavor)
+    empty_rules(ns, f"iptables-{flavor}")
     real = IptablesCommand(flavor=flavor, netns=ns)
     fake = FakeIptables(flavor=flavor)
     data = restore(

@@ -11,7 +11,6 @@ state.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -24,6 +23,7 @@ from kubeproxy.dataplane.nftables.transaction import Transaction
 from kubeproxy.lab.cluster import Lab
 from kubeproxy.lab.echo import tcp_ask
 from kubeproxy.lab.netns import add_netns, delete_netns, list_netns, ns_exec
+from kubeproxy.lab.rulestate import nft_state
 from kubeproxy.model.state import Snapshot
 from kubeproxy.model.types import (
     Endpoint,
@@ -32,25 +32,6 @@ from kubeproxy.model.types import (
 from tests.kernel.conftest import ip
 from tests.kernel.test_nft_fake_vs_kernel import fake_state, kernel_state
 from tests.partial_sync_machine import CONFIG, NODE, PartialVersusFull, port_name
-
-
-def normalized(ns: str) -> dict[str, Any]:
-    """Everything in the namespace's ruleset, independent of element and handle order."""
-    data = json.loads(ns_exec(ns, "nft", "-j", "list", "ruleset"))["nftables"]
-    out: dict[str, Any] = {}
-    for item in data:
-        for kind, raw in item.items():
-            if kind == "metainfo":
-                continue
-            obj = {k: v for k, v in raw.items() if k != "handle"}
-            if kind == "rule":
-                key = f"rules {obj['family']} {obj['chain']}"
-                out.setdefault(key, []).append(json.dumps(obj["expr"], sort_keys=True))
-            else:
-                if "elem" in obj:
-                    obj["elem"] = sorted(json.dumps(e, sort_keys=True) for e in obj["elem"])
-                out[f"{kind} {obj.get('family')} {obj.get('name')}"] = obj
-    return out
 
 
 class TeeRunner:
@@ -100,7 +81,7 @@ class OnTheKernel(PartialVersusFull):
         assert isinstance(runner, TeeRunner | NftCommand)
         ns = runner.ns if isinstance(runner, TeeRunner) else runner.netns
         assert ns is not None
-        return normalized(ns)
+        return nft_state(ns)
 
     def after_step(self) -> None:
         tee = self.under_test.runner
@@ -194,7 +175,7 @@ def test_two_changed_service_ports_claiming_one_destination(scratch: str) -> Non
     add_netns(fresh_ns)
     try:
         NftablesBackend(CONFIG, NftCommand(netns=fresh_ns)).sync(second, None)
-        assert normalized(scratch) == normalized(fresh_ns)
+        assert nft_state(scratch) == nft_state(fresh_ns)
     finally:
         delete_netns(fresh_ns)
     listing = ns_exec(scratch, "nft", "list", "map", "ip", "kube-proxy", "ip-backends")
@@ -236,17 +217,17 @@ def test_adding_an_endpoint_to_an_affinity_service_is_one_partial_sync(scratch: 
 def test_full_sync_restores_what_someone_deleted(scratch: str) -> None:
     backend = NftablesBackend(CONFIG, NftCommand(netns=scratch))
     backend.sync(snapshot(10), None)
-    before = normalized(scratch)
+    before = nft_state(scratch)
     ns_exec(scratch, "nft", "flush", "map", "ip", "kube-proxy", "service-ips")
     ns_exec(scratch, "nft", "delete", "chain", "ip", "kube-proxy", "cluster-ip-3")
     ns_exec(scratch, "nft", "flush", "chain", "ip", "kube-proxy", "masquerading")
     ns_exec(scratch, "nft", "delete", "set", "ip", "kube-proxy", "hairpin")
     ns_exec(scratch, "nft", "add", "rule", "ip", "kube-proxy", "services", "drop")
     ns_exec(scratch, "nft", "add", "chain", "ip", "kube-proxy", "intruder")
-    assert normalized(scratch) != before
+    assert nft_state(scratch) != before
     backend.sync(snapshot(10), None)
     assert "delete table" not in backend.last_transaction
-    assert normalized(scratch) == before
+    assert nft_state(scratch) == before
 
 
 def test_full_sync_keeps_session_affinity_memory(lab: Lab, scratch: str) -> None:

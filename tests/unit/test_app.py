@@ -14,7 +14,7 @@ import pytest
 from kubeproxy.app import Proxy, ServerBindError, changed_names
 from kubeproxy.backends import SyncResult
 from kubeproxy.config import ProxyConfig
-from kubeproxy.dataplane.conntrack import FakeConntrack, Filter
+from kubeproxy.dataplane.conntrack import Entry, FakeConntrack, Filter
 from kubeproxy.metrics import Metrics
 from kubeproxy.model.state import ProxyState, Snapshot
 from kubeproxy.model.types import IPFamily, L4Protocol, ServicePortName
@@ -64,7 +64,11 @@ def test_a_failed_conntrack_cleanup_is_logged_not_counted_as_an_nftables_cleanup
 ) -> None:
     refused = Filter.for_ip("10.96.0.10", L4Protocol.UDP, reason="service deleted")
     ok = Filter.for_ip("fd00::10", L4Protocol.UDP, reason="service deleted")
-    conntrack = FakeConntrack(refuse={refused})
+    flows = [
+        Entry(IPFamily.IPv4, L4Protocol.UDP, "10.244.0.1", "10.96.0.10", 1, 53, "10.244.0.5"),
+        Entry(IPFamily.IPv6, L4Protocol.UDP, "fd00::1", "fd00::10", 1, 53, "fd00::5"),
+    ]
+    conntrack = FakeConntrack(flows, refuse={refused})
     metrics = Metrics()
     proxy = Proxy(config(), FakeBackend(), conntrack=conntrack, metrics=metrics)
     snapshot, _ = ProxyState("node-a").collect()

@@ -19,6 +19,7 @@ from kubeproxy.dataplane.conntrack import (
     FakeConntrack,
     Filter,
     apply,
+    parse_listing,
     stale_conntrack_filters,
 )
 from kubeproxy.model.state import Changes, ProxyState, Snapshot
@@ -248,8 +249,9 @@ def test_apply_clears_matching_entries_and_goes_on_after_a_failure(
     to_live = entry("10.96.0.10", 53, "10.1.0.6", sport=40001)
     nodeport = entry("192.168.50.1", 30053, "10.1.0.5", sport=40002)
     other_port = entry("10.96.0.10", 54, "10.1.0.5", sport=40003)
+    to_refused = entry("10.96.0.99", 53, "10.1.0.9", sport=40004)
     refused = Filter.for_ip("10.96.0.99", UDP, reason="test")
-    fake = FakeConntrack([to_removed, to_live, nodeport, other_port], refuse={refused})
+    fake = FakeConntrack([to_removed, to_live, nodeport, other_port, to_refused], refuse={refused})
     result = apply(
         fake,
         [
@@ -260,9 +262,48 @@ def test_apply_clears_matching_entries_and_goes_on_after_a_failure(
     )
     assert result.deleted == 2
     assert [f for f, _ in result.failed] == [refused]
-    assert fake.entries == [to_live, other_port]
+    assert fake.table == [to_live, other_port, to_refused]
     assert "Failed to clear stale conntrack entries (test)" in caplog.text
     assert caplog.records[0].levelno == logging.ERROR
+
+
+def test_apply_lists_once_and_runs_only_the_filters_that_match_an_entry() -> None:
+    # The churn soak's case: thousands of removed UDP endpoints in one sync, one flow.
+    flow = entry("10.96.0.10", 53, "10.1.0.5")
+    filters = [
+        Filter.for_nat("10.96.0.10", f"10.1.{k // 250}.{k % 250}", UDP, 53) for k in range(2000)
+    ]
+    filters += [Filter.for_port_nat(30053, "10.1.0.5", UDP), Filter.for_ip("fd00::10", UDP)]
+    v6 = Entry(V6, UDP, "fd00::1", "fd00::10", 40000, 53, "fd00::5")
+    fake = FakeConntrack([flow, v6])
+    result = apply(fake, filters)
+    assert fake.cleared == [filters[5], filters[-1]]  # 10.1.0.5, fd00::10
+    assert result.deleted == 2 and fake.table == []
+    assert fake.listed == 2  # once per family
+
+
+def test_apply_runs_every_filter_when_the_table_cannot_be_listed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    filters = [Filter.for_ip("10.96.0.10", UDP), Filter.for_ip("10.96.0.11", UDP)]
+    fake = FakeConntrack([entry("10.96.0.10", 53, "10.1.0.5")], refuse_listing=True)
+    assert apply(fake, filters).deleted == 1
+    assert fake.cleared == filters
+    assert "Cannot list conntrack entries" in caplog.text
+
+
+def test_the_listing_is_parsed_per_family() -> None:
+    v4 = (
+        "udp      17 29 src=10.1.0.100 dst=10.96.0.10 sport=40000 dport=53 [UNREPLIED] "
+        "src=10.1.0.5 dst=10.1.0.100 sport=5353 dport=40000 mark=0 use=1\n"
+        "conntrack v1.4.7 (conntrack-tools): 1 flow entries have been shown.\n"
+    )
+    assert parse_listing(v4, V4, UDP) == [entry("10.96.0.10", 53, "10.1.0.5")]
+    v6 = (
+        "udp      17 29 src=fd00::1 dst=fd00::10 sport=1 dport=53 src=fd00::5 dst=fd00::1 "
+        "sport=5353 dport=1 [ASSURED] mark=0 use=1\n"
+    )
+    assert parse_listing(v6, V6, UDP) == [Entry(V6, UDP, "fd00::1", "fd00::10", 1, 53, "fd00::5")]
 
 
 def fake_tool(tmp_path: Path, output: str, status: int) -> str:

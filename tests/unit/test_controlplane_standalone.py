@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -20,7 +25,7 @@ import yaml
 
 from kubeproxy import cli
 from kubeproxy.controlplane.standalone import StandaloneCluster
-from kubeproxy.controlplane.statefile import STATE_FILE_NAME, StateFile
+from kubeproxy.controlplane.statefile import ABANDONED_SECONDS, STATE_FILE_NAME, StateFile
 from kubeproxy.model.types import EndpointSlice, NamespacedName, Service
 from kubeproxy.sources.events import Event, EventType, RawObject
 from kubeproxy.sources.manifests import ManifestSource
@@ -550,6 +555,35 @@ def test_state_file_round_trip_is_atomic_and_tolerates_garbage(
     )
     assert state.load() == {"default/a": entry}
     assert "default/b" in caplog.text
+
+
+# A save killed (SIGKILL) after writing its temporary file, before the rename.
+_KILLED_SAVE = """
+import os, signal, sys
+from pathlib import Path
+from kubeproxy.controlplane.statefile import StateFile
+os.replace = lambda *_: os.kill(os.getpid(), signal.SIGKILL)
+StateFile.beside(Path(sys.argv[1])).save({})
+"""
+
+
+def test_a_save_cut_short_by_a_crash_leaves_no_file_for_good(tmp_path: Path) -> None:
+    entry = {"clusterIPs": ["10.96.0.1"], "nodePorts": {}, "healthCheckNodePort": 0}
+    state = StateFile.beside(tmp_path)
+    assert state.save({"default/a": entry})
+    killed = subprocess.run([sys.executable, "-c", _KILLED_SAVE, str(tmp_path)], check=False)
+    assert killed.returncode == -signal.SIGKILL
+    leftovers = [p for p in tmp_path.iterdir() if p.name != STATE_FILE_NAME]
+    assert len(leftovers) == 1  # what the crash left
+    assert state.load() == {"default/a": entry}  # the old file, whole
+    # A save soon after leaves it (it could be another writer's, in progress)...
+    assert state.save({"default/a": entry})
+    assert leftovers[0].exists()
+    # ...and removes it once it is clearly abandoned.
+    old = time.time() - ABANDONED_SECONDS - 1
+    os.utime(leftovers[0], (old, old))
+    assert state.save({"default/a": entry})
+    assert [p.name for p in tmp_path.iterdir()] == [STATE_FILE_NAME]
 
 
 def write(directory: Path, name: str, *docs: Obj) -> None:

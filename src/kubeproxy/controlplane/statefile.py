@@ -12,7 +12,8 @@ as a manifest)::
 ``nodePorts`` is keyed by the Service port number (upstream gives ports with the same
 number one nodePort). Writes are atomic: a temporary file in the same directory, fsync,
 rename over the old file, fsync of the directory — a crash leaves the old file or the
-new one, never half of either. A file that cannot be read or decoded is logged once and
+new one, never half of either; the temporary file a crash leaves behind is removed by a
+later save. A file that cannot be read or decoded is logged once and
 treated as empty (the cluster then allocates afresh); a directory that cannot be
 written is logged once and the cluster keeps working from memory.
 """
@@ -20,10 +21,12 @@ written is logged once and the cluster keeps working from memory.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,8 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 STATE_FILE_NAME = ".kubeproxy-state.json"
+# A save's temporary file older than this was abandoned by a killed process.
+ABANDONED_SECONDS = 60.0
 API_VERSION = "kubeproxy.dev/v1alpha1"
 KIND = "AllocationState"
 
@@ -70,6 +75,7 @@ class StateFile:
         """Replace the file atomically; False (logged once) if the directory is not writable."""
         body = json.dumps(encode(allocations), indent=1, sort_keys=True) + "\n"
         directory = self.path.parent
+        self._sweep()
         try:
             fd, tmp = tempfile.mkstemp(prefix=self.path.name + ".", suffix=".tmp", dir=directory)
             try:
@@ -102,6 +108,20 @@ class StateFile:
             log.info("Wrote %s again", self.path)
         self._write_failed = False
         return True
+
+    def _sweep(self) -> None:
+        """Remove the temporary files of saves that a crash (SIGKILL) cut short.
+
+        Only files older than :data:`ABANDONED_SECONDS`: a save takes milliseconds, so an
+        older one is nobody's, while a younger one may be another process's save in
+        progress. Without this, every crash in the middle of a save left one more file.
+        """
+        cutoff = time.time() - ABANDONED_SECONDS
+        for leftover in self.path.parent.glob(f"{glob.escape(self.path.name)}.*.tmp"):
+            with contextlib.suppress(OSError):
+                if leftover.stat().st_mtime < cutoff:
+                    leftover.unlink()
+                    log.info("Removed %s, left by an interrupted save", leftover)
 
 
 def encode(allocations: Mapping[str, Allocation]) -> dict[str, Any]:
