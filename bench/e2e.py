@@ -35,7 +35,9 @@ acknowledges each command). **Cold start** is from spawning the proxy process to
 Service (the highest-numbered; one full sync programs all) answering, then a sample of
 others is checked. **Peak RSS** is that of the whole process tree (the proxy and its
 ``nft`` children), summed over the tree and sampled every 5 ms from this process, and
-the proxy's own high-water mark (VmHWM). Results go to stdout as Markdown and to
+the proxy's own high-water mark (VmHWM). A child that has not exec'd yet (still the
+proxy's program: between fork and exec) is not counted: it shares the proxy's pages
+and would count them twice. Results go to stdout as Markdown and to
 ``--out`` as JSON; ``--profile`` keeps the proxy's logs (``--v=2``: each sync's time) and,
 if py-spy is installed beside this Python, samples of the proxy during the changes.
 """
@@ -211,20 +213,30 @@ def stop(proc: subprocess.Popen[str]) -> None:
 
 
 def _tree(pid: int) -> list[int]:
-    """``pid`` and its descendants (a child is listed under the thread that forked it)."""
+    """``pid`` and its descendants (a child is listed under the thread that forked it),
+    without children that have not exec'd yet (their memory is their parent's)."""
     pids = [pid]
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:  # gone meanwhile
         return pids
+    program = _cmdline(pid)
     for task in tasks:
         try:
             listed = Path(f"/proc/{pid}/task/{task}/children").read_text().split()
         except OSError:
             continue
         for child in listed:
-            pids.extend(_tree(int(child)))
+            if _cmdline(int(child)) != program:
+                pids.extend(_tree(int(child)))
     return pids
+
+
+def _cmdline(pid: int) -> bytes | None:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
 
 
 def _status_kb(pid: int, field_name: str) -> int:
