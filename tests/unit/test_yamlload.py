@@ -34,6 +34,9 @@ TRICKY = [
     "=: x\n",
     "a: =\n",
     "<<: 1\n",
+    # Errors: PyYAML checks merge keys before building any value.
+    "<<: 2024-13-45\n",
+    "a: 2024-13-45\n<<: 1\n",
     "a: !custom x\n",
     "1: one\ntrue: yes\n~: nothing\n1.5: f\n2002-12-14: d\n",
     "a: 1\na: 2\n",

@@ -6,9 +6,9 @@ the Python objects in Python, through a general machinery (a generator per colle
 memo of every node, tag dispatch) that costs more than the parsing. Manifests are plain
 mappings, lists and scalars, so :class:`_FastLoader` builds those directly and asks
 PyYAML's own constructors for every scalar that is not a string (ints, booleans, nulls,
-floats, timestamps...). Anything it does not handle the plain way makes the whole
-document go through PyYAML's constructor instead, so the result (and every error) is
-PyYAML's: other tags (``!!set``, ``!!omap``, custom ones), merge keys (``<<``), keys that
+floats, timestamps...). Anything it does not handle the plain way, and any error, makes
+the whole document go through PyYAML's constructor instead, so the result (and every
+error) is PyYAML's: other tags (``!!set``, ``!!omap``, custom ones), merge keys (``<<``), keys that
 are not scalars, nesting too deep for a recursive walk. Documents with aliases are
 never built here (the text is checked for ``*``): PyYAML gives an aliased node one shared
 object, which a tree walk would copy.
@@ -59,7 +59,9 @@ class _FastLoader(yaml.CSafeLoader):
     def construct_document(self, node: Node) -> Any:
         try:
             return self._build(node)
-        except (_SlowPathError, RecursionError):
+        except Exception:
+            # Not plain (_SlowPathError), or an error: PyYAML's constructor decides, so
+            # the error is the one it raises (it checks merge keys before any value).
             return super().construct_document(node)
 
     def _build(self, node: Node) -> Any:
