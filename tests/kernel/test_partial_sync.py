@@ -248,3 +248,25 @@ def test_full_sync_keeps_session_affinity_memory(lab: Lab, scratch: str) -> None
         assert "delete table" not in node_backend.last_transaction
         seen = {lab.in_pod("client").call(tcp_ask, "10.96.5.1", 80).pod for _ in range(10)}
         assert seen == {first}
+
+
+def test_a_new_table_loaded_in_pieces_is_the_one_transaction_table(lab: Lab, scratch: str) -> None:
+    """Pieces of 7 elements (the backend's pieces for a big cluster) into an empty
+    kernel give the table one transaction gives, and a partial sync then applies."""
+    pieces = NftablesBackend(CONFIG, TeeRunner(scratch))
+    pieces.new_table_piece = 7
+    pieces.sync(snapshot(12), None)
+    assert "add element ip kube-proxy service-ips" in pieces.last_transaction
+    whole_ns = f"{lab.prefix}-whole"
+    delete_netns(whole_ns)
+    add_netns(whole_ns)
+    try:
+        NftablesBackend(CONFIG, NftCommand(netns=whole_ns)).sync(snapshot(12), None)
+        assert nft_state(scratch) == nft_state(whole_ns)
+        assert not pieces.sync(snapshot(12, extra_endpoint=True), {port_name(0)}).full
+        NftablesBackend(CONFIG, NftCommand(netns=whole_ns)).sync(
+            snapshot(12, extra_endpoint=True), None
+        )
+        assert nft_state(scratch) == nft_state(whole_ns)
+    finally:
+        delete_netns(whole_ns)

@@ -168,7 +168,11 @@ class StandaloneCluster:
             # An unreadable version was absent when it came (and logged then).
             if old is not None and problem(obj.kind, old) is not None:
                 old = None
-            new = checked(obj.kind, new)
+            if obj.kind == "EndpointSlice":
+                # Parsed once: parsing is the check (and most of a cold start's work).
+                slice_model, new = _parse_slice(new)
+            else:
+                new = checked(obj.kind, new)
             if obj.kind == "Service":
                 self._on_service(obj.key, new)
                 dirty.add(obj.key)
@@ -184,7 +188,7 @@ class StandaloneCluster:
                 out += self._pass_through("ServiceCIDR", obj.key, new)
             elif obj.kind == "EndpointSlice":
                 slices_dirty |= self._on_explicit_slice(obj.key, old, new)
-                out += self._pass_through("EndpointSlice", obj.key, new)
+                out += self._emit("EndpointSlice", obj.key, slice_model)
 
         active = bool(self._labels.pods) or bool(self._incomplete)
         if active != self._active:
@@ -684,6 +688,18 @@ _PARSERS: dict[str, Any] = {
     "ServiceCIDR": parse_service_cidr,
     "EndpointSlice": parse_endpoint_slice,
 }
+
+
+def _parse_slice(doc: Mapping[str, Any] | None) -> tuple[Model | None, Mapping[str, Any] | None]:
+    """An EndpointSlice's model and its document; both None (logged) if it is invalid.
+    The model is None too for a valid slice a proxy ignores (FQDN)."""
+    if doc is None:
+        return None, None
+    try:
+        return parse_endpoint_slice(doc), doc
+    except InvalidObjectError as err:
+        log.error("%s", err)
+        return None, None
 
 
 def _store(table: dict[Any, Any], key: Any, value: Any) -> None:

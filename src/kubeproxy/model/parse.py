@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -23,6 +24,7 @@ from kubeproxy.model.types import (
     ANNOTATION_TRIGGER_TIME,
     DEFAULT_AFFINITY_TIMEOUT_SECONDS,
     LABEL_SERVICE_NAME,
+    PLAIN_IPV4,
     TAINT_TO_BE_DELETED,
     EndpointConditions,
     EndpointSlice,
@@ -71,6 +73,8 @@ def _fail(path: str, message: str) -> _InvalidError:
 
 
 def _mapping(obj: Any, path: str) -> Mapping[str, Any]:
+    if type(obj) is dict:  # the common case, without an ABC check
+        return obj
     if obj is None:
         return {}
     if not isinstance(obj, Mapping):
@@ -116,6 +120,8 @@ def _int(obj: Any, path: str, lo: int, hi: int, *, default: int | None = None) -
 
 def canonical_ip(value: Any, path: str) -> str:
     """Validate an IP address and return its canonical spelling."""
+    if type(value) is str and PLAIN_IPV4.fullmatch(value):
+        return value  # already canonical
     text = _str(value, path)
     try:
         # Python accepts IPv6 zone IDs ("fe80::1%eth0") with arbitrary text after the "%"
@@ -389,10 +395,15 @@ def _parse_endpoint_slice(obj: Mapping[str, Any]) -> EndpointSlice | None:
         seen.add((port_name, protocol))
         ports.append(SlicePort(port_name, protocol, number))
 
-    endpoints = tuple(
-        _slice_endpoint(raw, f"endpoints[{i}]", family)
-        for i, raw in enumerate(_list(obj.get("endpoints"), "endpoints"))
-    )
+    endpoints: list[SliceEndpoint] = []
+    for i, raw in enumerate(_list(obj.get("endpoints"), "endpoints")):
+        ep = _mapping(raw, f"endpoints[{i}]")
+        try:
+            endpoints.append(_slice_endpoint(ep, family))
+        except _InvalidError as err:
+            # The endpoint's fields are checked with paths relative to it: spelling the
+            # full path up front would cost more than the checks (once per endpoint).
+            raise _InvalidError(f"endpoints[{i}].{err}") from None
     annotations = _mapping(meta.get("annotations"), "metadata.annotations")
     return EndpointSlice(
         namespace=namespace,
@@ -400,33 +411,46 @@ def _parse_endpoint_slice(obj: Mapping[str, Any]) -> EndpointSlice | None:
         service_name=service_name,
         address_type=family,
         ports=tuple(ports),
-        endpoints=endpoints,
+        endpoints=tuple(endpoints),
         trigger_time=_trigger_time(annotations.get(ANNOTATION_TRIGGER_TIME)),
     )
 
 
-def _slice_endpoint(raw: Any, path: str, family: IPFamily) -> SliceEndpoint:
-    ep = _mapping(raw, path)
-    addresses_raw = _list(ep.get("addresses"), f"{path}.addresses")
+# The eight possible conditions, shared: a cluster has one per endpoint otherwise.
+_CONDITIONS = {
+    (ready, serving, terminating): EndpointConditions(ready, serving, terminating)
+    for ready in (True, False)
+    for serving in (True, False)
+    for terminating in (True, False)
+}
+
+
+def _slice_endpoint(ep: Mapping[str, Any], family: IPFamily) -> SliceEndpoint:
+    """One endpoint; error paths relative to it (the caller prefixes ``endpoints[i].``)."""
+    addresses_raw = _list(ep.get("addresses"), "addresses")
     if not addresses_raw:
-        raise _fail(f"{path}.addresses", "at least one address is required")
+        raise _fail("addresses", "at least one address is required")
     addresses = tuple(
-        canonical_ip(a, f"{path}.addresses[{j}]") for j, a in enumerate(addresses_raw)
+        a if type(a) is str and PLAIN_IPV4.fullmatch(a) else canonical_ip(a, f"addresses[{j}]")
+        for j, a in enumerate(addresses_raw)
     )
     for j, address in enumerate(addresses):
         if family_of(address) is not family:
-            raise _fail(f"{path}.addresses[{j}]", f"{address} is not an {family.value} address")
-    cond = _mapping(ep.get("conditions"), f"{path}.conditions")
-    conditions = EndpointConditions(
-        ready=_bool(cond.get("ready"), f"{path}.conditions.ready", True),
-        serving=_bool(cond.get("serving"), f"{path}.conditions.serving", True),
-        terminating=_bool(cond.get("terminating"), f"{path}.conditions.terminating", False),
-    )
-    node_name = _optional_name(ep.get("nodeName"), f"{path}.nodeName")
-    zone = _optional_name(ep.get("zone"), f"{path}.zone")
-    hints = _mapping(ep.get("hints"), f"{path}.hints")
-    zone_hints = _hint_names(hints.get("forZones"), f"{path}.hints.forZones")
-    node_hints = _hint_names(hints.get("forNodes"), f"{path}.hints.forNodes")
+            raise _fail(f"addresses[{j}]", f"{address} is not an {family.value} address")
+    cond = _mapping(ep.get("conditions"), "conditions")
+    conditions = _CONDITIONS[
+        _bool(cond.get("ready"), "conditions.ready", True),
+        _bool(cond.get("serving"), "conditions.serving", True),
+        _bool(cond.get("terminating"), "conditions.terminating", False),
+    ]
+    node_name = _optional_name(ep.get("nodeName"), "nodeName")
+    zone = _optional_name(ep.get("zone"), "zone")
+    hints = ep.get("hints")
+    if hints is None:
+        return SliceEndpoint(addresses, conditions, node_name, zone)
+    hints = _mapping(hints, "hints")
+    zone_hints = _hint_names(hints.get("forZones"), "hints.forZones")
+    node_hints = _hint_names(hints.get("forNodes"), "hints.forNodes")
     return SliceEndpoint(addresses, conditions, node_name, zone, zone_hints, node_hints)
 
 
@@ -436,7 +460,8 @@ def _optional_name(value: Any, path: str) -> str | None:
         return None
     if len(text) > 253 or not _ZONE_OR_NODE.match(text):
         raise _fail(path, f"invalid name {_printable(text)!r}")
-    return text
+    # Node and zone names repeat across every endpoint of the cluster: one copy each.
+    return sys.intern(text)
 
 
 def _hint_names(value: Any, path: str) -> frozenset[str]:

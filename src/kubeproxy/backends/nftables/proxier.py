@@ -48,7 +48,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from kubeproxy.backends import BackendError, SyncResult
-from kubeproxy.backends.nftables.index import Change, Contents, TableIndex, full_table
+from kubeproxy.backends.nftables.index import (
+    Change,
+    Contents,
+    TableIndex,
+    full_table,
+    split_elements,
+)
 from kubeproxy.backends.nftables.render import PortRules, render_service_port
 from kubeproxy.backends.nftables.table import (
     SKELETON_CHAINS,
@@ -70,6 +76,8 @@ log = logging.getLogger(__name__)
 
 Key = tuple[IPFamily, ServicePortName]
 LAST_TRANSACTION_LIMIT = 64 * 1024
+# Elements per transaction when a new table is loaded in pieces (see _new_table_pieces).
+NEW_TABLE_PIECE = 10_000
 Updates = dict[IPFamily, dict[ServicePortName, PortRules | None]]
 
 
@@ -113,6 +121,7 @@ class NftablesBackend:
         self._isolated = _Isolated()
         self.last_transaction = ""
         self._kernel_seconds = 0.0
+        self.new_table_piece = NEW_TABLE_PIECE
 
     # -------------------------------------------------------------- lifecycle
 
@@ -157,21 +166,26 @@ class NftablesBackend:
             updates[fam.family] = out
         return updates, rendered
 
-    def _full_tx(self, built: Mapping[IPFamily, _Built], *, replace: bool) -> Transaction:
+    def _full_tx(
+        self,
+        built: Mapping[IPFamily, _Built],
+        existing: Mapping[IPFamily, dict[str, set[str]]] | None,
+    ) -> Transaction:
+        """The full sync over the ``existing`` objects of each table; replacing the
+        tables outright when None."""
         tx = Transaction()
         for family, (index, contents) in built.items():
             t = table_ref(family)
             table = full_table(index.fam, contents)
-            if replace:
+            if existing is None:
                 tx.add_table(t)
                 tx.delete_table(t)
             else:
-                existing = self._list(t)
+                ours = {s.name for s in table.sets}
                 tx.add_table(t, TABLE_COMMENT)
                 tx.flush_table(t)
-                ours = {s.name for s in table.sets}
                 for s in static_sets(index.fam):
-                    if s.name not in existing[s.keyword]:
+                    if s.name not in existing[family][s.keyword]:
                         continue
                     if s.name in TYPEOF_MAPS:
                         # Recreated rather than flushed: nft 1.0.6 cannot rebuild their
@@ -182,10 +196,10 @@ class NftablesBackend:
                     else:
                         tx.flush_set(t, s.keyword, s.name)
                 for keyword in ("map", "set"):
-                    for name in sorted(existing[keyword] - ours):
+                    for name in sorted(existing[family][keyword] - ours):
                         tx.delete_set(t, keyword, name)
                 wanted = SKELETON_CHAINS | set(contents.chains)
-                for name in sorted(existing["chain"] - wanted):
+                for name in sorted(existing[family]["chain"] - wanted):
                     tx.delete_chain(t, name)
             tx.define_table(table)
         return tx
@@ -194,8 +208,10 @@ class NftablesBackend:
         # What a sync applied (several transactions when a partial sync adds a shared
         # chain, or when the kernel refused one), for tests and debugging; only the
         # start of a big one (a full sync of a large cluster is tens of MB of text).
-        if len(self.last_transaction) < LAST_TRANSACTION_LIMIT:
-            text = self.last_transaction + "".join(str(tx) for tx in txs)
+        for tx in txs:
+            if len(self.last_transaction) >= LAST_TRANSACTION_LIMIT:
+                break
+            text = self.last_transaction + str(tx)
             if len(text) > LAST_TRANSACTION_LIMIT:
                 text = text[:LAST_TRANSACTION_LIMIT] + f"\n... ({len(text)} bytes in all)\n"
             self.last_transaction = text
@@ -257,7 +273,7 @@ class NftablesBackend:
 
         def refusal(keys: list[Key]) -> str | None:
             chosen = set(keys)
-            return self._check(self._full_tx(build(chosen.__contains__), replace=True))
+            return self._check(self._full_tx(build(chosen.__contains__), None))
 
         if refusal([]) is not None:
             raise refused  # not a ServicePort's fault: keep the previous rules
@@ -269,8 +285,13 @@ class NftablesBackend:
 
     def _apply_full(self, built: dict[IPFamily, _Built]) -> int:
         """Apply a full sync (flush and re-add; replace if refused); the operation count."""
-        tx = self._full_tx(built, replace=False)
+        existing = {family: self._list(table_ref(family)) for family in built}
         try:
+            pieces = self._new_table_pieces(built, existing)
+            if pieces:
+                self._apply(*pieces)
+                return sum(len(tx) for tx in pieces)
+            tx = self._full_tx(built, existing)
             self._apply(tx)
         except NftError as err:
             if err.incomplete:
@@ -280,9 +301,39 @@ class NftablesBackend:
                 "(session affinity memory is lost)",
                 _first_line(err),
             )
-            tx = self._full_tx(built, replace=True)
+            tx = self._full_tx(built, None)
             self._apply(tx)
         return len(tx)
+
+    def _new_table_pieces(
+        self, built: Mapping[IPFamily, _Built], existing: Mapping[IPFamily, dict[str, set[str]]]
+    ) -> list[Transaction]:
+        """A full sync into tables that do not exist yet, as several transactions when
+        it is big: empty if it is not.
+
+        ``nft`` holds its whole input's parse (and the kernel batch) at once: 285 MB for
+        10,000 Services in one piece, about 30 MB per piece of 10,000 elements. Pieces
+        are only safe when nothing exists yet: a ServicePort then goes from absent to
+        complete in the transaction that adds its entry elements (split_elements puts
+        them last), exactly as in one transaction, while an existing table must change
+        atomically. If a piece is refused, the caller replaces the tables in one
+        transaction, as for any refused full sync.
+        """
+        if any(objects["chain"] for objects in existing.values()):
+            return []
+        tables = [full_table(index.fam, contents) for index, contents in built.values()]
+        if sum(len(s.elements) for table in tables for s in table.sets) <= self.new_table_piece:
+            return []
+        first = Transaction()
+        rest: list[Transaction] = []
+        for table in tables:
+            split = split_elements(table, self.new_table_piece)
+            first.add_table(table.ref, TABLE_COMMENT)
+            first.define_table(table)
+            for name, elements in split:
+                rest.append(Transaction())
+                rest[-1].add_elements(table.ref, name, elements)
+        return [first, *rest]
 
     # ---------------------------------------------------------- partial sync
 
@@ -418,7 +469,7 @@ class NftablesBackend:
             family: _build(by_family[family], {n: r for n, r in by_name.items() if r is not None})
             for family, by_name in updates.items()
         }
-        return str(self._full_tx(built, replace=True))
+        return str(self._full_tx(built, None))
 
     def _report(
         self,

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import ClassVar
 
-from kubeproxy.model.types import IPFamily
+from kubeproxy.model.types import PLAIN_IPV4, IPFamily
 
 
 class RuleError(ValueError):
@@ -99,16 +99,10 @@ def _family_version(family: IPFamily) -> int:
     return 6 if family is IPFamily.IPv6 else 4
 
 
-_PLAIN_IPV4 = re.compile(
-    r"(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}"
-    r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
-)
-
-
 def parse_network(text: str, family: IPFamily) -> str:
     """``-s``/``-d``: an address or ``address/length``, printed with its length and the
     host bits cleared (``10.1.2.3/24`` is ``10.1.2.0/24``)."""
-    if family is IPFamily.IPv4 and _PLAIN_IPV4.fullmatch(text):
+    if family is IPFamily.IPv4 and PLAIN_IPV4.fullmatch(text):
         return f"{text}/32"  # the common case, without ipaddress' cost
     addr, sep, length = text.partition("/")
     if sep and not _is_number(length):
@@ -128,7 +122,7 @@ def parse_network(text: str, family: IPFamily) -> str:
 
 
 def parse_address(text: str, family: IPFamily) -> str:
-    if family is IPFamily.IPv4 and _PLAIN_IPV4.fullmatch(text):
+    if family is IPFamily.IPv4 and PLAIN_IPV4.fullmatch(text):
         return text  # the common case, without ipaddress' cost
     try:
         ip = ipaddress.ip_address(text)
