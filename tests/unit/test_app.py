@@ -95,7 +95,7 @@ def test_a_failed_conntrack_deletion_is_retried_until_it_succeeds() -> None:
     The next sync retries it (a periodic one without changes too), and the runner is
     asked for that sync soon, backing off while it keeps failing."""
     refused = Filter.for_ip("10.96.0.10", L4Protocol.UDP, reason="service deleted")
-    # A flow it matches: a filter matching no listed entry is not run at all.
+    # A flow it matches (with many filters, one matching no listed entry is not run).
     flow = Entry(IPFamily.IPv4, L4Protocol.UDP, "10.0.0.5", "10.96.0.10", 5353, 53, "10.244.1.5")
     conntrack = FakeConntrack(table=[flow], refuse={refused})
     metrics = Metrics()

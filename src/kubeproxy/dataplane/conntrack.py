@@ -37,6 +37,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from subprocess import CompletedProcess
@@ -333,21 +334,28 @@ class CleanupResult:
     failed: list[tuple[Filter, str]] = field(default_factory=list)
 
 
+# More filters than this for one family and protocol: list the table, run those that match.
+LIST_ABOVE = 16
+
+
 def apply(conntrack: Conntrack, filters: Iterable[Filter]) -> CleanupResult:
     """Run every filter that matches an entry; a failure is logged and counted, and the
     rest still run.
 
-    The table is listed once per family and protocol first, and a filter that matches
-    nothing there is not run: a churn that removes thousands of UDP endpoints per sync
-    would otherwise cost one ``conntrack -D`` process each, minutes per sync (measured,
-    bench.soak), although few of them ever had a flow. (Upstream's reconciler also
-    reads the table once per sync.) The listing comes after the new rules are in, so a
-    flow to a removed endpoint is in it. If the listing fails, every filter is run.
+    Where a family and protocol have more than :data:`LIST_ABOVE` filters, the table is
+    listed once for them first, and a filter that matches nothing there is not run: a
+    churn that removes thousands of UDP endpoints per sync would otherwise cost one
+    ``conntrack -D`` process each, minutes per sync (measured, bench.soak), although few
+    of them ever had a flow. (Upstream's reconciler reads the table once per sync.) A
+    few filters run directly: listing a busy node's table (DNS makes it large) costs
+    more than a few deletions. The listing comes after the new rules are in, so a flow
+    to a removed endpoint is in it. If the listing fails, every filter is run.
     """
     result = CleanupResult()
     filters = list(filters)
+    per_key = Counter((f.family, f.protocol) for f in filters)
     present: dict[tuple[IPFamily, L4Protocol], _Present] = {}
-    for key in sorted({(f.family, f.protocol) for f in filters}):
+    for key in sorted(k for k, n in per_key.items() if n > LIST_ABOVE):
         try:
             present[key] = _Present(conntrack.entries(*key))
         except ConntrackError as err:
