@@ -75,12 +75,13 @@ def test_hostile_names_become_comments_nft_accepts(netns: str) -> None:
     nft(netns, "-f", "-", script=script)
 
     listed: dict[str, str] = {}
-    for map_name in ("service-ips", "no-endpoint-services"):
-        text = nft(netns, "list", "map", "ip", "kube-proxy", map_name)
+    # With endpoints: the element of the shared chain's set; without: the no-endpoint map.
+    for keyword, map_name in (("set", "cluster-ip-1-dests"), ("map", "no-endpoint-services")):
+        text = nft(netns, "list", keyword, "ip", "kube-proxy", map_name)
         assert set(parse_elements(text)) == {
             f"10.96.0.{i + 1} . tcp . 80"
             for i in range(len(HOSTILE))
-            if bool(i % 2) == (map_name == "service-ips")
+            if bool(i % 2) == (keyword == "set")
         }
         for line in text.splitlines():
             if ' comment "' in line:

@@ -149,7 +149,7 @@ def test_a_service_the_kernel_refuses_is_left_out_and_the_rest_programmed(lab: L
     assert [line.split(" (")[0] for line in result.isolated] == [str(bad.name)]
     assert "Service out of range" in result.isolated[0]
     assert lab.in_pod("client").call(tally, tcp_ask, "10.96.31.1", 80, count=2) == {"local-1": 2}
-    listing = ns_exec(lab.node_ns, "nft", "list", "map", "ip", "kube-proxy", "service-ips")
+    listing = ns_exec(lab.node_ns, "nft", "list", "table", "ip", "kube-proxy")
     assert "10.96.31.2" not in listing
 
     # An unrelated change: partial, and the refused one stays out without being retried.

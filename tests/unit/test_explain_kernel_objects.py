@@ -32,7 +32,7 @@ def run(
 def test_nftables_cluster_ip_objects() -> None:
     result, fam = run(service_port(), Packet(POD, "10.96.0.10", 80), "nftables")
     assert [str(o) for o in kernel_objects(result, fam)] == [
-        "ip kube-proxy: service-ips element { 10.96.0.10 . tcp . 80 : goto cluster-ip-2 }",
+        "ip kube-proxy: cluster-ip-2-dests element { 10.96.0.10 . tcp . 80 }",
         "ip kube-proxy: chain cluster-ip-2",
         "ip kube-proxy: ip-backends element { 10.96.0.10 . tcp . 80 . 0 : 10.244.1.10 . 8080 }",
         "ip kube-proxy: ip-backends element { 10.96.0.10 . tcp . 80 . 1 : 10.244.2.10 . 8080 }",
@@ -96,8 +96,8 @@ def test_parse_elements_leaves_the_comment_out_of_the_key() -> None:
 def test_nft_drift_finds_missing_and_extra_endpoints() -> None:
     result, fam = run(service_port(), Packet(POD, "10.96.0.10", 80), "nftables")
     objects = kernel_objects(result, fam)
-    elements = {
-        "service-ips": {"10.96.0.10 . tcp . 80": "goto cluster-ip-2"},
+    elements: dict[str, dict[str, str | None]] = {
+        "cluster-ip-2-dests": {"10.96.0.10 . tcp . 80": None},
         "ip-backends": {
             "10.96.0.10 . tcp . 80 . 0": "10.244.1.10 . 8080",
             "10.96.0.10 . tcp . 80 . 1": "10.244.2.10 . 8080",
@@ -106,10 +106,10 @@ def test_nft_drift_finds_missing_and_extra_endpoints() -> None:
     assert live.nft_drift(result, fam, objects, {"cluster-ip-2"}, elements) == []
     elements["ip-backends"]["10.96.0.10 . tcp . 80 . 1"] = "10.244.2.99 . 8080"
     elements["ip-backends"]["10.96.0.10 . tcp . 80 . 5"] = "10.244.2.98 . 8080"
-    del elements["service-ips"]["10.96.0.10 . tcp . 80"]
+    del elements["cluster-ip-2-dests"]["10.96.0.10 . tcp . 80"]
     drift = live.nft_drift(result, fam, objects, set(), elements)
     assert drift == [
-        "missing ip kube-proxy: service-ips element { 10.96.0.10 . tcp . 80 : goto cluster-ip-2 }",
+        "missing ip kube-proxy: cluster-ip-2-dests element { 10.96.0.10 . tcp . 80 }",
         "missing ip kube-proxy: chain cluster-ip-2",
         "ip kube-proxy: ip-backends element { 10.96.0.10 . tcp . 80 . 1 : 10.244.2.10 . 8080 }:"
         " the kernel has '10.244.2.99 . 8080'",

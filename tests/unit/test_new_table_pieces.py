@@ -5,7 +5,7 @@ come after everything else, and an existing table is never changed in pieces."""
 from __future__ import annotations
 
 from kubeproxy.backends.nftables.proxier import NftablesBackend
-from kubeproxy.backends.nftables.table import SERVICE_IPS, SERVICE_NODEPORTS
+from kubeproxy.backends.nftables.table import is_entry
 from kubeproxy.dataplane.nftables.fake import FakeNftables
 from kubeproxy.dataplane.nftables.runner import NftError
 from kubeproxy.dataplane.nftables.transaction import (
@@ -56,13 +56,12 @@ def test_a_new_table_is_loaded_in_pieces_and_ends_as_one_transaction_would() -> 
     adds = [op for tx in pieces for op in tx]
     assert all(isinstance(op, AddElements) and len(op.elements) <= 4 for op in adds)
     assert all(len(tx) == 1 for tx in pieces)
-    # The entry maps' elements come last: a ServicePort is reachable only once all of
-    # its other elements are in.
-    entry = [isinstance(op, AddElements) and op.set_name in (SERVICE_IPS, SERVICE_NODEPORTS)
-             for op in adds]  # fmt: skip
+    # The entry sets' elements (the shared chains' "-dests" sets) come last: a
+    # ServicePort is reachable only once all of its other elements are in.
+    entry = [isinstance(op, AddElements) and is_entry(op.set_name) for op in adds]
     assert entry == sorted(entry) and any(entry)
     define = next(op for op in first if isinstance(op, DefineTable))
-    entry_maps = [s for s in define.definition.sets if s.name in (SERVICE_IPS, SERVICE_NODEPORTS)]
+    entry_maps = [s for s in define.definition.sets if is_entry(s.name)]
     assert entry_maps and not any(s.elements for s in entry_maps)
 
 

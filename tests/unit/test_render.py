@@ -18,8 +18,6 @@ from kubeproxy.backends.nftables.table import (
     NO_ENDPOINT_SERVICES,
     NODEPORT_BACKENDS,
     NODEPORT_IPS,
-    SERVICE_IPS,
-    SERVICE_NODEPORTS,
     VERDICT_DROP,
     VERDICT_REJECT,
     LBChain,
@@ -89,7 +87,7 @@ def test_cluster_ip_goes_to_a_shared_chain_by_endpoint_count() -> None:
         svc(), [ep("10.244.1.2"), ep("10.244.2.2", "node-b"), ep("10.244.2.3", "node-b")], V4
     )
     got = elements(rules)
-    assert got[(SERVICE_IPS, "10.96.0.1 . tcp . 80")] == "goto cluster-ip-3"
+    assert got[("cluster-ip-3-dests", "10.96.0.1 . tcp . 80")] is None
     assert [got[(IP_BACKENDS, f"10.96.0.1 . tcp . 80 . {i}")] for i in range(3)] == [
         "10.244.1.2 . 8080",
         "10.244.2.2 . 8080",
@@ -127,13 +125,13 @@ def test_external_policy_local_keeps_both_sets_under_one_key() -> None:
         V4,
     )
     got = elements(rules)
-    assert got[(SERVICE_NODEPORTS, "tcp . 30080")] == "goto local-np-2-1"
+    assert got[("local-np-2-1-dests", "tcp . 30080")] is None
     assert got[(NODEPORT_BACKENDS, "tcp . 30080 . 0")] == "10.244.1.2 . 8080"
     assert got[(NODEPORT_BACKENDS, "tcp . 30080 . 1")] == "10.244.2.2 . 8080"
     assert got[(NODEPORT_BACKENDS, f"tcp . 30080 . {LOCAL_OFFSET}")] == "10.244.1.2 . 8080"
-    assert got[(SERVICE_IPS, "203.0.113.7 . tcp . 80")] == "goto local-ip-2-1"
+    assert got[("local-ip-2-1-dests", "203.0.113.7 . tcp . 80")] is None
     # The ClusterIP is internal traffic: Cluster policy.
-    assert got[(SERVICE_IPS, "10.96.0.1 . tcp . 80")] == "goto cluster-ip-2"
+    assert got[("cluster-ip-2-dests", "10.96.0.1 . tcp . 80")] is None
 
 
 def test_external_policy_local_without_local_endpoints_drops_the_rest() -> None:
@@ -145,7 +143,7 @@ def test_external_policy_local_without_local_endpoints_drops_the_rest() -> None:
         )
     )
     # Pods and the node are short-circuited by local-np-1-0; everything else is dropped.
-    assert got[(SERVICE_NODEPORTS, "tcp . 30080")] == "goto local-np-1-0"
+    assert got[("local-np-1-0-dests", "tcp . 30080")] is None
     assert got[(NO_ENDPOINT_NODEPORTS, "tcp . 30080")] == VERDICT_DROP
 
 
@@ -157,8 +155,8 @@ def test_external_policy_cluster_uses_external_chains() -> None:
             V4,
         )
     )
-    assert got[(SERVICE_NODEPORTS, "tcp . 30080")] == "goto external-np-2"
-    assert got[(SERVICE_IPS, "198.51.100.1 . tcp . 80")] == "goto external-ip-2"
+    assert got[("external-np-2-dests", "tcp . 30080")] is None
+    assert got[("external-ip-2-dests", "198.51.100.1 . tcp . 80")] is None
 
 
 def test_families_are_rendered_separately() -> None:
@@ -233,7 +231,7 @@ def test_nodeport_match_all_has_no_address_set() -> None:
     table = full_table(fam, TableIndex.build(fam, {}).contents())
     assert NODEPORT_IPS not in {s.name for s in table.sets}
     services = next(c for c in table.chains if c.name == "services")
-    assert services.rules[1].startswith("fib daddr type local ip daddr != 127.0.0.0/8 meta")
+    assert services.rules[1] == "fib daddr type local ip daddr != 127.0.0.0/8 goto nodeports"
 
 
 def test_nodeport_addresses_flag() -> None:
@@ -257,8 +255,11 @@ def test_table_text_is_declarative_and_ordered() -> None:
     text = str(tx)
     # Maps are declared before the chains whose rules and elements refer to them.
     assert text.index("map service-ips") < text.index("chain services")
-    assert '10.96.0.1 . tcp . 80 comment "default/web:http" : goto cluster-ip-1' in text
+    assert text.index("set cluster-ip-1-dests") < text.index("chain services")
+    assert '10.96.0.1 . tcp . 80 comment "default/web:http"\n' in text
     assert "chain cluster-ip-1 {" in text
+    # One dispatch rule per shared chain in use, none per Service.
+    assert "ip daddr . meta l4proto . th dport @cluster-ip-1-dests goto cluster-ip-1" in text
 
 
 @pytest.mark.parametrize("name", ["", "a b", "x;flush ruleset", "a\nb", "a" * 80, "-x", "ä"])
@@ -303,8 +304,8 @@ def test_only_the_element_naming_a_destination_carries_a_comment() -> None:
     rules = {spn(): render(port, [ep("10.244.1.2"), ep("10.244.1.3")], V4)}
     contents = TableIndex.build(V4, rules).contents()
     assert contents.comments == {
-        (SERVICE_IPS, "10.96.0.1 . tcp . 80"): "default/web:http",
-        (SERVICE_NODEPORTS, "tcp . 30080"): "default/web:http",
+        ("cluster-ip-2-dests", "10.96.0.1 . tcp . 80"): "default/web:http",
+        ("external-np-2-dests", "tcp . 30080"): "default/web:http",
     }
     empty = {spn(): render(port, [], V4)}
     assert set(TableIndex.build(V4, empty).contents().comments) == {
@@ -323,8 +324,8 @@ def test_a_destination_changing_owner_is_added_again_with_the_new_comment() -> N
     script = str(tx)
     # Same value, new owner: deleted, then added with b's name (adding the existing key
     # again would keep a's comment in the kernel).
-    assert "delete element ip kube-proxy service-ips { 10.96.0.1 . tcp . 80 }" in script
-    assert '10.96.0.1 . tcp . 80 comment "default/b:http" : goto cluster-ip-1' in script
+    assert "delete element ip kube-proxy cluster-ip-1-dests { 10.96.0.1 . tcp . 80 }" in script
+    assert '{ 10.96.0.1 . tcp . 80 comment "default/b:http" }' in script
     assert "default/a" not in script
     # An unchanged owner writes nothing.
     same = index.change({spn("a"): a})

@@ -20,7 +20,7 @@ import re
 import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from kubeproxy.backends.nftables.table import static_sets
+from kubeproxy.backends.nftables.table import DESTS_SUFFIX, static_sets
 from kubeproxy.dataplane.process import ToolError, run_tool
 from kubeproxy.explain.objects import KernelObject, backends_map, nft_claim, nft_table
 from kubeproxy.explain.packet import Explanation, Outcome
@@ -140,10 +140,11 @@ def read_nft(
     if result.frontend is not None:
         wanted.add(backends_map(result.frontend))
     for set_name in sorted(wanted):
-        if set_name not in keyword:
+        kind = "set" if set_name.endswith(DESTS_SUFFIX) else keyword.get(set_name)
+        if kind is None:
             continue
         try:
-            text = read("nft", ["list", keyword[set_name], family, name, set_name])
+            text = read("nft", ["list", kind, family, name, set_name])
         except ToolError:
             text = ""
         elements[set_name] = parse_elements(text)

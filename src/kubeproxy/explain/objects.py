@@ -3,10 +3,10 @@
 Computed by the backends' own renderers from the same plan (never re-derived here), so
 the names are exactly those a sync programs:
 
-* nftables: the table, the verdict-map element of the frontend (``service-ips`` /
-  ``service-nodeports``), its endpoints in ``ip-backends`` / ``nodeport-backends`` by
-  index, the shared load-balancing chain it jumps to, ``no-endpoint-*`` and firewall
-  elements, and session-affinity chains;
+* nftables: the table, the frontend's element in the ``-dests`` set of its shared
+  chain (with session affinity: in ``service-ips`` / ``service-nodeports``), its
+  endpoints in ``ip-backends`` / ``nodeport-backends`` by index, that shared chain,
+  ``no-endpoint-*`` and firewall elements, and session-affinity chains;
 * iptables: upstream's chains of the ServicePort (``KUBE-SVC-``, ``KUBE-SVL-``,
   ``KUBE-EXT-``, ``KUBE-FW-``, one ``KUBE-SEP-`` per candidate endpoint) and the
   frontend's entries in the top-level chains.
@@ -108,6 +108,8 @@ def _nft(plan: ServicePortPlan, frontend: Frontend, fam: FamilyPlan) -> tuple[Ke
             out.append(KernelObject("element", table, name, key, value))
             if value is not None and value.startswith("goto "):
                 out.append(KernelObject("chain", table, value.removeprefix("goto ")))
+            elif dest.chain is not None and name == dest.chain.dests:
+                out.append(KernelObject("chain", table, dest.chain.name))
         if dest.chain is not None and not any(o.name == dest.chain.name for o in out):
             out.append(KernelObject("chain", table, dest.chain.name))
     for chain in rules.chains:

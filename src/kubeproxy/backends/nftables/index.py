@@ -35,13 +35,14 @@ from kubeproxy.backends.nftables.render import (
     affinity_set,
 )
 from kubeproxy.backends.nftables.table import (
-    COMMENTED_SETS,
     ELEMENT_SETS,
-    SERVICE_IPS,
-    SERVICE_NODEPORTS,
+    NODEPORTS_CHAIN,
     TYPEOF_MAPS,
     LBChain,
+    commented,
     config_elements,
+    dispatch_chains,
+    is_entry,
     skeleton,
     static_sets,
 )
@@ -69,7 +70,7 @@ def owner_comment(name: ServicePortName) -> str:
 
 
 def _held(elements: Iterable[tuple[str, str, str | None]], comment: str) -> dict[ElementKey, Held]:
-    return {(m, k): (v, comment if m in COMMENTED_SETS else None) for m, k, v in elements}
+    return {(m, k): (v, comment if commented(m) else None) for m, k, v in elements}
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,9 +94,11 @@ class Contents:
     """Everything the table holds besides its fixed skeleton."""
 
     elements: dict[str, dict[str, str | None]] = field(default_factory=dict)
-    # The comment of each element of COMMENTED_SETS: the ServicePort that owns it.
+    # The comment of each element of the commented sets: the ServicePort that owns it.
     comments: dict[ElementKey, str] = field(default_factory=dict)
     chains: dict[str, ChainDef] = field(default_factory=dict)
+    # The shared chains in use (each with its "-dests" set and dispatch rule).
+    shared_chains: set[LBChain] = field(default_factory=set)
     sets: dict[str, AffinitySet] = field(default_factory=dict)
 
 
@@ -115,7 +118,7 @@ class TableIndex:
         self.candidates: dict[Claim, set[ServicePortName]] = {}
         self.shared: Counter[ElementKey] = Counter()
         self.shared_values: dict[ElementKey, str | None] = {}
-        self.chain_refs: Counter[str] = Counter()
+        self.chain_refs: Counter[LBChain] = Counter()
         self.elements = 0
         self.own_chains = 0  # affinity chains (the shared ones are in chain_refs)
         self.no_local_internal = 0
@@ -146,14 +149,18 @@ class TableIndex:
                 if not cands:  # names are in order: the first one owns the destination
                     index.elements += len(dest.elements)
                     if dest.chain is not None:
-                        index.chain_refs[dest.chain.name] += 1
+                        index.chain_refs[dest.chain] += 1
                     if contents is not None and elements is not None:
                         comment = owner_comment(name)
                         for set_name, key, value in dest.elements:
-                            elements[set_name][key] = value
-                            if set_name in COMMENTED_SETS:
+                            into = elements.get(set_name)
+                            if into is None:
+                                into = elements[set_name] = {}
+                            into[key] = value
+                            if commented(set_name):
                                 contents.comments[(set_name, key)] = comment
                         if dest.chain is not None and dest.chain.name not in contents.chains:
+                            contents.shared_chains.add(dest.chain)
                             contents.chains[dest.chain.name] = ChainDef(
                                 dest.chain.name, tuple(dest.chain.rules(fam))
                             )
@@ -215,8 +222,7 @@ class Change:
         self.candidates: dict[Claim, set[ServicePortName]] = {}
         self.shared_delta: Counter[ElementKey] = Counter()
         self.shared_new_values: dict[ElementKey, str | None] = {}
-        self.chain_delta: Counter[str] = Counter()
-        self.chain_defs: dict[str, LBChain] = {}
+        self.chain_delta: Counter[LBChain] = Counter()
         self.element_delta = 0
         self._destinations()
         self._shared()
@@ -263,10 +269,9 @@ class Change:
             for key in before.keys() | after.keys():
                 self._touch(key, before.get(key, _MISSING), after.get(key, _MISSING))
             if old_dest is not None and old_dest.chain is not None:
-                self.chain_delta[old_dest.chain.name] -= 1
+                self.chain_delta[old_dest.chain] -= 1
             if new_dest is not None and new_dest.chain is not None:
-                self.chain_delta[new_dest.chain.name] += 1
-                self.chain_defs[new_dest.chain.name] = new_dest.chain
+                self.chain_delta[new_dest.chain] += 1
 
     def _shared(self) -> None:
         """Reference-counted elements several ServicePorts may need (hairpin, ClusterIPs)."""
@@ -297,18 +302,39 @@ class Change:
         """Shared chains that gain their first user."""
         refs = self.index.chain_refs
         return [
-            self.chain_defs[name]
-            for name, delta in sorted(self.chain_delta.items())
-            if delta > 0 and refs[name] == 0
+            chain
+            for chain, delta in sorted(self.chain_delta.items())
+            if delta > 0 and refs[chain] == 0
         ]
 
-    def _gone_shared_chains(self) -> list[str]:
+    def _gone_shared_chains(self) -> list[LBChain]:
         refs = self.index.chain_refs
         return [
-            name
-            for name, delta in sorted(self.chain_delta.items())
-            if delta < 0 and refs[name] > 0 and refs[name] + delta <= 0
+            chain
+            for chain, delta in sorted(self.chain_delta.items())
+            if delta < 0 and refs[chain] > 0 and refs[chain] + delta <= 0
         ]
+
+    def _dispatch(self, tx: Transaction, table: TableRef) -> None:
+        """New shared chains' ``-dests`` sets, and the dispatch chains rewritten when the
+        shared chains in use change (only then: a rule with a goto makes the kernel
+        re-validate the jump graph, which no longer holds a verdict per Service)."""
+        new = self.new_shared_chains()
+        gone = self._gone_shared_chains()
+        if not new and not gone:
+            return
+        fam = self.index.fam
+        for chain in new:
+            tx.add_set(table, chain.dests_set(fam.family))
+        in_use = (set(self.index.chain_refs) | set(new)) - set(gone)
+        before = dispatch_chains(fam, self.index.chain_refs)
+        after = dispatch_chains(fam, in_use)
+        # (The sets the rewritten rules name need no declaring again: a destination
+        # moves to or from these chains in the same batch, and its element changes make
+        # nft load the kernel's sets.)
+        for name in ("services", NODEPORTS_CHAIN):
+            if before[name] != after[name]:
+                tx.replace_chain(table, name, after[name])
 
     def emit_shared_chains(self, tx: Transaction, table: TableRef) -> None:
         """New shared load-balancing chains, for a transaction of their own.
@@ -357,6 +383,7 @@ class Change:
             tx.add_set(table, affinity_set(self.index.fam.family, new_sets[set_name]))
         for chain in replaced:
             tx.replace_chain(table, chain.name, chain.rules)
+        self._dispatch(tx, table)
         # 2. Elements: deletions first (a map key whose value changes is deleted and
         #    added again: nft refuses to add a key that exists with another value; the
         #    same for a new comment, which adding an existing key would not change).
@@ -381,12 +408,15 @@ class Change:
             tx.add_elements(table, set_name, items)
         # 3. Chains nothing refers to any more, referrers before the chains they jump to.
         gone = {n: old_chains[n].rules for n in old_chains.keys() - new_chains.keys()}
-        gone.update((n, ()) for n in self._gone_shared_chains())
+        gone_shared = self._gone_shared_chains()
+        gone.update((c.name, ()) for c in gone_shared)
         for chain_name in deletion_order(gone):
             tx.delete_chain(table, chain_name)
-        # 4. Sets, once the chains that used them are gone.
+        # 4. Sets, once the chains (and dispatch rules) that used them are gone.
         for set_name in sorted(old_sets.keys() - new_sets.keys()):
             tx.delete_set(table, "set", set_name)
+        for shared in gone_shared:
+            tx.delete_set(table, "set", shared.dests)
 
     def commit(self) -> None:
         """The kernel accepted the transaction: the overlay becomes the programmed state."""
@@ -417,10 +447,10 @@ class Change:
             else:
                 del index.shared[key]
                 index.shared_values.pop(key, None)
-        for chain_name, delta in self.chain_delta.items():
-            index.chain_refs[chain_name] += delta
-            if index.chain_refs[chain_name] <= 0:
-                del index.chain_refs[chain_name]
+        for chain, delta in self.chain_delta.items():
+            index.chain_refs[chain] += delta
+            if index.chain_refs[chain] <= 0:
+                del index.chain_refs[chain]
         index.elements += self.element_delta
 
 
@@ -451,11 +481,11 @@ def deletion_order(chains: Mapping[str, Iterable[str]]) -> list[str]:
 
 def full_table(fam: FamilyPlan, contents: Contents) -> Table:
     """The complete table for one family."""
-    table = skeleton(fam)
+    table = skeleton(fam, contents.shared_chains)
     configured = config_elements(fam)
     for s in table.sets:
         elems = contents.elements.get(s.name)
-        if elems and s.name in COMMENTED_SETS:
+        if elems and commented(s.name):
             comments = contents.comments
             s.elements = [
                 (with_comment(k, comments[(s.name, k)]) if (s.name, k) in comments else k, v)
@@ -470,21 +500,18 @@ def full_table(fam: FamilyPlan, contents: Contents) -> Table:
     return table
 
 
-# The maps whose elements make a ServicePort reachable.
-ENTRY_MAPS = (SERVICE_IPS, SERVICE_NODEPORTS)
-
-
 def split_elements(table: Table, piece: int) -> list[tuple[str, list[Element]]]:
     """Take the elements out of ``table`` that can be added after it, in pieces of at
     most ``piece`` elements, in the order to add them: every big set's and map's first,
-    the entry maps' (``service-ips``, ``service-nodeports``) last, so a ServicePort
-    becomes reachable only once its backends, firewall and hairpin elements are there
-    (the same all-or-nothing a ServicePort gets from one transaction). Interval sets
-    keep their elements (hold configuration, and nft merges intervals per batch)."""
+    the entry sets' (the ``-dests`` sets, ``service-ips``, ``service-nodeports``) last,
+    so a ServicePort becomes reachable only once its backends, firewall and hairpin
+    elements are there (the same all-or-nothing a ServicePort gets from one
+    transaction). Interval sets keep their elements (hold configuration, and nft
+    merges intervals per batch)."""
     early: list[tuple[str, list[Element]]] = []
     late: list[tuple[str, list[Element]]] = []
     for s in table.sets:
-        entry = s.name in ENTRY_MAPS
+        entry = is_entry(s.name)
         if "interval" in s.flags or not (entry or len(s.elements) > piece):
             continue
         out = late if entry else early

@@ -195,6 +195,9 @@ class NftablesBackend:
                         tx.delete_set(t, s.keyword, s.name)
                     else:
                         tx.flush_set(t, s.keyword, s.name)
+                for chain in sorted(contents.shared_chains):
+                    if chain.dests in existing[family]["set"]:
+                        tx.flush_set(t, "set", chain.dests)
                 for keyword in ("map", "set"):
                     for name in sorted(existing[family][keyword] - ours):
                         tx.delete_set(t, keyword, name)

@@ -5,8 +5,9 @@ number of Services: per-Service state lives in map elements, and a handful of sh
 load-balancing chains (:class:`~kubeproxy.backends.nftables.table.LBChain`) do the work.
 
 * Each frontend of the plan is a :class:`Destination`: the elements it adds (its
-  ``service-ips`` / ``service-nodeports`` verdict, its endpoints in the backends map by
-  index, a no-endpoint DROP/REJECT, firewall elements) and the shared chain it uses.
+  element in the ``-dests`` set of the shared chain it uses — or, with session affinity,
+  its ``service-ips`` / ``service-nodeports`` verdict —, its endpoints in the backends
+  map by index, a no-endpoint DROP/REJECT, firewall elements) and that shared chain.
   Destinations are claimed: two ServicePorts must not both own one (the index decides).
 * ClusterIPs and hairpin pairs are *shared* elements several ServicePorts may add.
 * ServicePorts with ``sessionAffinity: ClientIP`` are the exception: they get chains of
@@ -124,7 +125,7 @@ def render_service_port(plan: ServicePortPlan, fam: FamilyPlan) -> PortRules:
             dests.append(Destination(("ip", key), ((SERVICE_IPS, key, affinity.goto("ci")),)))
         else:
             chain = LBChain("cluster-ip", len(internal.endpoints))
-            elements = ((SERVICE_IPS, key, chain.goto), *_backends(IP_BACKENDS, key, internal))
+            elements = ((chain.dests, key, None), *_backends(IP_BACKENDS, key, internal))
             dests.append(Destination(("ip", key), elements, chain))
     else:
         dests.append(
@@ -173,12 +174,12 @@ def _external(
                 len(route.short_circuit),
                 len(route.endpoints),
             )
-            elements.append((dispatch, key, chain.goto))
+            elements.append((chain.dests, key, None))
             elements.extend(_indexed(backends, key, route.short_circuit))
             elements.extend(_indexed(backends, key, route.endpoints, LOCAL_OFFSET))
         else:
             chain = LBChain("external-ip" if by_ip else "external-np", len(route.endpoints))
-            elements.append((dispatch, key, chain.goto))
+            elements.append((chain.dests, key, None))
             elements.extend(_backends(backends, key, route))
     if not route.endpoints:
         # No endpoints at all (reject), or none on this node for Local policy (drop

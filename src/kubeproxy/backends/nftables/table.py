@@ -6,11 +6,19 @@
 * :func:`policy_rules` and :class:`LBChain` — the shared load-balancing chains, whose
   rules depend only on the family plan, a traffic kind and endpoint counts;
 * :func:`static_sets` and :func:`skeleton` — base chains, dispatch chains, maps and sets.
+
+Destinations reach their shared chain through *sets*, one per chain (``<chain>-dests``),
+tested by one rule each in the dispatch chains, not through per-destination verdict-map
+elements: the kernel re-validates the table's whole jump graph — every jump/goto element
+of every verdict map — for any batch that adds a jump or goto, so with one verdict per
+Service, adding a Service or changing its endpoint count cost O(Services). With sets, both
+are element updates only (see docs/nftables-layout.md).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kubeproxy.dataplane.nftables.transaction import BaseChain, Chain, ScriptError, Set, Table
@@ -39,7 +47,12 @@ REJECT_CHAIN = "reject-chain"
 VERDICT_REJECT = f"goto {REJECT_CHAIN}"
 VERDICT_DROP = "drop"
 
-# Sets and maps whose elements come from ServicePorts (the others hold configuration).
+NODEPORTS_CHAIN = "nodeports"
+# Sets of the destinations that use one shared chain: "<chain name>-dests".
+DESTS_SUFFIX = "-dests"
+
+# Sets and maps whose elements come from ServicePorts (the others hold configuration;
+# the "-dests" sets of the shared chains come and go with their chains).
 ELEMENT_SETS = (
     SERVICE_IPS,
     SERVICE_NODEPORTS,
@@ -59,6 +72,20 @@ ELEMENT_SETS = (
 COMMENTED_SETS = frozenset(
     {SERVICE_IPS, SERVICE_NODEPORTS, NO_ENDPOINT_SERVICES, NO_ENDPOINT_NODEPORTS, FIREWALL_IPS}
 )
+
+
+def commented(set_name: str) -> bool:
+    """Whether the elements of ``set_name`` name their ServicePort (the fixed maps above,
+    and every shared chain's ``-dests`` set: one element per destination)."""
+    return set_name in COMMENTED_SETS or set_name.endswith(DESTS_SUFFIX)
+
+
+def is_entry(set_name: str) -> bool:
+    """Whether an element of ``set_name`` makes a destination reachable (the dispatch
+    maps and the ``-dests`` sets): a new table is loaded with these last."""
+    return set_name in (SERVICE_IPS, SERVICE_NODEPORTS) or set_name.endswith(DESTS_SUFFIX)
+
+
 # nft 1.0.6 cannot rebuild these maps' "typeof ... th dport" type from the kernel; see
 # the proxier for what that costs.
 TYPEOF_MAPS = (IP_BACKENDS, NODEPORT_BACKENDS)
@@ -162,9 +189,32 @@ class LBChain:
     def goto(self) -> str:
         return f"goto {self.name}"
 
+    @property
+    def by_node_port(self) -> bool:
+        return self.kind.endswith("-np")
+
+    @property
+    def dests(self) -> str:
+        """The set of the destinations that use this chain."""
+        return f"{self.name}{DESTS_SUFFIX}"
+
+    def dests_set(self, family: IPFamily) -> Set:
+        v = Vocabulary.of(family)
+        key = "inet_proto . inet_service"
+        if not self.by_node_port:
+            key = f"{v.addr_type} . {key}"
+        return Set(self.dests, key, comment=f"destinations that use chain {self.name}")
+
+    def dispatch_rule(self, family: IPFamily) -> str:
+        """Its rule in ``services`` (``nodeports`` for a NodePort chain)."""
+        key = "meta l4proto . th dport"
+        if not self.by_node_port:
+            key = f"{Vocabulary.of(family).ip} daddr . {key}"
+        return f"{key} @{self.dests} {self.goto}"
+
     def rules(self, fam: FamilyPlan) -> list[str]:
         v = Vocabulary.of(fam.family)
-        by_node_port = self.kind.endswith("-np")
+        by_node_port = self.by_node_port
         key = "meta l4proto . th dport"
         if not by_node_port:
             key = f"{v.ip} daddr . {key}"
@@ -251,8 +301,35 @@ def config_elements(fam: FamilyPlan) -> dict[str, list[str]]:
     return out
 
 
-def skeleton(fam: FamilyPlan) -> Table:
-    """The fixed part of the table: base chains, dispatch chains, maps and sets."""
+def _nodeport_match(fam: FamilyPlan) -> str:
+    if not fam.node_ports.enabled:
+        return ""
+    v = Vocabulary.of(fam.family)
+    match = f"fib daddr type local {v.ip} daddr != {v.loopback} "
+    if not fam.node_ports.match_all:
+        match += f"{v.ip} daddr @{NODEPORT_IPS} "
+    return match
+
+
+def dispatch_chains(fam: FamilyPlan, classes: Iterable[LBChain]) -> dict[str, list[str]]:
+    """The rules of ``services`` and ``nodeports``: the session-affinity verdict maps,
+    then one rule per shared chain in use (its ``-dests`` set), in name order."""
+    v = Vocabulary.of(fam.family)
+    chains = sorted(classes)
+    services = [f"{v.ip} daddr . meta l4proto . th dport vmap @{SERVICE_IPS}"]
+    services += [c.dispatch_rule(fam.family) for c in chains if not c.by_node_port]
+    nodeport_match = _nodeport_match(fam)
+    if nodeport_match:
+        services.append(f"{nodeport_match}goto {NODEPORTS_CHAIN}")
+    nodeports = [f"meta l4proto . th dport vmap @{SERVICE_NODEPORTS}"]
+    nodeports += [c.dispatch_rule(fam.family) for c in chains if c.by_node_port]
+    return {"services": services, NODEPORTS_CHAIN: nodeports}
+
+
+def skeleton(fam: FamilyPlan, classes: Iterable[LBChain] = ()) -> Table:
+    """The fixed part of the table: base chains, dispatch chains (with a rule for each
+    shared chain in ``classes``), maps and sets."""
+    classes = sorted(classes)
     v = Vocabulary.of(fam.family)
     mark = f"{fam.masquerade_mark:#010x}"
     table = Table(v.table_family, TABLE, TABLE_COMMENT)
@@ -260,17 +337,12 @@ def skeleton(fam: FamilyPlan) -> Table:
     table.sets = static_sets(fam)
     for s in table.sets:
         s.elements = [(e, None) for e in config_elements(fam).get(s.name, ())]
+    table.sets.extend(c.dests_set(fam.family) for c in classes)
 
-    nodeport_match = ""
-    if fam.node_ports.enabled:
-        nodeport_match = f"fib daddr type local {v.ip} daddr != {v.loopback} "
-        if not fam.node_ports.match_all:
-            nodeport_match += f"{v.ip} daddr @{NODEPORT_IPS} "
-
-    services = [f"{dispatch} vmap @{SERVICE_IPS}"]
+    nodeport_match = _nodeport_match(fam)
+    dispatching = dispatch_chains(fam, classes)
     endpoints_check = [f"{dispatch} vmap @{NO_ENDPOINT_SERVICES}"]
     if nodeport_match:
-        services.append(f"{nodeport_match}meta l4proto . th dport vmap @{SERVICE_NODEPORTS}")
         endpoints_check.append(
             f"{nodeport_match}meta l4proto . th dport vmap @{NO_ENDPOINT_NODEPORTS}"
         )
@@ -308,7 +380,8 @@ def skeleton(fam: FamilyPlan) -> Table:
         Chain("nat-prerouting", ["jump services"], BaseChain("nat", "prerouting", "-100")),
         Chain("nat-output", ["jump services"], BaseChain("nat", "output", "-100")),
         Chain("nat-postrouting", ["jump masquerading"], BaseChain("nat", "postrouting", "100")),
-        Chain("services", services),
+        Chain("services", dispatching["services"]),
+        Chain(NODEPORTS_CHAIN, dispatching[NODEPORTS_CHAIN]),
         Chain("endpoints-check", endpoints_check),
         Chain(
             "firewall-check",
@@ -342,6 +415,7 @@ SKELETON_CHAINS = frozenset(
         "nat-output",
         "nat-postrouting",
         "services",
+        NODEPORTS_CHAIN,
         "endpoints-check",
         "firewall-check",
         "cluster-ips-check",
