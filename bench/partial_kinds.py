@@ -3,11 +3,13 @@
     ip netns add kp-bench && ip netns exec kp-bench python -m bench.partial_kinds 100 10000
     ip netns delete kp-bench
 
-For each size, the median partial sync (collect + render + apply) of two kinds of
-endpoint change: one that keeps the endpoint count (only ``ip-backends`` elements change)
-and one that changes it (the Service's ``service-ips`` verdict element moves to another
-shared chain). The kernel re-validates the table's jump graph — every verdict-map element
-— for a batch that adds a verdict, so only the second kind costs O(Services).
+For each size, the median partial sync (collect + render + apply) of three changes: an
+endpoint change that keeps the endpoint count (only ``ip-backends`` elements change), one
+that changes it (the destination moves to another shared chain), and a new Service with
+ten endpoints. The kernel re-validates the table's jump graph — every jump/goto element
+of every verdict map — for a batch that adds a jump or goto: while each destination was a
+``service-ips`` verdict element (before issue 10 part 6), the last two cost O(Services);
+as elements of the shared chains' ``-dests`` sets they add no verdict.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from bench.sync_worker import feed
 from kubeproxy.backends.nftables.proxier import NftablesBackend
 from kubeproxy.config import ProxyConfig
 from kubeproxy.dataplane.nftables.runner import open_runner
-from kubeproxy.model.parse import parse_endpoint_slice
+from kubeproxy.model.parse import parse_endpoint_slice, parse_service
 from kubeproxy.model.state import ProxyState
 from kubeproxy.model.types import EndpointSlice, IPFamily
 
@@ -51,6 +53,11 @@ def measure(services: int, repeats: int = 200) -> dict[str, float]:
     def count_change(r: int) -> None:  # ten, then eleven endpoints
         change(service_objects(r % services, 10 + (r % 2 == 0)))
 
+    def add_service(r: int) -> None:  # a new Service with its ten endpoints
+        objects = service_objects(services + r, 10, first_endpoint=6_000_000 + 10 * r)
+        state.on_service(None, parse_service(objects[0]))
+        change(objects)
+
     def median(fn: Callable[[int], None]) -> float:
         times = []
         for r in range(repeats):
@@ -62,6 +69,7 @@ def measure(services: int, repeats: int = 200) -> dict[str, float]:
     return {
         "same_count_ms": median(same_count) * 1000,
         "count_change_ms": median(count_change) * 1000,
+        "add_service_ms": median(add_service) * 1000,
     }
 
 
@@ -70,5 +78,6 @@ if __name__ == "__main__":
         result = measure(size)
         print(
             f"{size:>6} Services: same endpoint count {result['same_count_ms']:.2f} ms, "
-            f"count change {result['count_change_ms']:.2f} ms"
+            f"count change {result['count_change_ms']:.2f} ms, "
+            f"new Service {result['add_service_ms']:.2f} ms"
         )
