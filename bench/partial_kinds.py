@@ -3,13 +3,17 @@
     ip netns add kp-bench && ip netns exec kp-bench python -m bench.partial_kinds 100 10000
     ip netns delete kp-bench
 
-For each size, the median partial sync (collect + render + apply) of three changes: an
+For each size, the median partial sync (collect + render + apply) of four changes: an
 endpoint change that keeps the endpoint count (only ``ip-backends`` elements change), one
-that changes it (the destination moves to another shared chain), and a new Service with
-ten endpoints. The kernel re-validates the table's jump graph — every jump/goto element
+that changes it to a count another Service has (the destination moves to another shared
+chain's ``-dests`` set), one that changes it to a count no Service has (the shared chain
+is created, and deleted when the change is undone), and a new Service with ten
+endpoints. The kernel re-validates the table's jump graph — every jump/goto element
 of every verdict map — for a batch that adds a jump or goto: while each destination was a
 ``service-ips`` verdict element (before issue 10 part 6), the last two cost O(Services);
-as elements of the shared chains' ``-dests`` sets they add no verdict.
+as elements of the shared chains' ``-dests`` sets they add no verdict. A new shared chain
+still costs O(endpoints): the kernel walks every element of ``ip-backends`` when a new
+chain's ``dnat ... map @ip-backends`` rule binds the map.
 """
 
 from __future__ import annotations
@@ -36,6 +40,12 @@ def measure(services: int, repeats: int = 200) -> dict[str, tuple[float, float]]
         ProxyConfig(hostname="node-a", cluster_cidrs=("10.128.0.0/9",), families=(IPFamily.IPv4,)),
         open_runner(),
     )
+    # The last Service has eleven endpoints, so the shared chain cluster-ip-11 exists
+    # at every size (as a count some Service has does in a large cluster).
+    anchor = services - 1
+    slc = parse_endpoint_slice(service_objects(anchor, 11)[1])
+    assert isinstance(slc, EndpointSlice)
+    state.on_endpoint_slice(slc)
     snapshot, _ = state.collect()
     backend.sync(snapshot, None)
 
@@ -46,12 +56,19 @@ def measure(services: int, repeats: int = 200) -> dict[str, tuple[float, float]]
         snap, changes = state.collect()
         assert not backend.sync(snap, changes.service_ports).full
 
-    def same_count(r: int) -> None:  # ten endpoints, a different set every other time
-        i = r % services
-        change(service_objects(i, 10, first_endpoint=5_000_000 + 10 * r if r % 2 else 10 * i))
+    # Every timed sync is a real change, the same at every size: Service k = r // 2 is
+    # changed (even r) and changed back (odd r). (Before issue 10 part 6 every other
+    # sync here was a no-op, and at 100 Services most were, as r wrapped around: the
+    # medians compared different mixes.)
+    def same_count(r: int) -> None:  # ten endpoints: other ones, then the first ones again
+        k = (r // 2) % anchor
+        change(service_objects(k, 10, first_endpoint=5_000_000 + 10 * r if r % 2 == 0 else None))
 
-    def count_change(r: int) -> None:  # ten, then eleven endpoints
-        change(service_objects(r % services, 10 + (r % 2 == 0)))
+    def count_change(r: int) -> None:  # eleven endpoints (a count in use), then ten again
+        change(service_objects((r // 2) % anchor, 10 + (r % 2 == 0)))
+
+    def new_count(r: int) -> None:  # twelve endpoints (no other Service's count), then ten
+        change(service_objects((r // 2) % anchor, 10 + 2 * (r % 2 == 0)))
 
     def add_service(r: int) -> None:  # a new Service with its ten endpoints
         objects = service_objects(services + r, 10, first_endpoint=6_000_000 + 10 * r)
@@ -73,6 +90,7 @@ def measure(services: int, repeats: int = 200) -> dict[str, tuple[float, float]]
     return {
         "same_count": median(same_count),
         "count_change": median(count_change),
+        "new_count": median(new_count),
         "add_service": median(add_service),
     }
 
@@ -87,6 +105,7 @@ if __name__ == "__main__":
                 for key, label in (
                     ("same_count", "same endpoint count"),
                     ("count_change", "count change"),
+                    ("new_count", "new count"),
                     ("add_service", "new Service"),
                 )
             )
