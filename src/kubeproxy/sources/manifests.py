@@ -17,6 +17,8 @@ Bad input, decided here:
 With ``raw=True`` Pods are read too and every object is passed on undecoded, as a
 :class:`~kubeproxy.sources.events.RawObject`, for
 :mod:`kubeproxy.controlplane.standalone` to complete (and parse) before the proxy sees it.
+Those are kept (and passed on) compact, pickled: a directory's documents as Python objects
+would be most of a manifest proxy's memory, and are never all needed at once.
 
 A change costs O(change), not O(directory): the file watcher (inotify, through watchfiles)
 reports the paths that changed, and only those files are re-read and only their objects
@@ -157,7 +159,20 @@ class ManifestSource:
                 continue
             key = object_key(kind, doc)
             if self.raw and key is not None:
-                parsed: Model | None = RawObject(kind, key, doc)
+                try:
+                    raw = RawObject(kind, key, doc)
+                except RecursionError:
+                    log.error(
+                        "Cannot read manifest file %s: %s %s is nested too deeply "
+                        "(keeping the objects it held before)",
+                        path,
+                        kind,
+                        _escape(str(key)),
+                    )
+                    return None
+                # Compact at once: decoded again by the consumer one at a time, so the
+                # documents of a whole directory are never all in memory together.
+                parsed: Model | None = raw.compact()
             else:
                 parsed = _parse(kind, doc) if kind in _KINDS else None
             if key is None:
