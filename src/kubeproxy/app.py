@@ -442,7 +442,9 @@ class Proxy:
 
         async def consume() -> None:
             async for batch in source.watch(stop):
-                if self.on_events(batch) or not initial.is_set():
+                wanted = self.on_events(batch)
+                del batch  # not held while waiting for the next (or during the first sync)
+                if wanted or not initial.is_set():
                     initial.set()
                     runner.run()
 

@@ -191,8 +191,8 @@ class StandaloneCluster:
                 out += self._pass_through("ServiceCIDR", obj.key, new)
             elif obj.kind == "EndpointSlice":
                 slices_dirty |= self._on_explicit_slice(obj.key, old, new)
-                if raw is not None and new is not None:
-                    self._explicit[obj.key] = raw.compact()
+                if isinstance(event.new, RawObject) and new is not None:
+                    self._explicit[obj.key] = event.new.compact()
                 out += self._emit("EndpointSlice", obj.key, slice_model)
 
         active = bool(self._labels.pods) or bool(self._incomplete)
