@@ -413,12 +413,14 @@ class Proxy:
             self.backend.stop()
 
     def _gc_pause_over(self) -> None:
-        if self._gc_paused is not None:
+        # Collecting again, but the first sync still freezes the state it loaded (a
+        # freeze now would leave the rest of the start to every later collection).
+        if self._gc_paused and not gc.isenabled():
             log.info(
                 "No first sync after %gs: resuming the cyclic garbage collector",
                 self.gc_pause_limit,
             )
-            self._resume_gc()
+            gc.enable()
 
     def _resume_gc(self) -> None:
         if self._gc_paused is None:
