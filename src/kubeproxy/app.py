@@ -48,6 +48,11 @@ log = logging.getLogger("kubeproxy")
 # what changed is written.
 FULL_SYNC_PERIOD = 3600.0
 
+# The cyclic GC is paused for the start (see Proxy.run) at most this long: a source that
+# cannot deliver its initial state (an API server away from the start) must not leave a
+# long-running process without cycle collection.
+GC_PAUSE_LIMIT = 60.0
+
 # First retry of failed conntrack deletions (doubling per failure, up to syncPeriod), as
 # the runner retries a failed sync.
 CONNTRACK_RETRY = 1.0
@@ -131,6 +136,7 @@ class Proxy:
         self.syncs = 0
         # While the cyclic GC is paused for the start (see run): whether to re-enable it.
         self._gc_paused: bool | None = None
+        self.gc_pause_limit = GC_PAUSE_LIMIT
         self.last_outcome: SyncOutcome | None = None
         self.last_result: SyncResult | None = None
 
@@ -393,15 +399,28 @@ class Proxy:
         # The cyclic GC would rescan the growing cluster state over and over while the
         # initial state is loaded and first programmed (about 0.5 s of CPU at 10,000
         # Services): paused until the first sync has run, then that state (long-lived
-        # by nature) is frozen out of later collections, which then cost O(change).
+        # by nature) is frozen out of later collections, which then cost O(change). At
+        # most gc_pause_limit seconds, though, if the first sync does not come.
         self._gc_paused = gc.isenabled()
         gc.disable()
+        limit = asyncio.get_running_loop().call_later(self.gc_pause_limit, self._gc_pause_over)
         try:
             return await self._run(source, stop, once=once)
         finally:
+            limit.cancel()
             self._resume_gc()
             gc.unfreeze()
             self.backend.stop()
+
+    def _gc_pause_over(self) -> None:
+        # Collecting again, but the first sync still freezes the state it loaded (a
+        # freeze now would leave the rest of the start to every later collection).
+        if self._gc_paused and not gc.isenabled():
+            log.info(
+                "No first sync after %gs: resuming the cyclic garbage collector",
+                self.gc_pause_limit,
+            )
+            gc.enable()
 
     def _resume_gc(self) -> None:
         if self._gc_paused is None:
@@ -425,7 +444,9 @@ class Proxy:
 
         async def consume() -> None:
             async for batch in source.watch(stop):
-                if self.on_events(batch) or not initial.is_set():
+                wanted = self.on_events(batch)
+                del batch  # not held while waiting for the next (or during the first sync)
+                if wanted or not initial.is_set():
                     initial.set()
                     runner.run()
 

@@ -6,8 +6,10 @@ The backend is a fake that records syncs; conntrack is the in-memory fake, so no
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import socket
+from collections.abc import AsyncGenerator
 
 import pytest
 
@@ -18,6 +20,7 @@ from kubeproxy.dataplane.conntrack import Entry, FakeConntrack, Filter
 from kubeproxy.metrics import Metrics
 from kubeproxy.model.state import ProxyState, Snapshot
 from kubeproxy.model.types import IPFamily, L4Protocol, ServicePortName
+from kubeproxy.sources.events import Event
 from tests.unit.conftest import port_name
 from tests.unit.test_health import fetch
 
@@ -198,3 +201,41 @@ def test_a_syncs_log_line_names_what_changed() -> None:
     line = changed_names(names)
     assert line.startswith("; changed: default/svc-00:http/TCP, ")
     assert line.endswith("default/svc-09:http/TCP (+2 more)")
+
+
+class SilentSource:
+    """A source that never delivers its initial state (an API server away from the start)."""
+
+    async def watch(self, stop: asyncio.Event) -> AsyncGenerator[list[Event], None]:
+        await stop.wait()
+        return
+        yield []  # an async generator
+
+
+def test_the_gc_pause_of_the_start_ends_after_its_limit_without_a_first_sync(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    proxy = Proxy(config(), FakeBackend())
+    proxy.gc_pause_limit = 0.1
+    seen: list[bool] = []
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        run = asyncio.create_task(proxy.run(SilentSource(), stop))
+        await asyncio.sleep(0.02)
+        seen.append(gc.isenabled())  # paused for the start
+        await asyncio.sleep(0.3)
+        seen.append(gc.isenabled())  # the limit is over: collecting again
+        stop.set()
+        assert await run == 0
+
+    assert gc.isenabled()
+    try:
+        with caplog.at_level(logging.INFO):
+            asyncio.run(scenario())
+    finally:
+        gc.enable()
+        gc.unfreeze()
+    assert seen == [False, True]
+    assert proxy.syncs == 0
+    assert any("No first sync after 0.1s" in r.getMessage() for r in caplog.records)

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from kubeproxy.model.types import EndpointSlice, NamespacedName, Node, Service, ServiceCIDR
-from kubeproxy.sources.events import Event, EventType
+from kubeproxy.sources.events import Event, EventType, RawObject
 from kubeproxy.sources.manifests import ManifestSource, diff
 from tests.api.conftest import eventually
 from tests.unit.conftest import node_obj, service_obj, slice_obj
@@ -653,3 +653,48 @@ def test_watch_directory_gone_keeps_the_state_until_it_is_back(
         assert len(gone) == 1 and str(root) in gone[0]
 
     asyncio.run(main())
+
+
+# ======================================================================= raw documents
+
+
+def test_raw_documents_are_kept_compact_and_decode_to_what_was_read(tmp_path: Path) -> None:
+    """Raw mode keeps each object pickled, not as a tree of Python objects (memory): the
+    events still carry the documents exactly as read, dates and sets included."""
+    text = (
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: ns, labels: {app: a}}\n"
+        "spec: {when: 2024-01-02, tags: !!set {x: null}, 7: seven}\n"
+    )
+    write(tmp_path / "pod.yaml", text)
+    source = ManifestSource(tmp_path, raw=True)
+    (event,) = source.reload()
+    expected = yaml.safe_load(text)
+    assert isinstance(event.new, RawObject)
+    assert event.new.doc == expected
+    assert all(
+        obj is None or (isinstance(obj, RawObject) and obj.is_compact())
+        for entry in source._files.values()
+        for obj in entry.objects.values()
+    )
+    # Touched without a change: no event (equal documents are equal objects).
+    write(tmp_path / "pod.yaml", text)
+    assert source.reload() == []
+    # The same document with its keys in another order is not a change either.
+    write(tmp_path / "pod.yaml", "kind: Pod\napiVersion: v1\n" + text.split("\n", 2)[2])
+    assert source.reload() == []
+    write(tmp_path / "pod.yaml", text.replace("app: a", "app: b"))
+    (changed,) = source.reload()
+    assert changed.type is EventType.MODIFIED
+    assert isinstance(changed.old, RawObject) and changed.old.doc == expected
+
+
+def test_a_raw_document_too_deep_to_keep_is_an_unreadable_file(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Deep enough for pickle's recursion limit, not for the JSON decoder's.
+    deep = "[" * 900 + '"x"' + "]" * 900
+    write(tmp_path / "pod.json", f'{{"kind": "Pod", "metadata": {{"name": "p"}}, "spec": {deep}}}')
+    source = ManifestSource(tmp_path, raw=True)
+    caplog.set_level(logging.ERROR)
+    assert source.reload() == []
+    assert any("pod.json" in line for line in error_lines(caplog))

@@ -128,15 +128,16 @@ class StandaloneCluster:
         self._ips = ClusterIPAllocator(rng=rng)
         self._ports = NodePortAllocator(node_port_range, rng=rng)
         self._topology = TopologyCache()
-        self._services: dict[NamespacedName, Mapping[str, Any]] = {}
-        self._completed: dict[NamespacedName, Obj] = {}
+        # Both compact between batches (see RawObject).
+        self._services: dict[NamespacedName, RawObject] = {}
+        self._completed: dict[NamespacedName, RawObject] = {}
         self._allocations: dict[NamespacedName, Allocation] = {}
         self._errors: dict[NamespacedName, str] = {}
         self._incomplete: set[NamespacedName] = set()
         self._labels = _LabelIndex()
         self._nodes: dict[str, Mapping[str, Any]] = {}
         self._service_cidrs: dict[str, Mapping[str, Any]] = {}
-        self._explicit: dict[NamespacedName, Mapping[str, Any]] = {}
+        self._explicit: dict[NamespacedName, RawObject] = {}
         self._explicit_by_service: dict[NamespacedName, set[str]] = {}
         self._generated: dict[NamespacedName, _Generated] = {}
         self._generated_names: set[NamespacedName] = set()  # every generated slice
@@ -164,7 +165,9 @@ class StandaloneCluster:
                 out.append(event)  # already a model: nothing to complete
                 continue
             old = event.old.doc if isinstance(event.old, RawObject) else None
-            new = event.new.doc if isinstance(event.new, RawObject) else None
+            # Decoded once here (RawObject), for the whole batch.
+            raw = event.new.decoded() if isinstance(event.new, RawObject) else None
+            new = raw.doc if raw is not None else None
             # An unreadable version was absent when it came (and logged then).
             if old is not None and problem(obj.kind, old) is not None:
                 old = None
@@ -174,7 +177,7 @@ class StandaloneCluster:
             else:
                 new = checked(obj.kind, new)
             if obj.kind == "Service":
-                self._on_service(obj.key, new)
+                self._on_service(obj.key, raw if new is not None else None)
                 dirty.add(obj.key)
             elif obj.kind == "Pod":
                 slices_dirty |= self._on_pod(obj.key, old, new)
@@ -188,6 +191,8 @@ class StandaloneCluster:
                 out += self._pass_through("ServiceCIDR", obj.key, new)
             elif obj.kind == "EndpointSlice":
                 slices_dirty |= self._on_explicit_slice(obj.key, old, new)
+                if isinstance(event.new, RawObject) and new is not None:
+                    self._explicit[obj.key] = event.new.compact()
                 out += self._emit("EndpointSlice", obj.key, slice_model)
 
         active = bool(self._labels.pods) or bool(self._incomplete)
@@ -215,15 +220,20 @@ class StandaloneCluster:
             self._started = True
         for key in sorted(dirty | slices_dirty):
             out += self._reconcile_slices(key)
+        # Kept compact from here on (see RawObject): decoded again only when it changes.
+        for key in dirty:
+            for table in (self._services, self._completed):
+                if (kept := table.get(key)) is not None:
+                    table[key] = kept.compact()
         return out
 
-    def _on_service(self, key: NamespacedName, doc: Mapping[str, Any] | None) -> None:
-        _store(self._services, key, doc)
+    def _on_service(self, key: NamespacedName, raw: RawObject | None) -> None:
+        _store(self._services, key, raw)
         self._incomplete.discard(key)
         self._labels.set_selector(key, None)
-        if doc is None:
+        if raw is None:
             return
-        spec = _spec(doc)
+        spec = _spec(raw.doc)
         if spec.get("type") != "ExternalName" and not _requested_ips(spec):
             self._incomplete.add(key)
         selector = spec.get("selector")
@@ -243,7 +253,8 @@ class StandaloneCluster:
     def _on_explicit_slice(
         self, key: NamespacedName, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
     ) -> set[NamespacedName]:
-        _store(self._explicit, key, new)
+        if new is None:
+            self._explicit.pop(key, None)
         touched: set[NamespacedName] = set()
         for doc, add in ((old, False), (new, True)):
             service = _labels(doc).get(LABEL_SERVICE_NAME) if doc is not None else None
@@ -302,30 +313,31 @@ class StandaloneCluster:
         return given
 
     def _allocation_order(self, key: NamespacedName) -> tuple[int, NamespacedName]:
-        doc = self._services.get(key)
-        if doc is None:
+        raw = self._services.get(key)
+        if raw is None:
             return (0, key)  # deletions first: they free addresses
-        if _requested_ips(_spec(doc)):
+        if _requested_ips(_spec(raw.doc)):
             return (1, key)
         remembered = str(key) in self._remembered or key in self._allocations
         return (2 if remembered else 3, key)
 
     def _complete(self, key: NamespacedName) -> list[Event]:
-        doc = self._services.get(key)
+        raw = self._services.get(key)
         previous = self._release(key)
         self._completed.pop(key, None)
-        if doc is None:
+        if raw is None:
             self._errors.pop(key, None)
             return self._emit("Service", key, None)
-        completed: Obj = dict(doc)
+        completed = raw  # passed through as given, unless this layer completes it
         if self._active:
             try:
-                completed, allocation = self._allocate(key, doc, previous)
+                doc, allocation = self._allocate(key, raw.doc, previous)
             except ServiceError as err:
                 return self._fail(key, str(err))
             self._allocations[key] = allocation
+            completed = RawObject("Service", key, doc)
         try:
-            model = parse_service(completed)
+            model = parse_service(completed.doc)
         except InvalidObjectError as err:
             self._completed[key] = completed  # what _release gives the ports back from
             self._release(key)
@@ -352,7 +364,7 @@ class StandaloneCluster:
                 self._ips.release(ip)
         completed = self._completed.get(key)
         if completed is not None:
-            release_service_node_ports(completed, self._ports)
+            release_service_node_ports(completed.doc, self._ports)
         return allocation
 
     def _allocate(
@@ -532,9 +544,11 @@ class StandaloneCluster:
 
     def _reconcile_slices(self, key: NamespacedName) -> list[Event]:
         generated = self._generated.setdefault(key, _Generated())
-        service = self._completed.get(key)
+        raw = self._completed.get(key)
+        service = None
         pods = None
-        if self._active and service is not None and key not in self._explicit_by_service:
+        if self._active and raw is not None and key not in self._explicit_by_service:
+            service = raw.doc
             selector = self._labels.selectors.get(key, {})
             pods = select_pods(service, self._labels.pods_selected(key.namespace, selector))
         out: list[Event] = []
@@ -605,13 +619,13 @@ class StandaloneCluster:
 
     def objects(self) -> list[Obj]:
         """The completed Services, then every EndpointSlice (generated and given), as dicts."""
-        services = [self._completed[key] for key in sorted(self._completed)]
+        services = [dict(self._completed[key].doc) for key in sorted(self._completed)]
         slices: list[tuple[NamespacedName, Mapping[str, Any]]] = [
             (NamespacedName(key.namespace, name), s)
             for key, generated in self._generated.items()
             for name, s in generated.slices.items()
         ]
-        slices += list(self._explicit.items())
+        slices += [(key, raw.doc) for key, raw in self._explicit.items()]
         return [*services, *(dict(s) for _, s in sorted(slices, key=lambda item: item[0]))]
 
 

@@ -17,6 +17,8 @@ Bad input, decided here:
 With ``raw=True`` Pods are read too and every object is passed on undecoded, as a
 :class:`~kubeproxy.sources.events.RawObject`, for
 :mod:`kubeproxy.controlplane.standalone` to complete (and parse) before the proxy sees it.
+Those are kept (and passed on) compact, pickled: a directory's documents as Python objects
+would be most of a manifest proxy's memory, and are never all needed at once.
 
 A change costs O(change), not O(directory): the file watcher (inotify, through watchfiles)
 reports the paths that changed, and only those files are re-read and only their objects
@@ -70,7 +72,7 @@ _RAW_KINDS = (*_KINDS, "Pod")
 ObjectKey = tuple[str, NamespacedName]  # (kind, namespace/name)
 
 
-@dataclass
+@dataclass(slots=True)
 class _FileEntry:
     stamp: tuple[int, ...]
     objects: dict[ObjectKey, Model | None]  # None: present in the file but invalid/ignored
@@ -96,8 +98,9 @@ class ManifestSource:
     # Seconds the watcher waits for more changes once it has seen one (watchfiles' step).
     watch_step: float = 0.001
     _files: dict[FilePath, _FileEntry] = field(default_factory=dict)
-    # Every file defining each object (the first in sorted order wins).
-    _owners: dict[ObjectKey, set[FilePath]] = field(default_factory=dict)
+    # Every file defining each object (the first in sorted order wins); the one path
+    # itself when there is one, as nearly always (a set per object: ~4 MB at 10,000 files).
+    _owners: dict[ObjectKey, FilePath | set[FilePath]] = field(default_factory=dict)
     # What the events so far said: the state a consumer has.
     _current: dict[ObjectKey, Model] = field(default_factory=dict)
     # Objects whose winning definition may differ from _current.
@@ -157,7 +160,20 @@ class ManifestSource:
                 continue
             key = object_key(kind, doc)
             if self.raw and key is not None:
-                parsed: Model | None = RawObject(kind, key, doc)
+                try:
+                    raw = RawObject(kind, key, doc)
+                except RecursionError:
+                    log.error(
+                        "Cannot read manifest file %s: %s %s is nested too deeply "
+                        "(keeping the objects it held before)",
+                        path,
+                        kind,
+                        _escape(str(key)),
+                    )
+                    return None
+                # Compact at once: decoded again by the consumer one at a time, so the
+                # documents of a whole directory are never all in memory together.
+                parsed: Model | None = raw.compact()
             else:
                 parsed = _parse(kind, doc) if kind in _KINDS else None
             if key is None:
@@ -200,26 +216,32 @@ class ManifestSource:
         before = entry.objects.keys() if entry is not None else set()
         self._disown(path, before - fresh.objects.keys())
         for key in fresh.objects:
-            self._owners.setdefault(key, set()).add(path)
+            owners = self._owners.setdefault(key, path)
+            if isinstance(owners, set):
+                owners.add(path)
+            elif owners != path:
+                self._owners[key] = {owners, path}
         self._dirty.update(fresh.objects.keys())
 
     def _disown(self, path: FilePath, keys: Iterable[ObjectKey]) -> None:
         for key in keys:
             owners = self._owners.get(key)
-            if owners is not None:
+            if owners == path:
+                del self._owners[key]
+            elif isinstance(owners, set):
                 owners.discard(path)
-                if not owners:
-                    del self._owners[key]
+                if len(owners) == 1:
+                    self._owners[key] = owners.pop()
             self._dirty.add(key)
 
     def _winner(self, key: ObjectKey) -> Model | None:
         """The object as its first defining file (sorted) has it; logs new duplicates."""
         owners = self._owners.get(key)
-        if not owners:
+        if owners is None:
             self._duplicates.pop(key, None)
             return None
         # Path order (by components: "a/x.yaml" before "a.yaml"), as the full scan had it.
-        first, *others = sorted(owners, key=_parts) if len(owners) > 1 else owners
+        first, *others = sorted(owners, key=_parts) if isinstance(owners, set) else [owners]
         if others:
             # key[1] is the raw (unvalidated) name: escape it to keep one line.
             messages = {
