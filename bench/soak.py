@@ -2,7 +2,7 @@
 
     python -m bench.soak [--services 1000] [--endpoints 100] [--minutes 10]
                          [--tick 5] [--churn 0.1] [--turnover 5] [--seed 0] [--out FILE]
-                         [--proxy-cpus 0.3]
+                         [--proxy-cpus 0.3] [--src DIR]
 
 (root.) In the namespaces of :func:`bench.e2e.lab` (node and peer), ``kubeproxy run``
 (nftables mode, upstream's default minimum sync period of 1 s, ``--v=2``) watches the
@@ -29,8 +29,10 @@ tick) makes it grow without bound.
 ``--proxy-cpus`` caps the proxy's process tree (it and its ``conntrack`` children) at
 that many CPUs with a cgroup CPU quota (v1 ``cpu`` controller or v2 ``cpu.max``). On a
 shared machine the CPU the proxy gets depends on everyone else's load; a quota makes a
-starved run reproducible. The CPU time the proxy's tree and the stand-in used during the
-churn (user + system, waited-for children included) is reported per tick.
+starved run reproducible. ``--src``: run the proxy from another checkout's ``src`` (to
+measure the code before a change side by side). The CPU time the proxy's tree and the
+stand-in used during the churn (user + system, waited-for children included) is
+reported per tick.
 
 The summed RSS of the proxy's process tree is sampled every ``--sample`` seconds. At the
 end (after one tick without UDP traffic):
@@ -76,7 +78,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.cluster import NODES, cluster_ip, pod_ip
-from bench.e2e import NODE_IP, Api, lab, process_tree, spawn, status_kb, stop
+from bench.e2e import NODE_IP, ROOT, Api, lab, process_tree, spawn, status_kb, stop
 from kubeproxy.lab.netns import ns_exec
 from kubeproxy.lab.objects import Ep, endpoint_slice, node, service
 from kubeproxy.lab.rulestate import KUBE_PROXY_TABLES, differences, fresh_sync, nft_state
@@ -391,6 +393,7 @@ def soak(
     say: Callable[[str], None] = print,
     keep_log: Path | None = None,
     proxy_cpus: float | None = None,
+    src: Path | None = None,
 ) -> dict[str, Any]:
     """Run the soak; the figures (``leaks`` lists what leaked: empty if nothing).
 
@@ -416,6 +419,7 @@ def soak(
                 proxy = spawn(
                     the_lab.node,
                     ["-m", "kubeproxy", "run", *PROXY_FLAGS, "--v=2", *api.args()],
+                    pythonpath=None if src is None else f"{ROOT}:{src}",
                     stderr=log,
                 )
             if quota is not None:
@@ -612,6 +616,7 @@ def main() -> int:
     parser.add_argument(
         "--proxy-cpus", type=float, default=None, help="cap the proxy at this many CPUs"
     )
+    parser.add_argument("--src", type=Path, default=None, help="the proxy's source tree")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON")
     parser.add_argument("--log", type=Path, default=None, help="keep the proxy's log here")
     args = parser.parse_args()
@@ -629,6 +634,7 @@ def main() -> int:
         seed=args.seed,
         keep_log=args.log,
         proxy_cpus=args.proxy_cpus,
+        src=args.src,
     )
     figures["loadavg_before"] = load
     figures["loadavg_after"] = os.getloadavg()
