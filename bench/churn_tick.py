@@ -11,7 +11,8 @@ code as ``kubeproxy run`` with the API source: msgspec decode and parse
 (``Proxy.on_events``), and one sync (``Proxy.sync``: collect, nftables render and apply
 with the real ``nft``, conntrack cleanup). Each phase's CPU time (user + system of this
 process, and of the ``nft``/``conntrack`` children it waited for) is summed over
-``--ticks`` ticks and printed per tick. ``--profile``: a cProfile of the ticks.
+``--ticks`` ticks and printed per tick, with the share of the cyclic garbage collector
+(handled as ``Proxy.run`` does). ``--profile``: a cProfile of the ticks.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import gc
 import os
 import random
 import sys
@@ -70,6 +72,26 @@ class Phases:
             )
 
 
+class GcClock:
+    """CPU time spent in the cyclic garbage collector, per generation."""
+
+    def __init__(self) -> None:
+        self.seconds = [0.0, 0.0, 0.0]
+        self.runs = [0, 0, 0]
+        self._started = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.process_time()
+        else:
+            self.seconds[info["generation"]] += time.process_time() - self._started
+            self.runs[info["generation"]] += 1
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._callback)
+
+
 class Decoder:
     """What an informer does with watch lines: decode, parse, diff with what it knew."""
 
@@ -106,7 +128,13 @@ def _lines(objects: list[dict[str, Any]], rv: int) -> list[tuple[str, bytes]]:
 
 
 async def run(
-    services: int, endpoints: int, churn: float, ticks: int, profile: str | None
+    services: int,
+    endpoints: int,
+    churn: float,
+    ticks: int,
+    profile: str | None,
+    *,
+    managed: bool = True,
 ) -> dict[str, Any]:
     fleet = Fleet(endpoints, random.Random(0))
     for _ in range(services):
@@ -119,6 +147,9 @@ async def run(
     )
     proxy = Proxy(config, NftablesBackend(config, open_runner()), conntrack=ConntrackCommand())
     proxy.backend.start()
+    # The collector as Proxy.run handles it (Proxy._collect_garbage): automatic
+    # collections off, one collection after each sync, survivors frozen.
+    gc.disable()
     decoder = Decoder()
     initial = [o for i in sorted(fleet.live) for o in fleet.objects(i)]
     proxy.on_events([Event.added(parse_node(node("node-a", ["192.168.77.1"])))])
@@ -126,6 +157,13 @@ async def run(
     started = time.perf_counter()
     assert await proxy.sync()
     full = time.perf_counter() - started
+    proxy._gc_managed = managed
+    proxy._collect_garbage()
+    if not managed:  # as before Proxy._collect_garbage: the start frozen, then automatic
+        gc.collect()
+        gc.freeze()
+        gc.enable()
+    collector = GcClock()
     phases = Phases()
     profiler = cProfile.Profile() if profile else None
     changed = 0
@@ -150,11 +188,22 @@ async def run(
             proxy._clear_conntrack()
         with phases("report"):
             await proxy._report(snapshot, changes, result, 0.0)
+        with phases("collect garbage after the sync"):
+            proxy._collect_garbage()
         if profiler is not None:
             profiler.disable()
+    collector.close()
+    gc.unfreeze()
+    gc.enable()
     if profiler is not None and profile:
         profiler.dump_stats(profile)
-    return {"full_sync_seconds": full, "ticks": ticks, "slices_per_tick": changed / ticks} | {
+    return {
+        "full_sync_seconds": full,
+        "ticks": ticks,
+        "slices_per_tick": changed / ticks,
+        "gc_per_tick": [s / ticks for s in collector.seconds],
+        "gc_runs": collector.runs,
+    } | {
         "cpu_per_tick": {
             name: (phases.own[name] / ticks, phases.children[name] / ticks) for name in phases.own
         }
@@ -168,11 +217,23 @@ def main() -> int:
     parser.add_argument("--churn", type=float, default=0.1)
     parser.add_argument("--ticks", type=int, default=10)
     parser.add_argument("--profile", default=None)
+    parser.add_argument(
+        "--automatic-gc",
+        action="store_true",
+        help="the collector's own schedule after the start (before Proxy._collect_garbage)",
+    )
     args = parser.parse_args()
     with temporary_netns(f"kpchurn-{os.getpid() % 100000}") as ns:
         enter_netns(ns)
         figures = asyncio.run(
-            run(args.services, args.endpoints, args.churn, args.ticks, args.profile)
+            run(
+                args.services,
+                args.endpoints,
+                args.churn,
+                args.ticks,
+                args.profile,
+                managed=not args.automatic_gc,
+            )
         )
     print(
         f"{args.services} Services x {args.endpoints} endpoints, churn {args.churn:g}: "
@@ -187,6 +248,11 @@ def main() -> int:
         total_children += children
         print(f"| {name} | {own * 1e3:.0f} ms | {children * 1e3:.0f} ms |")
     print(f"| **all** | {total_own * 1e3:.0f} ms | {total_children * 1e3:.0f} ms |")
+    gc_ms = ", ".join(
+        f"gen{g} {s * 1e3:.0f} ms ({n} runs)"
+        for g, (s, n) in enumerate(zip(figures["gc_per_tick"], figures["gc_runs"], strict=True))
+    )
+    print(f"of which the cyclic garbage collector, per tick: {gc_ms}")
     print(f"load average {os.getloadavg()}")
     return 0
 

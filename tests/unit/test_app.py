@@ -6,8 +6,11 @@ The backend is a fake that records syncs; conntrack is the in-memory fake, so no
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import socket
+import weakref
+from collections.abc import AsyncGenerator
 
 import pytest
 
@@ -18,7 +21,8 @@ from kubeproxy.dataplane.conntrack import Entry, FakeConntrack, Filter
 from kubeproxy.metrics import Metrics
 from kubeproxy.model.state import ProxyState, Snapshot
 from kubeproxy.model.types import IPFamily, L4Protocol, ServicePortName
-from tests.unit.conftest import port_name
+from kubeproxy.sources.events import Event
+from tests.unit.conftest import port_name, service, service_port
 from tests.unit.test_health import fetch
 
 
@@ -198,3 +202,43 @@ def test_a_syncs_log_line_names_what_changed() -> None:
     line = changed_names(names)
     assert line.startswith("; changed: default/svc-00:http/TCP, ")
     assert line.endswith("default/svc-09:http/TCP (+2 more)")
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_run_collects_garbage_once_per_sync_and_gives_the_collector_back() -> None:
+    # Under churn the collector's own schedule rescanned the whole cluster state every
+    # few syncs (bench.churn_tick); run() turns its automatic collections off and, after
+    # each sync, collects what is not frozen and freezes the survivors.
+    proxy = Proxy(config(min_sync_period=0.0), FakeBackend())
+    seen: dict[str, object] = {}
+
+    class Source:
+        async def watch(self, stop: asyncio.Event) -> AsyncGenerator[list[Event], None]:
+            yield []  # the initial state: the first sync follows
+            while proxy.syncs < 1:
+                await asyncio.sleep(0.01)
+            seen["automatic"] = gc.isenabled()
+            seen["frozen"] = gc.get_freeze_count()
+            garbage = weakref.ref(_Cycle())  # only a collection can free a cycle
+            seen["before a sync"] = garbage() is not None
+            before = proxy.last_outcome
+            yield [Event.added(service("web", service_port()))]
+            while proxy.last_outcome is before:
+                await asyncio.sleep(0.01)
+            seen["after a sync"] = garbage() is not None
+            stop.set()
+
+    assert gc.isenabled()
+    assert asyncio.run(proxy.run(Source(), asyncio.Event())) == 0
+    assert seen == {
+        "automatic": False,
+        "frozen": seen["frozen"],
+        "before a sync": True,
+        "after a sync": False,
+    }
+    assert isinstance(seen["frozen"], int) and seen["frozen"] > 0
+    assert gc.isenabled() and gc.get_freeze_count() == 0
