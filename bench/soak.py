@@ -2,6 +2,7 @@
 
     python -m bench.soak [--services 1000] [--endpoints 100] [--minutes 10]
                          [--tick 5] [--churn 0.1] [--turnover 5] [--seed 0] [--out FILE]
+                         [--proxy-cpus 0.3] [--src DIR]
 
 (root.) In the namespaces of :func:`bench.e2e.lab` (node and peer), ``kubeproxy run``
 (nftables mode, upstream's default minimum sync period of 1 s, ``--v=2``) watches the
@@ -18,6 +19,21 @@ has a UDP port). Every ``--tick`` seconds:
   holds entries the proxy must clear when their endpoint goes away (the peer has every
   endpoint address, nothing answers on UDP: the entries stay until cleared or expired).
 
+Every changed or created slice carries ``endpoints.kubernetes.io/last-change-trigger-time``
+(the moment the driver wrote it), so the proxy's own
+``kubeproxy_network_programming_duration_seconds`` measures each change from the write
+to the end of the sync that programmed it: watch delivery, waiting, and the sync. That
+is whether the proxy keeps up: a backlog (a watch falling behind, syncs longer than a
+tick) makes it grow without bound.
+
+``--proxy-cpus`` caps the proxy's process tree (it and its ``conntrack`` children) at
+that many CPUs with a cgroup CPU quota (v1 ``cpu`` controller or v2 ``cpu.max``). On a
+shared machine the CPU the proxy gets depends on everyone else's load; a quota makes a
+starved run reproducible. ``--src``: run the proxy from another checkout's ``src`` (to
+measure the code before a change side by side). The CPU time the proxy's tree and the
+stand-in used during the churn (user + system, waited-for children included) is
+reported per tick.
+
 The summed RSS of the proxy's process tree is sampled every ``--sample`` seconds. At the
 end (after one tick without UDP traffic):
 
@@ -28,9 +44,10 @@ end (after one tick without UDP traffic):
   longer has;
 * **memory**: the RSS samples, and the slope of a least-squares line through those
   after the warm-up (the first fifth of the run), in MB per minute;
-* **latency**: percentiles of ``kubeproxy_sync_proxy_rules_duration_seconds`` from
-  /metrics (interpolated within buckets, as PromQL's histogram_quantile), and the exact
-  ones from the proxy's "Synced ... in" log lines, for all, full and partial syncs.
+* **latency**: percentiles of ``kubeproxy_sync_proxy_rules_duration_seconds`` and
+  ``kubeproxy_network_programming_duration_seconds`` from /metrics (interpolated within
+  buckets, as PromQL's histogram_quantile), and the exact sync times from the proxy's
+  "Synced ... in" log lines, for all, full and partial syncs.
 
 Prints a summary and exits 1 if anything leaked. CI runs a short one
 (tests/kernel/test_soak.py).
@@ -56,11 +73,12 @@ import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from bench.cluster import NODES, cluster_ip, pod_ip
-from bench.e2e import NODE_IP, Api, lab, process_tree, spawn, status_kb, stop
+from bench.e2e import NODE_IP, ROOT, Api, lab, process_tree, spawn, status_kb, stop
 from kubeproxy.lab.netns import ns_exec
 from kubeproxy.lab.objects import Ep, endpoint_slice, node, service
 from kubeproxy.lab.rulestate import KUBE_PROXY_TABLES, differences, fresh_sync, nft_state
@@ -78,6 +96,8 @@ PROXY_FLAGS = (
 DNS_PORT = 53
 SETTLE_SECONDS = 600.0
 METRIC = "kubeproxy_sync_proxy_rules_duration_seconds"
+PROGRAMMING = "kubeproxy_network_programming_duration_seconds"
+TRIGGER_TIME = "endpoints.kubernetes.io/last-change-trigger-time"
 
 
 class SoakError(AssertionError):
@@ -102,8 +122,9 @@ class Fleet:
         self.next_endpoint += count
         return [pod_ip(k) for k in range(first, first + count)]
 
-    def objects(self, i: int) -> list[dict[str, Any]]:
-        """Service ``i`` and its slice (the slice first: never a Service without it)."""
+    def objects(self, i: int, trigger: str | None = None) -> list[dict[str, Any]]:
+        """Service ``i`` and its slice (the slice first: never a Service without it);
+        ``trigger``: the slice's last-change-trigger-time."""
         name = f"svc-{i}"
         ports: list[dict[str, Any]] = [{"name": "http", "port": 80}]
         slice_ports: list[dict[str, Any]] = [{"name": "http", "port": 8080}]
@@ -111,10 +132,10 @@ class Fleet:
             ports.append({"name": "dns", "port": DNS_PORT, "protocol": "UDP"})
             slice_ports.append({"name": "dns", "port": 5353, "protocol": "UDP"})
         eps = [Ep(ip, node=NODES[k % len(NODES)]) for k, ip in enumerate(self.live[i])]
-        return [
-            endpoint_slice(name, eps, slice_ports, namespace=NAMESPACE),
-            service(name, cluster_ip(i), ports, namespace=NAMESPACE),
-        ]
+        eps_slice = endpoint_slice(name, eps, slice_ports, namespace=NAMESPACE)
+        if trigger is not None:
+            eps_slice["metadata"].setdefault("annotations", {})[TRIGGER_TIME] = trigger
+        return [eps_slice, service(name, cluster_ip(i), ports, namespace=NAMESPACE)]
 
     def add(self) -> int:
         i = self.next_service
@@ -136,7 +157,8 @@ class Fleet:
             name = f"svc-{i}"
             deletes += [["Service", NAMESPACE, name], ["EndpointSlice", NAMESPACE, f"{name}-ipv4"]]
         created = [self.add() for _ in range(turnover)]
-        applies = [obj for i in [*picked, *created] for obj in self.objects(i)]
+        now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        applies = [obj for i in [*picked, *created] for obj in self.objects(i, now)]
         return applies, deletes
 
     def udp_services(self) -> list[int]:
@@ -144,6 +166,66 @@ class Fleet:
 
 
 # ----------------------------------------------------------------------------- measure
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of ``pid`` and of its waited-for children so far (0 if gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return 0.0
+    # utime, stime, cutime, cstime: fields 14-17 of proc(5), counted after the ")".
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuQuota:
+    """A cgroup of its own capping its processes (and their later children) at ``cpus``.
+
+    cgroup v2 (``cpu.max``) where the cpu controller is enabled there, else the v1
+    ``cpu`` controller (``cpu.cfs_quota_us``). Removed on :meth:`close`, once its
+    processes are gone."""
+
+    PERIOD_US = 100_000
+
+    def __init__(self, cpus: float, tag: str) -> None:
+        quota = max(1000, round(cpus * self.PERIOD_US))
+        v2 = Path("/sys/fs/cgroup")
+        if "cpu" in _read(v2 / "cgroup.subtree_control").split():
+            self.path = v2 / f"kpsoak-{tag}"
+            self.path.mkdir()
+            (self.path / "cpu.max").write_text(f"{quota} {self.PERIOD_US}")
+        elif (v2 / "cpu" / "cpu.cfs_quota_us").exists():
+            self.path = v2 / "cpu" / f"kpsoak-{tag}"
+            self.path.mkdir()
+            (self.path / "cpu.cfs_period_us").write_text(str(self.PERIOD_US))
+            (self.path / "cpu.cfs_quota_us").write_text(str(quota))
+        else:
+            raise SoakError("--proxy-cpus needs the cgroup cpu controller (v1 or v2)")
+
+    def add(self, pid: int) -> None:
+        (self.path / "cgroup.procs").write_text(str(pid))
+
+    def throttled_seconds(self) -> float:
+        """How long the quota held the group back (cpu.stat)."""
+        stat = dict(line.split() for line in _read(self.path / "cpu.stat").splitlines())
+        if "throttled_usec" in stat:
+            return int(stat["throttled_usec"]) / 1e6
+        return int(stat.get("throttled_time", 0)) / 1e9
+
+    def close(self) -> None:
+        for _ in range(50):
+            try:
+                self.path.rmdir()
+                return
+            except OSError:  # busy until the last process has exited
+                time.sleep(0.1)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:
+        return ""
 
 
 @dataclass
@@ -310,15 +392,22 @@ def soak(
     seed: int = 0,
     say: Callable[[str], None] = print,
     keep_log: Path | None = None,
+    proxy_cpus: float | None = None,
+    src: Path | None = None,
 ) -> dict[str, Any]:
     """Run the soak; the figures (``leaks`` lists what leaked: empty if nothing).
 
-    ``keep_log``: where to copy the proxy's log."""
+    ``keep_log``: where to copy the proxy's log; ``proxy_cpus``: the proxy's CPU quota."""
     fleet = Fleet(endpoints, random.Random(seed))
     for _ in range(services):
         fleet.add()
     tag = str(os.getpid() % 100000)
-    with lab() as the_lab, tempfile.TemporaryDirectory(prefix="kpsoak-") as tmp:
+    quota = CpuQuota(proxy_cpus, tag) if proxy_cpus else None
+    with (
+        contextlib.closing(quota) if quota is not None else contextlib.nullcontext(),
+        lab() as the_lab,
+        tempfile.TemporaryDirectory(prefix="kpsoak-") as tmp,
+    ):
         workdir = Path(tmp)
         api = Api(the_lab, 0, endpoints)
         try:
@@ -330,13 +419,18 @@ def soak(
                 proxy = spawn(
                     the_lab.node,
                     ["-m", "kubeproxy", "run", *PROXY_FLAGS, "--v=2", *api.args()],
+                    pythonpath=None if src is None else f"{ROOT}:{src}",
                     stderr=log,
                 )
+            if quota is not None:
+                quota.add(proxy.pid)
             the_lab.children.append(proxy)
             rss = RssSampler(proxy.pid, sample)
             try:
                 schedule = Schedule(seconds, tick, churn, turnover)
                 figures = _drive(the_lab, api, proxy, fleet, schedule, say=say)
+                if quota is not None:
+                    figures["throttled_seconds"] = quota.throttled_seconds()
             finally:
                 rss.close()
             churned = time.monotonic()
@@ -367,6 +461,7 @@ def soak(
     warm = [(s, mb) for s, mb in rss.samples if s >= seconds / 5]
     logged = logged_syncs(text)
     buckets = histogram(metrics)
+    programming = histogram(metrics, PROGRAMMING)
     figures |= {
         "services": services,
         "endpoints_per_service": endpoints,
@@ -391,6 +486,11 @@ def soak(
         }
         | {"count": buckets[-1][1] if buckets else 0},
         "sync_seconds_logged": {kind: percentiles(v) for kind, v in logged.items()},
+        "network_programming_seconds": {
+            q: histogram_quantile(float(q[1:]) / 100, programming) for q in ("p50", "p90", "p99")
+        }
+        | {"count": programming[-1][1] if programming else 0},
+        "proxy_cpus": proxy_cpus,
         "sync_failures": _gauge(metrics, "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"),
     }
     return figures
@@ -424,6 +524,7 @@ def _drive(
     cold = time.monotonic() - began
     say(f"first sync after {cold:.1f}s; churning for {seconds:.0f}s")
     start = time.monotonic()
+    cpu_before = cpu_seconds(proxy.pid), cpu_seconds(api.proc.pid)
     ticks = changed = created = 0
     while time.monotonic() - start < seconds:
         due = start + (ticks + 1) * tick
@@ -441,7 +542,12 @@ def _drive(
         if ticks % 12 == 0:
             say(f"{time.monotonic() - start:.0f}s: {ticks} ticks")
         time.sleep(max(0.0, due - time.monotonic()))
+    cpu_after = cpu_seconds(proxy.pid), cpu_seconds(api.proc.pid)
     return {
+        "cpu_seconds_per_tick": {
+            who: (after - before) / max(ticks, 1)
+            for who, before, after in zip(("proxy", "api"), cpu_before, cpu_after, strict=True)
+        },
         "cold_seconds": cold,
         "ticks": ticks,
         "services_changed": changed,
@@ -458,6 +564,7 @@ def _try_metrics(call: Callable[..., Any]) -> str:
 
 def report(f: dict[str, Any]) -> str:
     rss, hist, logged = f["rss_mb"], f["sync_seconds_histogram"], f["sync_seconds_logged"]
+    prog, cpu = f["network_programming_seconds"], f["cpu_seconds_per_tick"]
     lines = [
         f"{f['services']} Services x {f['endpoints_per_service']} endpoints, "
         f"{f['seconds']:.0f}s, a tick every {f['tick']:.0f}s: {f['ticks']} ticks, "
@@ -476,6 +583,16 @@ def report(f: dict[str, Any]) -> str:
         f"({rss['samples']} samples)",
         f"sync_proxy_rules_duration_seconds (/metrics, {hist['count']:.0f} syncs): "
         f"p50 {hist['p50']:.3f}s, p90 {hist['p90']:.3f}s, p99 {hist['p99']:.3f}s",
+        f"network_programming_duration_seconds (/metrics, {prog['count']:.0f} changes): "
+        f"p50 {prog['p50']:.3f}s, p90 {prog['p90']:.3f}s, p99 {prog['p99']:.3f}s",
+        f"CPU per tick during the churn: proxy tree {cpu['proxy']:.3f}s, API stand-in "
+        f"{cpu['api']:.3f}s"
+        + (
+            f" (proxy capped at {f['proxy_cpus']:g} CPUs, throttled "
+            f"{f.get('throttled_seconds', 0):.0f}s)"
+            if f["proxy_cpus"]
+            else ""
+        ),
     ]
     for kind, p in logged.items():
         if p:
@@ -496,6 +613,10 @@ def main() -> int:
     parser.add_argument("--turnover", type=int, default=5)
     parser.add_argument("--sample", type=float, default=2.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--proxy-cpus", type=float, default=None, help="cap the proxy at this many CPUs"
+    )
+    parser.add_argument("--src", type=Path, default=None, help="the proxy's source tree")
     parser.add_argument("--out", type=Path, default=None, help="write the figures as JSON")
     parser.add_argument("--log", type=Path, default=None, help="keep the proxy's log here")
     args = parser.parse_args()
@@ -512,6 +633,8 @@ def main() -> int:
         sample=args.sample,
         seed=args.seed,
         keep_log=args.log,
+        proxy_cpus=args.proxy_cpus,
+        src=args.src,
     )
     figures["loadavg_before"] = load
     figures["loadavg_after"] = os.getloadavg()

@@ -19,3 +19,5 @@ def test_churn_leaves_no_leaks() -> None:
     assert figures["udp_conntrack_entries"] > 0
     assert figures["sync_failures"] == 0
     assert figures["sync_seconds_logged"]["partial"]["count"] >= figures["ticks"] // 2
+    # Every churned slice's trigger time reached the programming-latency metric.
+    assert figures["network_programming_seconds"]["count"] > 0

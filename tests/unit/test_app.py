@@ -9,6 +9,7 @@ import asyncio
 import gc
 import logging
 import socket
+import weakref
 from collections.abc import AsyncGenerator
 
 import pytest
@@ -21,7 +22,7 @@ from kubeproxy.metrics import Metrics
 from kubeproxy.model.state import ProxyState, Snapshot
 from kubeproxy.model.types import IPFamily, L4Protocol, ServicePortName
 from kubeproxy.sources.events import Event
-from tests.unit.conftest import port_name
+from tests.unit.conftest import port_name, service, service_port
 from tests.unit.test_health import fetch
 
 
@@ -239,3 +240,43 @@ def test_the_gc_pause_of_the_start_ends_after_its_limit_without_a_first_sync(
     assert seen == [False, True]
     assert proxy.syncs == 0
     assert any("No first sync after 0.1s" in r.getMessage() for r in caplog.records)
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_run_collects_garbage_once_per_sync_and_gives_the_collector_back() -> None:
+    # Under churn the collector's own schedule rescanned the whole cluster state every
+    # few syncs (bench.churn_tick); run() turns its automatic collections off and, after
+    # each sync, collects what is not frozen and freezes the survivors.
+    proxy = Proxy(config(min_sync_period=0.0), FakeBackend())
+    seen: dict[str, object] = {}
+
+    class Source:
+        async def watch(self, stop: asyncio.Event) -> AsyncGenerator[list[Event], None]:
+            yield []  # the initial state: the first sync follows
+            while proxy.syncs < 1:
+                await asyncio.sleep(0.01)
+            seen["automatic"] = gc.isenabled()
+            seen["frozen"] = gc.get_freeze_count()
+            garbage = weakref.ref(_Cycle())  # only a collection can free a cycle
+            seen["before a sync"] = garbage() is not None
+            before = proxy.last_outcome
+            yield [Event.added(service("web", service_port()))]
+            while proxy.last_outcome is before:
+                await asyncio.sleep(0.01)
+            seen["after a sync"] = garbage() is not None
+            stop.set()
+
+    assert gc.isenabled()
+    assert asyncio.run(proxy.run(Source(), asyncio.Event())) == 0
+    assert seen == {
+        "automatic": False,
+        "frozen": seen["frozen"],
+        "before a sync": True,
+        "after a sync": False,
+    }
+    assert isinstance(seen["frozen"], int) and seen["frozen"] > 0
+    assert gc.isenabled() and gc.get_freeze_count() == 0

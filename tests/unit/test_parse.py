@@ -753,3 +753,20 @@ def test_long_name_identity_is_truncated() -> None:
     with pytest.raises(InvalidObjectError) as info:
         parse_service(service_obj(name="a" * 400))
     assert info.value.key == "default/" + "a" * 292 + "..."
+
+
+def test_known_node_names_are_shared_and_bad_ones_still_refused() -> None:
+    # Validated node and zone names are remembered (they repeat on every endpoint); a
+    # value of the wrong type or a bad name is refused all the same afterwards.
+    first = parse_endpoint_slice(_slice_ep(nodeName="node-a", zone="zone-a"))
+    second = parse_endpoint_slice(_slice_ep(nodeName="".join(["node-", "a"]), zone="zone-a"))
+    assert first is not None and second is not None
+    assert first.endpoints[0].node_name is second.endpoints[0].node_name
+    for bad, path in (
+        (["node-a"], "endpoints[0].nodeName"),
+        ("node a", "endpoints[0].nodeName"),
+        (5, "endpoints[0].nodeName"),
+    ):
+        with pytest.raises(InvalidObjectError) as info:
+            parse_endpoint_slice(_slice_ep(nodeName=bad))
+        _check_one_line(info.value, "EndpointSlice", path)

@@ -45,7 +45,14 @@ from typing import Protocol
 
 from kubeproxy.dataplane.process import ToolError, run_tool
 from kubeproxy.model.tracker import EndpointsUpdate, ServiceUpdate
-from kubeproxy.model.types import IPFamily, L4Protocol, ServicePort, ServicePortName, family_of
+from kubeproxy.model.types import (
+    PLAIN_IPV4,
+    IPFamily,
+    L4Protocol,
+    ServicePort,
+    ServicePortName,
+    family_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +77,13 @@ class Filter:
             # Would delete every entry of the protocol: never what a proxy means.
             raise ValueError("a conntrack filter needs an address or a port")
         for ip in (self.orig_dst, self.reply_src):
-            if ip is not None and family_of(str(ipaddress.ip_address(ip))) is not self.family:
+            if ip is None:
+                continue
+            # A churn makes thousands of filters per sync: plain IPv4 needs no ipaddress.
+            plain = PLAIN_IPV4.fullmatch(ip) is not None
+            if (IPFamily.IPv4 if plain else family_of(str(ipaddress.ip_address(ip)))) is not (
+                self.family
+            ):
                 raise ValueError(f"{ip} is not an {self.family.value} address")
         if self.orig_dst_port is not None and not 0 < self.orig_dst_port < 65536:
             raise ValueError(f"invalid port {self.orig_dst_port}")
@@ -395,4 +408,6 @@ class _Present:
 
 
 def _canonical(value: str | int) -> str | int:
-    return str(ipaddress.ip_address(value)) if isinstance(value, str) else value
+    if not isinstance(value, str) or PLAIN_IPV4.fullmatch(value):
+        return value  # plain IPv4 is already canonical
+    return str(ipaddress.ip_address(value))

@@ -430,13 +430,24 @@ def _slice_endpoint(ep: Mapping[str, Any], family: IPFamily) -> SliceEndpoint:
     addresses_raw = _list(ep.get("addresses"), "addresses")
     if not addresses_raw:
         raise _fail("addresses", "at least one address is required")
-    addresses = tuple(
-        a if type(a) is str and PLAIN_IPV4.fullmatch(a) else canonical_ip(a, f"addresses[{j}]")
-        for j, a in enumerate(addresses_raw)
-    )
-    for j, address in enumerate(addresses):
-        if family_of(address) is not family:
-            raise _fail(f"addresses[{j}]", f"{address} is not an {family.value} address")
+    first = addresses_raw[0]
+    if (
+        len(addresses_raw) == 1
+        and family is IPFamily.IPv4
+        and type(first) is str
+        and PLAIN_IPV4.fullmatch(first)
+    ):
+        # Nearly every endpoint: one canonical IPv4 address, checked once (this runs for
+        # every endpoint of every changed slice).
+        addresses: tuple[str, ...] = (first,)
+    else:
+        addresses = tuple(
+            a if type(a) is str and PLAIN_IPV4.fullmatch(a) else canonical_ip(a, f"addresses[{j}]")
+            for j, a in enumerate(addresses_raw)
+        )
+        for j, address in enumerate(addresses):
+            if family_of(address) is not family:
+                raise _fail(f"addresses[{j}]", f"{address} is not an {family.value} address")
     cond = _mapping(ep.get("conditions"), "conditions")
     conditions = _CONDITIONS[
         _bool(cond.get("ready"), "conditions.ready", True),
@@ -454,14 +465,26 @@ def _slice_endpoint(ep: Mapping[str, Any], family: IPFamily) -> SliceEndpoint:
     return SliceEndpoint(addresses, conditions, node_name, zone, zone_hints, node_hints)
 
 
+# Node and zone names already validated, each to its one interned copy: they repeat
+# across every endpoint of the cluster. Bounded, in case names keep changing.
+_VALID_NAMES: dict[str, str] = {}
+_VALID_NAMES_MAX = 65536
+
+
 def _optional_name(value: Any, path: str) -> str | None:
+    known = _VALID_NAMES.get(value) if type(value) is str else None
+    if known is not None:
+        return known
     text = _str(value, path)
     if not text:
         return None
     if len(text) > 253 or not _ZONE_OR_NODE.match(text):
         raise _fail(path, f"invalid name {_printable(text)!r}")
-    # Node and zone names repeat across every endpoint of the cluster: one copy each.
-    return sys.intern(text)
+    name = sys.intern(text)
+    if len(_VALID_NAMES) >= _VALID_NAMES_MAX:
+        _VALID_NAMES.clear()
+    _VALID_NAMES[name] = name
+    return name
 
 
 def _hint_names(value: Any, path: str) -> frozenset[str]:

@@ -152,6 +152,10 @@ class EndpointsChangeTracker:
     def __init__(self) -> None:
         # Slices as of the last checkout, per Service.
         self._applied: dict[NamespacedName, dict[str, EndpointSlice]] = {}
+        # What those slices merge into (the "after" of the last checkout): the "before"
+        # of the next change to the Service, kept rather than merged again, which cost
+        # half of every sync's collect phase under churn (measured, bench.soak).
+        self._merged: dict[NamespacedName, dict[ServicePortName, tuple[Endpoint, ...]]] = {}
         # Slices changed since: name -> slice, or None when deleted.
         self._pending: dict[NamespacedName, dict[str, EndpointSlice | None]] = {}
         self._trigger_times: dict[NamespacedName, list[float]] = {}
@@ -191,18 +195,20 @@ class EndpointsChangeTracker:
         changes = {}
         for service, slices in self._pending.items():
             applied = self._applied.get(service, {})
-            before = endpoints_for_slices(applied.values())
+            before = self._merged.get(service, {})
             now = dict(applied)
             for name, slc in slices.items():
                 if slc is None:
                     now.pop(name, None)
                 else:
                     now[name] = slc
+            after = endpoints_for_slices(now.values())
             if now:
                 self._applied[service] = now
+                self._merged[service] = after
             else:
                 self._applied.pop(service, None)
-            after = endpoints_for_slices(now.values())
+                self._merged.pop(service, None)
             if before != after:
                 changes[service] = (before, after)
         self._pending = {}
