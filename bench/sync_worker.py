@@ -11,6 +11,9 @@ them through the real pipeline (parse → change trackers → the MODE backend
 * ``partial_endpoint`` / ``partial_add_service``: median and p90 end-to-end seconds of a
   partial sync after one endpoint change / one new Service (collect + render + apply),
   and how many rules each one's restore wrote (iptables mode);
+* ``partial_floor``: the kernel tool alone re-applying the last one-endpoint partial
+  sync's input into the loaded table (median of 5, iptables mode; None in nftables mode):
+  the floor a partial sync is compared with;
 * ``restart``: what a proxy restart costs: a second backend instance's first (full)
   sync over the table the first one programmed (after the partial syncs, so of the same
   Services), split like ``cold``, with the rules its restores wrote (iptables mode);
@@ -68,6 +71,16 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def partial_floor(mode: Mode, text: str) -> float | None:
+    """The median seconds of the kernel tool re-applying ``text`` (a partial sync's
+    input: it flushes and refills the same chains) into this namespace's table."""
+    if mode.flavor is None or not text or text.startswith("#"):
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        argv, stdin = mode.floor_command(f"# iptables-restore\n{text}", Path(tmp) / "input")
+        return statistics.median(peak.measure(argv, stdin).seconds for _ in range(5))
+
+
 def main(mode: Mode, services: int, endpoints: int, floor_ns: str) -> dict[str, Any]:
     config = mode.config("node-a", ("10.128.0.0/9",))
     backend = mode.backend(config)
@@ -97,11 +110,14 @@ def main(mode: Mode, services: int, endpoints: int, floor_ns: str) -> dict[str, 
         },
     }
 
+    last_input = ""
+
     def partials(objects_for: Callable[[int], list[dict[str, Any]]]) -> dict[str, Any]:
         """Median and p90 of partial syncs (the objects are parsed before the clock), the
         median kernel time among them, and the rules each restore wrote (iptables mode;
         0 in nftables mode)."""
         timings, kernel, written = [], [], []
+        nonlocal last_input
         for r in range(REPEATS):
             models = parse_all(objects_for(r))
             started = time.perf_counter()
@@ -112,6 +128,7 @@ def main(mode: Mode, services: int, endpoints: int, floor_ns: str) -> dict[str, 
             assert not res.full
             kernel.append(res.apply_seconds)
             written.append(sum(res.table_rules_written.values()))
+            last_input = getattr(backend, "last_restore", "")
         return {
             "median": statistics.median(timings),
             "p90": percentile(timings, 0.9),
@@ -125,6 +142,7 @@ def main(mode: Mode, services: int, endpoints: int, floor_ns: str) -> dict[str, 
     out["partial_endpoint"] = partials(
         lambda r: service_objects(((r // 2) * 7919) % services, endpoints + (r % 2 == 0))[1:]
     )
+    out["partial_floor"] = partial_floor(mode, last_input)
     # One new Service with its endpoints.
     out["partial_add_service"] = partials(
         lambda r: service_objects(
