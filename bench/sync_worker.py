@@ -5,7 +5,9 @@ them through the real pipeline (parse → change trackers → the MODE backend
 (:mod:`bench.modes`), as ``kubeproxy run`` builds it: libnftables in-process, or
 ``iptables-<flavour>-restore``) and prints one JSON object:
 
-* ``cold``: the first full sync (render and kernel-apply seconds, total);
+* ``cold``: the first full sync (render and kernel-apply seconds, total; ``cpu``: user +
+  system CPU seconds of this process and of the tools it ran, which a loaded machine
+  moves less than the wall clock);
 * ``floor``: the kernel tool alone (``nft -f``, ``iptables-<flavour>-restore --noflush``)
   loading the same input into FLOOR_NS, an empty namespace;
 * ``partial_endpoint`` / ``partial_add_service``: median and p90 end-to-end seconds of a
@@ -71,6 +73,15 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def cpu_seconds() -> float:
+    """User + system CPU of this process and its reaped children so far."""
+    return sum(
+        u.ru_utime + u.ru_stime
+        for u in (resource.getrusage(resource.RUSAGE_SELF),
+                  resource.getrusage(resource.RUSAGE_CHILDREN))
+    )  # fmt: skip
+
+
 def partial_floor(mode: Mode, text: str) -> float | None:
     """The median seconds of the kernel tool re-applying ``text`` (a partial sync's
     input: it flushes and refills the same chains) into this namespace's table."""
@@ -92,10 +103,11 @@ def main(mode: Mode, services: int, endpoints: int, floor_ns: str) -> dict[str, 
     parse_seconds = time.perf_counter() - started
     gc.collect()
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), cpu_seconds()
     snapshot, _ = state.collect()
     result = backend.sync(snapshot, None)
     cold = time.perf_counter() - started
+    cold_cpu = cpu_seconds() - cpu
     out: dict[str, Any] = {
         "mode": mode.name,
         "services": services,
@@ -105,6 +117,7 @@ def main(mode: Mode, services: int, endpoints: int, floor_ns: str) -> dict[str, 
             "total": cold,
             "render": cold - result.apply_seconds,
             "apply": result.apply_seconds,
+            "cpu": cold_cpu,
             "elements": result.elements,
             "table_rules": result.table_rules,
         },
