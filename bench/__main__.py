@@ -84,7 +84,8 @@ def sync_table(mode: Mode, rows: list[dict[str, Any]]) -> str:
     extra = " | rules written (1 endpoint / +1 Service)" if iptables else ""
     lines = [
         "| Services x endpoints | cold full sync (CPU) | render | kernel apply "
-        f"| {mode.floor_label} | ratio | restart: full sync over it | partial: 1 endpoint (median / p90"
+        f"| {mode.floor_label} | ratio | restart: full sync over it "
+        "| partial: 1 endpoint (median / p90"
         f"{'; the tool alone' if iptables else ''}) "
         "| partial: +1 Service (median / p90)"
         f"{extra} | peak RSS: proxy | kernel tool's own | sum | RUSAGE_CHILDREN |",
