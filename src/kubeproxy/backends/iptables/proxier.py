@@ -17,10 +17,16 @@ canonical form by :mod:`.diff`; every chain when the table holds none of our gen
 chains yet), rewrites the fixed chains (``KUBE-SERVICES``...) and deletes the generated
 chains no longer wanted (``KUBE-SVC-``, ``KUBE-SEP-``...). So a restart over an intact
 table writes a few dozen rules, and a chain changed by hand is found and rewritten.
+The ServicePorts' rules are rendered twice: once for the dispatch trees and for what is
+kept between syncs (:class:`_Held`: per chain only its rule count and a hash), then again
+while the restore input is streamed to iptables-restore (which parses as it reads, on
+the other CPU), so the 300,000 rules of 10,000 Services x 10 endpoints are never all
+held.
 
 **Partial sync**: only the changed ServicePorts' own chains, and the dispatch-tree chains
 on the paths of the destinations they added or removed (:mod:`.dispatch`), are declared
-and refilled; chains nothing uses any more are deleted. Upstream rewrites the whole of
+and refilled (those whose new rules hash as the kept ones are left alone); chains
+nothing uses any more are deleted. Upstream rewrites the whole of
 ``KUBE-SERVICES`` on every sync; here a change costs O(its own rules + tree depth x 16).
 
 A refused restore changes nothing in the table that failed (iptables-restore commits a
