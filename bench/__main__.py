@@ -84,7 +84,7 @@ def sync_table(mode: Mode, rows: list[dict[str, Any]]) -> str:
     extra = " | rules written (1 endpoint / +1 Service)" if iptables else ""
     lines = [
         "| Services x endpoints | cold full sync (CPU) | render | kernel apply "
-        f"| {mode.floor_label} | ratio | restart: full sync over it "
+        f"| {mode.floor_label} (CPU) | ratio | restart: full sync over it "
         "| partial: 1 endpoint (median / p90"
         f"{'; the tool alone' if iptables else ''}) "
         "| partial: +1 Service (median / p90)"
@@ -98,7 +98,7 @@ def sync_table(mode: Mode, rows: list[dict[str, Any]]) -> str:
             ms(cold["total"]) + (f" ({ms(cold['cpu'])})" if "cpu" in cold else ""),
             ms(cold["render"]),
             ms(cold["apply"]),
-            ms(r["floor"]),
+            ms(r["floor"]) + (f" ({ms(r['floor_cpu'])})" if "floor_cpu" in r else ""),
             f"{cold['total'] / r['floor']:.2f}x",
             restart_cell(r["restart"], iptables),
             f"{ms(pe['median'])} / {ms(pe['p90'])}"

@@ -8,8 +8,9 @@ them through the real pipeline (parse → change trackers → the MODE backend
 * ``cold``: the first full sync (render and kernel-apply seconds, total; ``cpu``: user +
   system CPU seconds of this process and of the tools it ran, which a loaded machine
   moves less than the wall clock);
-* ``floor``: the kernel tool alone (``nft -f``, ``iptables-<flavour>-restore --noflush``)
-  loading the same input into FLOOR_NS, an empty namespace;
+* ``floor`` (``floor_cpu``: its CPU seconds): the kernel tool alone (``nft -f``,
+  ``iptables-<flavour>-restore --noflush``) loading the same input into FLOOR_NS, an
+  empty namespace;
 * ``partial_endpoint`` / ``partial_add_service``: median and p90 end-to-end seconds of a
   partial sync after one endpoint change / one new Service (collect + render + apply),
   and how many rules each one's restore wrote (iptables mode);
@@ -193,6 +194,7 @@ def main(mode: Mode, services: int, endpoints: int, floor_ns: str) -> dict[str, 
         argv, stdin = mode.floor_command(script, Path(tmp) / "input")
         floor = peak.measure(argv, stdin, netns=floor_ns)
     out["floor"] = floor.seconds
+    out["floor_cpu"] = floor.cpu_seconds
     out["tool_peak_mb"] = floor.peak_mb
     out["peak_floor_mb"] = floor.floor_mb
     out["script_mb"] = len(script) / 1e6
