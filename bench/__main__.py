@@ -83,8 +83,10 @@ def sync_table(mode: Mode, rows: list[dict[str, Any]]) -> str:
     iptables = mode.flavor is not None
     extra = " | rules written (1 endpoint / +1 Service)" if iptables else ""
     lines = [
-        f"| Services x endpoints | cold full sync | render | kernel apply | {mode.floor_label} "
-        "| ratio | restart: full sync over it | partial: 1 endpoint (median / p90) "
+        "| Services x endpoints | cold full sync (CPU) | render | kernel apply "
+        f"| {mode.floor_label} (CPU) | ratio | restart: full sync over it "
+        "| partial: 1 endpoint (median / p90"
+        f"{'; the tool alone' if iptables else ''}) "
         "| partial: +1 Service (median / p90)"
         f"{extra} | peak RSS: proxy | kernel tool's own | sum | RUSAGE_CHILDREN |",
         "|---" * (14 if iptables else 13) + "|",
@@ -93,13 +95,14 @@ def sync_table(mode: Mode, rows: list[dict[str, Any]]) -> str:
         cold, pe, pa = r["cold"], r["partial_endpoint"], r["partial_add_service"]
         cells = [
             f"{r['services']:,} x {r['endpoints']}",
-            ms(cold["total"]),
+            ms(cold["total"]) + (f" ({ms(cold['cpu'])})" if "cpu" in cold else ""),
             ms(cold["render"]),
             ms(cold["apply"]),
-            ms(r["floor"]),
+            ms(r["floor"]) + (f" ({ms(r['floor_cpu'])})" if "floor_cpu" in r else ""),
             f"{cold['total'] / r['floor']:.2f}x",
             restart_cell(r["restart"], iptables),
-            f"{ms(pe['median'])} / {ms(pe['p90'])}",
+            f"{ms(pe['median'])} / {ms(pe['p90'])}"
+            + (f"; {ms(r['partial_floor'])}" if r.get("partial_floor") else ""),
             f"{ms(pa['median'])} / {ms(pa['p90'])}",
         ]
         if iptables:

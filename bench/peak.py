@@ -8,8 +8,9 @@ or this process's (reported as ``floor_mb``) when it stays below that.
 
     python -m bench.peak INPUT -- COMMAND ARGS...    (INPUT: a file for stdin, or -)
 
-prints ``{"seconds": ..., "peak_mb": ..., "floor_mb": ..., "status": ...}``; the time is
-from spawning the command to reaping it, without this interpreter's start-up.
+prints ``{"seconds": ..., "cpu_seconds": ..., "peak_mb": ..., "floor_mb": ..., "status": ...}``;
+the time is from spawning the command to reaping it, without this interpreter's
+start-up; ``cpu_seconds`` is the command's user + system CPU.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @dataclass(frozen=True)
 class Measured:
     seconds: float
+    cpu_seconds: float
     peak_mb: float  # the command's peak RSS (at least floor_mb)
     floor_mb: float  # the measuring process's own peak when it started the command
 
@@ -47,7 +49,7 @@ def measure(argv: list[str], stdin: Path | None = None, netns: str | None = None
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(argv)} failed: {out.stderr.strip()[-2000:]}")
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    return Measured(result["seconds"], result["peak_mb"], result["floor_mb"])
+    return Measured(result["seconds"], result["cpu_seconds"], result["peak_mb"], result["floor_mb"])
 
 
 def main(args: list[str]) -> int:
@@ -65,6 +67,7 @@ def main(args: list[str]) -> int:
     code = os.waitstatus_to_exitcode(status)
     result = {
         "seconds": seconds,
+        "cpu_seconds": usage.ru_utime + usage.ru_stime,
         "peak_mb": usage.ru_maxrss / 1024,
         "floor_mb": floor,
         "status": code,

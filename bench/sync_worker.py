@@ -5,14 +5,20 @@ them through the real pipeline (parse → change trackers → the MODE backend
 (:mod:`bench.modes`), as ``kubeproxy run`` builds it: libnftables in-process, or
 ``iptables-<flavour>-restore``) and prints one JSON object:
 
-* ``cold``: the first full sync (render and kernel-apply seconds, total), with the
-  cyclic GC paused as ``kubeproxy run`` pauses it (``KUBEPROXY_BENCH_GC=on`` keeps it
-  running, as the benchmark did before issue 10 part 6);
-* ``floor``: the kernel tool alone (``nft -f``, ``iptables-<flavour>-restore --noflush``)
-  loading the same input into FLOOR_NS, an empty namespace;
+* ``cold``: the first full sync (render and kernel-apply seconds, total; ``cpu``: user +
+  system CPU seconds of this process and of the tools it ran, which a loaded machine
+  moves less than the wall clock), with the cyclic GC paused as ``kubeproxy run`` pauses
+  it (``KUBEPROXY_BENCH_GC=on`` keeps it running, as the benchmark did before issue 10
+  part 6);
+* ``floor`` (``floor_cpu``: its CPU seconds): the kernel tool alone (``nft -f``,
+  ``iptables-<flavour>-restore --noflush``) loading the same input into FLOOR_NS, an
+  empty namespace;
 * ``partial_endpoint`` / ``partial_add_service``: median and p90 end-to-end seconds of a
   partial sync after one endpoint change / one new Service (collect + render + apply),
   and how many rules each one's restore wrote (iptables mode);
+* ``partial_floor``: the kernel tool alone re-applying the last one-endpoint partial
+  sync's input into the loaded table (median of 5, iptables mode; None in nftables mode):
+  the floor a partial sync is compared with;
 * ``restart``: what a proxy restart costs: a second backend instance's first (full)
   sync over the table the first one programmed (after the partial syncs, so of the same
   Services), split like ``cold``, with the rules its restores wrote (iptables mode);
@@ -71,6 +77,25 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def cpu_seconds() -> float:
+    """User + system CPU of this process and its reaped children so far."""
+    return sum(
+        u.ru_utime + u.ru_stime
+        for u in (resource.getrusage(resource.RUSAGE_SELF),
+                  resource.getrusage(resource.RUSAGE_CHILDREN))
+    )  # fmt: skip
+
+
+def partial_floor(mode: Mode, text: str) -> float | None:
+    """The median seconds of the kernel tool re-applying ``text`` (a partial sync's
+    input: it flushes and refills the same chains) into this namespace's table."""
+    if mode.flavor is None or not text or text.startswith("#"):
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        argv, stdin = mode.floor_command(f"# iptables-restore\n{text}", Path(tmp) / "input")
+        return statistics.median(peak.measure(argv, stdin).seconds for _ in range(5))
+
+
 def main(mode: Mode, services: int, endpoints: int, floor_ns: str) -> dict[str, Any]:
     config = mode.config("node-a", ("10.128.0.0/9",))
     backend = mode.backend(config)
@@ -88,10 +113,11 @@ def main(mode: Mode, services: int, endpoints: int, floor_ns: str) -> dict[str, 
     gc_default = os.environ.get("KUBEPROXY_BENCH_GC") == "on"
     if not gc_default:
         gc.disable()
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), cpu_seconds()
     snapshot, _ = state.collect()
     result = backend.sync(snapshot, None)
     cold = time.perf_counter() - started
+    cold_cpu = cpu_seconds() - cpu
     if not gc_default:
         gc.collect()
         gc.freeze()
@@ -105,16 +131,20 @@ def main(mode: Mode, services: int, endpoints: int, floor_ns: str) -> dict[str, 
             "total": cold,
             "render": cold - result.apply_seconds,
             "apply": result.apply_seconds,
+            "cpu": cold_cpu,
             "elements": result.elements,
             "table_rules": result.table_rules,
         },
     }
+
+    last_input = ""
 
     def partials(objects_for: Callable[[int], list[dict[str, Any]]]) -> dict[str, Any]:
         """Median and p90 of partial syncs (the objects are parsed before the clock), the
         median kernel time among them, and the rules each restore wrote (iptables mode;
         0 in nftables mode)."""
         timings, kernel, written = [], [], []
+        nonlocal last_input
         for r in range(REPEATS):
             models = parse_all(objects_for(r))
             started = time.perf_counter()
@@ -125,6 +155,7 @@ def main(mode: Mode, services: int, endpoints: int, floor_ns: str) -> dict[str, 
             assert not res.full
             kernel.append(res.apply_seconds)
             written.append(sum(res.table_rules_written.values()))
+            last_input = getattr(backend, "last_restore", "")
         return {
             "median": statistics.median(timings),
             "p90": percentile(timings, 0.9),
@@ -138,6 +169,7 @@ def main(mode: Mode, services: int, endpoints: int, floor_ns: str) -> dict[str, 
     out["partial_endpoint"] = partials(
         lambda r: service_objects(((r // 2) * 7919) % services, endpoints + (r % 2 == 0))[1:]
     )
+    out["partial_floor"] = partial_floor(mode, last_input)
     # One new Service with its endpoints.
     out["partial_add_service"] = partials(
         lambda r: service_objects(
@@ -175,6 +207,7 @@ def main(mode: Mode, services: int, endpoints: int, floor_ns: str) -> dict[str, 
         argv, stdin = mode.floor_command(script, Path(tmp) / "input")
         floor = peak.measure(argv, stdin, netns=floor_ns)
     out["floor"] = floor.seconds
+    out["floor_cpu"] = floor.cpu_seconds
     out["tool_peak_mb"] = floor.peak_mb
     out["peak_floor_mb"] = floor.floor_mb
     out["script_mb"] = len(script) / 1e6

@@ -75,9 +75,9 @@ def test_rules_compare_in_the_form_iptables_save_prints() -> None:
     other = (("-s", "10.244.1.11", "-j", "KUBE-MARK-MASQ"), *sep[1:])
     assert not same_rules(other, listed["KUBE-SEP-A"], canonical)
     wanted = {"KUBE-SEP-A": sep, "KUBE-EMPTY": (), "KUBE-SEP-B": ()}
-    assert differing(wanted, listed, canonical) == {"KUBE-SEP-B"}
+    assert differing(wanted.items(), listed, canonical) == {"KUBE-SEP-B"}
     # A rule iptables would refuse never equals anything listed.
-    assert differing({"KUBE-EMPTY": (("--bogus",),)}, listed, lambda a: None) == {"KUBE-EMPTY"}
+    assert differing([("KUBE-EMPTY", (("--bogus",),))], listed, lambda a: None) == {"KUBE-EMPTY"}
 
 
 # ------------------------------------------------------------- full syncs on the fake

@@ -1,10 +1,13 @@
 """What iptables mode hands iptables-restore: chain lines largest name first (the order
 both flavours create chains fastest in), meaning exactly what the unordered input meant;
-and ``last_restore`` keeps small restores verbatim but does not print big ones twice."""
+``last_restore`` keeps small restores verbatim but does not print big ones twice; the
+ServicePorts' own rules are rendered as the input is printed, never all held."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+
+import pytest
 
 from kubeproxy.backends.iptables.proxier import (
     LAST_RESTORE_RULES,
@@ -12,7 +15,7 @@ from kubeproxy.backends.iptables.proxier import (
     declare_largest_first,
 )
 from kubeproxy.dataplane.iptables.fake import FakeIptables
-from kubeproxy.dataplane.iptables.restore import Restore
+from kubeproxy.dataplane.iptables.restore import Restore, RestoreError
 from kubeproxy.model.state import Snapshot
 from kubeproxy.model.types import Endpoint, IPFamily, ServicePort
 from tests.partial_sync_machine import CONFIG, NODE, port_name
@@ -104,3 +107,41 @@ def test_last_restore_keeps_small_restores_and_counts_big_ones() -> None:
     rules = sum(result.table_rules_written.values())
     assert rules > LAST_RESTORE_RULES
     assert big.last_restore == f"# a restore of {rules} rules (filter, nat)\n"
+
+
+def test_rules_from_a_source_follow_the_plain_ones_and_are_checked() -> None:
+    restore = Restore()
+    restore.chain("nat", "KUBE-A")
+    restore.rule("nat", "KUBE-A", "-j", "RETURN")
+    restore.lazy_rules("nat", 2, lambda: [("KUBE-A", ("-s", "10.0.0.1")), ("KUBE-A", ())])
+    assert restore.rule_count == 3
+    text = "*nat\n:KUBE-A - [0:0]\n-A KUBE-A -j RETURN\n-A KUBE-A -s 10.0.0.1\n-A KUBE-A\nCOMMIT\n"
+    assert str(restore) == text
+    # Chunks are whole lines, however small.
+    chunks = list(restore.chunks(size=1))
+    assert "".join(chunks) == text
+    assert all(c.endswith("\n") for c in chunks)
+    bad = Restore()
+    bad.lazy_rules("nat", 1, lambda: [("KUBE-A; rm", ())])
+    with pytest.raises(RestoreError, match="invalid iptables chain name"):
+        str(bad)
+
+
+def test_a_full_sync_holds_no_rules_and_renders_them_as_it_prints() -> None:
+    ipt = backend()
+    snap = snapshot(40, 3)
+    ipt.sync(snap, None)
+    state = ipt._families[IPFamily.IPv4]
+    # Per ServicePort: its chains as (name, rule count, hash), not the rules.
+    held = next(iter(state.rules.values()))
+    assert all(isinstance(n, int) and isinstance(h, int) for _, n, h in held.chains)
+    fam = ipt._plan(snap)[0]
+    _, desired = ipt._build(snap, fam)
+    assert not any(c.startswith("KUBE-SEP-") for c in desired.chains["nat"])
+    restore = desired.restore()
+    (nat,) = [part for table, part in restore if table == "nat"]
+    assert nat.sources and nat.rule_count == len(nat.rules) + sum(desired.own_counts.values())
+    # Printed twice, the same rules.
+    first = str(restore)
+    assert "-A KUBE-SEP-" in first
+    assert str(restore) == first

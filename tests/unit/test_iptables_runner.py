@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import shlex
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from kubeproxy.dataplane.iptables.restore import Restore
 from kubeproxy.dataplane.iptables.runner import (
+    STREAM_RULES,
     IptablesCommand,
     IptablesError,
     chains_from_save,
@@ -223,3 +225,63 @@ def test_detect_flavor_from_outputs(tmp_path: Path) -> None:
     assert detect_flavor(sbin=str(tmp_path)) == "legacy"
     save("ip6tables-nft-save", "*mangle\n:KUBE-IPTABLES-HINT - [0:0]\nCOMMIT")
     assert detect_flavor(sbin=str(tmp_path)) == "nft"
+
+
+def big_restore(rules: int) -> tuple[Restore, list[int]]:
+    """A restore over STREAM_RULES rules, from a source; and how often it was printed."""
+    data = restore(nat=[":KUBE-A"])
+    printed: list[int] = []
+
+    def source() -> Iterator[tuple[str, tuple[str, ...]]]:
+        printed.append(1)
+        for i in range(rules):
+            yield "KUBE-A", ("-s", f"10.0.{i // 256}.{i % 256}", "-j", "RETURN")
+
+    data.lazy_rules("nat", rules, source)
+    return data, printed
+
+
+def test_a_big_restore_is_streamed_as_it_is_printed(tmp_path: Path) -> None:
+    got = tmp_path / "stdin"
+    for name in command_names(V4, "legacy"):
+        _script(tmp_path / name, f"cat > {got}")
+    data, printed = big_restore(STREAM_RULES + 1)
+    IptablesCommand(V4, "legacy", sbin=str(tmp_path)).restore(data)
+    assert printed == [1]  # printed once, straight into the pipe
+    assert got.read_text() == str(data)
+    assert got.read_text().count("\n-A KUBE-A ") == STREAM_RULES + 1
+
+
+def test_a_refused_streamed_restore_says_where(tmp_path: Path) -> None:
+    _stand_ins(tmp_path, 'echo "Error occurred at line: 3" >&2\nexit 2', flavor="legacy")
+    data, printed = big_restore(STREAM_RULES + 1)
+    with pytest.raises(IptablesError) as err:
+        IptablesCommand(V4, "legacy", sbin=str(tmp_path)).restore(data)
+    assert (err.value.line, err.value.table) == (3, "nat")
+    assert err.value.input == str(data)  # printed again for the error
+    assert len(printed) == 3
+
+
+def test_a_streamed_restore_the_tool_stops_reading_is_killed(tmp_path: Path) -> None:
+    # The tool never reads: the pipe fills, the write waits, the timeout kills it.
+    for name in command_names(V4, "nft"):
+        _script(tmp_path / name, "exec sleep 30")
+    data, _ = big_restore(20 * STREAM_RULES)
+    ipt = IptablesCommand(V4, "nft", sbin=str(tmp_path), timeout=0.5)
+    start = time.monotonic()
+    with pytest.raises(IptablesError, match=r"did not finish within 0\.5s and was killed") as err:
+        ipt.restore(data)
+    assert time.monotonic() - start < 10
+    assert err.value.incomplete
+    assert err.value.input == str(data)
+
+
+def test_a_tool_that_stops_reading_early_reports_its_failure(tmp_path: Path) -> None:
+    # It refuses the first line and exits: the rest of the input meets a closed pipe.
+    for name in command_names(V4, "nft"):
+        _script(tmp_path / name, 'head -c 10 > /dev/null\necho "line 1 failed" >&2\nexit 2')
+    data, _ = big_restore(20 * STREAM_RULES)
+    with pytest.raises(IptablesError, match="line 1 failed") as err:
+        IptablesCommand(V4, "nft", sbin=str(tmp_path)).restore(data)
+    assert err.value.line == 1
+    assert not err.value.incomplete

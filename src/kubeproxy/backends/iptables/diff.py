@@ -12,7 +12,7 @@ words first would only cost a join per rule (measured: it never matched).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from kubeproxy.backends.iptables.dispatch import Args
 from kubeproxy.dataplane.iptables.restore import quote
@@ -33,13 +33,14 @@ def same_rules(wanted: Sequence[Args], listed: Sequence[str], canonical: Canonic
 
 
 def differing(
-    wanted: Mapping[str, Sequence[Args]],
+    wanted: Iterable[tuple[str, Sequence[Args]]],
     listed: Mapping[str, Sequence[str]],
     canonical: Canonical,
 ) -> set[str]:
-    """The chains of ``wanted`` that are missing from ``listed`` or hold other rules."""
+    """The chains of ``wanted`` (chain, rules) missing from ``listed`` or holding other
+    rules there."""
     out: set[str] = set()
-    for chain, rules in wanted.items():
+    for chain, rules in wanted:
         have = listed.get(chain)
         if have is None or not same_rules(rules, have, canonical):
             out.add(chain)

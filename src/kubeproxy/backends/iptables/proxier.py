@@ -17,10 +17,16 @@ canonical form by :mod:`.diff`; every chain when the table holds none of our gen
 chains yet), rewrites the fixed chains (``KUBE-SERVICES``...) and deletes the generated
 chains no longer wanted (``KUBE-SVC-``, ``KUBE-SEP-``...). So a restart over an intact
 table writes a few dozen rules, and a chain changed by hand is found and rewritten.
+The ServicePorts' rules are rendered twice: once for the dispatch trees and for what is
+kept between syncs (:class:`_Held`: per chain only its rule count and a hash), then again
+while the restore input is streamed to iptables-restore (which parses as it reads, on
+the other CPU), so the 300,000 rules of 10,000 Services x 10 endpoints are never all
+held.
 
 **Partial sync**: only the changed ServicePorts' own chains, and the dispatch-tree chains
 on the paths of the destinations they added or removed (:mod:`.dispatch`), are declared
-and refilled; chains nothing uses any more are deleted. Upstream rewrites the whole of
+and refilled (those whose new rules hash as the kept ones are left alone); chains
+nothing uses any more are deleted. Upstream rewrites the whole of
 ``KUBE-SERVICES`` on every sync; here a change costs O(its own rules + tree depth x 16).
 
 A refused restore changes nothing in the table that failed (iptables-restore commits a
@@ -34,7 +40,7 @@ import contextlib
 import ipaddress
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,6 +57,7 @@ from kubeproxy.backends.iptables.render import (
     KUBELET_JUMPS,
     NFACCT_COUNTERS,
     TREES,
+    Entry,
     FixedChains,
     PortRules,
     Settings,
@@ -91,15 +98,46 @@ LAST_RESTORE_LIMIT = 64 * 1024
 LAST_RESTORE_RULES = 2000
 Updates = dict[ServicePortName, PortRules | None]
 Chains = dict[str, dict[str, tuple[Args, ...]]]  # table -> chain -> rules
+OwnChains = Iterator[tuple[str, tuple[Args, ...]]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """What is kept of a programmed ServicePort's rules (:class:`PortRules`) between
+    syncs: its dispatch entries whole (the trees rewrite their neighbours' rules), its
+    own chains only as (name, rule count, hash of the rules). At 10,000 Services x 10
+    endpoints the rules themselves are 300,000 tuples, over 100 MB; a partial sync
+    compares a new rendering with the hashes. The hashes are Python's, of tuples of
+    strings: two different renderings of a chain colliding is a 2**-64 chance.
+    """
+
+    entries: tuple[Entry, ...]
+    chains: tuple[tuple[str, int, int], ...]
+    no_local_internal: bool
+    no_local_external: bool
+
+    @classmethod
+    def of(cls, port: PortRules) -> _Held:
+        return cls(
+            port.entries,
+            tuple((chain, len(rules), hash(rules)) for chain, rules in port.chains),
+            port.no_local_internal,
+            port.no_local_external,
+        )
 
 
 @dataclass
 class _Desired:
     """The chains a family's full sync wants, per table, in the order they were built;
-    ``fixed``: the non-generated ones, rewritten at every full sync."""
+    ``fixed``: the non-generated ones, rewritten at every full sync. The ServicePorts'
+    own nat chains are not held: ``own`` renders them again (the same rules each time)
+    when the restore input is printed, and ``own_counts`` says how many rules each has.
+    """
 
     chains: Chains = field(default_factory=lambda: {"filter": {}, "nat": {}})
     fixed: dict[str, set[str]] = field(default_factory=lambda: {"filter": set(), "nat": set()})
+    own: Callable[[], OwnChains] = lambda: iter(())
+    own_counts: dict[str, int] = field(default_factory=dict)
 
     def restore(self, only: Mapping[str, set[str]] | None = None) -> Restore:
         """Declare and fill every chain (or those in ``only``, per table)."""
@@ -109,6 +147,21 @@ class _Desired:
                 if only is None or chain in only[table]:
                     restore.chain(table, chain)
                     restore.rules(table, chain, rules)
+        own = [c for c in self.own_counts if only is None or c in only["nat"]]
+        for chain in own:
+            restore.chain("nat", chain)
+        if own:
+            wanted = None if only is None else set(own)
+            restore.lazy_rules(
+                "nat",
+                sum(self.own_counts[c] for c in own),
+                lambda: (
+                    (chain, args)
+                    for chain, rules in self.own()
+                    if wanted is None or chain in wanted
+                    for args in rules
+                ),
+            )
         return restore
 
 
@@ -118,7 +171,7 @@ class _Family:
 
     plan: FamilyPlan
     settings: Settings
-    rules: dict[ServicePortName, PortRules] = field(default_factory=dict)
+    rules: dict[ServicePortName, _Held] = field(default_factory=dict)
     trees: dict[str, DispatchTree] = field(default_factory=dict)
     valid: bool = True  # False: unknown (a restore failed), the next sync must be full
     fixed_rules: dict[str, int] = field(default_factory=dict)  # per table
@@ -244,7 +297,7 @@ class IptablesBackend:
 
     def _apply(self, runner: Iptables, restore: Restore) -> None:
         for table, part in restore:
-            self._written[table] = self._written.get(table, 0) + len(part.rules)
+            self._written[table] = self._written.get(table, 0) + part.rule_count
         declare_largest_first(restore)
         # For tests and debugging: what a sync applied, unless it is big (printing the
         # input of a large full sync twice would cost a second, and as much memory).
@@ -283,22 +336,35 @@ class IptablesBackend:
         leave_out: Mapping[ServicePortName, str] | None = None,
     ) -> tuple[_Family, _Desired]:
         """Everything of one family: its state and its chains (without the ServicePorts
-        in ``leave_out``)."""
+        in ``leave_out``). The ServicePorts' rules are rendered here for the state and
+        the trees, then dropped, and rendered again as the restore input is printed
+        (pass 2, :attr:`_Desired.own`): so they are never all held, and in a full load
+        the second rendering runs while iptables-restore parses (a pipe; on 2 CPUs)."""
         settings = self._settings(snapshot, fam)
-        rules = {
-            n: r
-            for n, r in self._render(snapshot, fam, settings, None).items()
-            if r is not None and not (leave_out and n in leave_out)
+        plans = {
+            n: p
+            for n, p in service_port_plans(snapshot, fam, None).items()
+            if p is not None and not (leave_out and n in leave_out)
         }
-        state = _Family(fam, settings, rules)
-        for r in rules.values():
-            state.no_local_internal += r.no_local_internal
-            state.no_local_external += r.no_local_external
-        per_tree: dict[str, list[tuple[int, EntryId, Args]]] = {t.id: [] for t in TREES}
-        for name, port in rules.items():
-            for i, entry in enumerate(port.entries):
-                per_tree[entry.tree].append((entry.key, (name, i), entry.args))
+        state = _Family(fam, settings)
         desired = _Desired()
+        per_tree: dict[str, list[tuple[int, EntryId, Args]]] = {t.id: [] for t in TREES}
+        for name, plan in plans.items():
+            held = _Held.of(render_service_port(plan, fam, settings))
+            state.rules[name] = held
+            state.no_local_internal += held.no_local_internal
+            state.no_local_external += held.no_local_external
+            for i, entry in enumerate(held.entries):
+                per_tree[entry.tree].append((entry.key, (name, i), entry.args))
+            for chain, count, _ in held.chains:
+                desired.own_counts[chain] = count
+                state.own_rules += count
+
+        def own() -> OwnChains:
+            for plan in plans.values():
+                yield from render_service_port(plan, fam, settings).chains
+
+        desired.own = own
 
         def fill(table: str, chain: str, chain_rules: Iterable[Args]) -> None:
             desired.chains[table][chain] = tuple(chain_rules)
@@ -313,14 +379,10 @@ class IptablesBackend:
             for chain, chain_rules in chains.items():
                 fill(table, chain, chain_rules)
                 desired.fixed[table].add(chain)
-        for port in rules.values():
-            for chain, chain_rules in port.chains:
-                fill("nat", chain, chain_rules)
         state.fixed_rules = {
             "filter": sum(len(r) for r in fixed.filter.values()),
             "nat": sum(len(r) for r in fixed.nat.values()),
         }
-        state.own_rules = sum(len(r) for port in rules.values() for _, r in port.chains)
         return state, desired
 
     def _full(self, snapshot: Snapshot, fam: FamilyPlan) -> _Family:
@@ -371,13 +433,18 @@ class IptablesBackend:
         stale: dict[str, list[str]] = {}
         fresh: list[str] = []
         for table, chains in desired.chains.items():
+            own = desired.own_counts if table == "nat" else {}
             present, listed = self._listing(runner, table)
             if listed is None:
-                write[table] = set(chains)
+                write[table] = set(chains) | set(own)
                 fresh.append(table)
             else:
-                write[table] = desired.fixed[table] | differing(chains, listed, canonical)
-            stale[table] = sorted(c for c in present - chains.keys() if is_generated(c))
+                write[table] = desired.fixed[table] | differing(chains.items(), listed, canonical)
+                if own:
+                    write[table] |= differing(desired.own(), listed, canonical)
+            stale[table] = sorted(
+                c for c in present - chains.keys() - own.keys() if is_generated(c)
+            )
         restore = desired.restore(write)
         if self.list_first and runner.flavor == "nft":
             for table in fresh:
@@ -418,9 +485,10 @@ class IptablesBackend:
         write: dict[str, tuple[Args, ...]] = {}
         delete: set[str] = set()
         own_delta = 0
+        held = {name: _Held.of(new) for name, new in updates.items() if new is not None}
         for name, new in updates.items():
             old = state.rules.get(name)
-            if old == new:
+            if old == held.get(name):
                 continue
             old_entries = old.entries if old is not None else ()
             new_entries = new.entries if new is not None else ()
@@ -433,14 +501,14 @@ class IptablesBackend:
                     removed[before.tree].append((before.key, (name, i)))
                 if after is not None:
                     added[after.tree].append((after.key, (name, i), after.args))
-            old_chains = dict(old.chains) if old is not None else {}
+            old_chains = {c: (n, h) for c, n, h in old.chains} if old is not None else {}
             new_chains = dict(new.chains) if new is not None else {}
             for chain, chain_rules in new_chains.items():
-                if old_chains.get(chain) != chain_rules:
+                if old_chains.get(chain) != (len(chain_rules), hash(chain_rules)):
                     write[chain] = chain_rules
             delete.update(old_chains.keys() - new_chains.keys())
             own_delta += sum(len(r) for r in new_chains.values())
-            own_delta -= sum(len(r) for r in old_chains.values())
+            own_delta -= sum(n for n, _ in old_chains.values())
         for chain, chain_rules in write.items():
             restore.chain("nat", chain)
             restore.rules("nat", chain, chain_rules)
@@ -456,15 +524,16 @@ class IptablesBackend:
         if restore:
             self._apply(self.runners[state.plan.family], restore)
         state.own_rules += own_delta
-        for name, new in updates.items():
+        for name in updates:
             old = state.rules.pop(name, None)
             if old is not None:
                 state.no_local_internal -= old.no_local_internal
                 state.no_local_external -= old.no_local_external
-            if new is not None:
-                state.rules[name] = new
-                state.no_local_internal += new.no_local_internal
-                state.no_local_external += new.no_local_external
+            now = held.get(name)
+            if now is not None:
+                state.rules[name] = now
+                state.no_local_internal += now.no_local_internal
+                state.no_local_external += now.no_local_external
         return restore.rule_count
 
     # ----------------------------------------------------------------- public
@@ -545,9 +614,7 @@ class IptablesBackend:
         return "".join(out)
 
 
-def _culprit(
-    err: IptablesError, rules: Mapping[ServicePortName, PortRules]
-) -> ServicePortName | None:
+def _culprit(err: IptablesError, rules: Mapping[ServicePortName, _Held]) -> ServicePortName | None:
     """The ServicePort owning the rule at the line iptables reported, if any."""
     if err.line is None or not err.input:
         return None
@@ -559,7 +626,7 @@ def _culprit(
         return None
     chain = words[1]
     for name, port in rules.items():
-        if any(own == chain for own, _ in port.chains):
+        if any(own == chain for own, _, _ in port.chains):
             return name
         if any(rule_text(e.args) in lines[err.line - 1] for e in port.entries):
             return name

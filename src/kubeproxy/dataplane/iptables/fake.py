@@ -571,7 +571,7 @@ class FakeIptables:
                 for chain in dict.fromkeys(part.chains):
                     line += 1
                     batch.declare(chain)
-                for chain, args in part.rules:
+                for chain, args in part.all_rules():
                     line += 1
                     batch.add_rule(chain, args, line=line)
                 for chain in part.deletes:

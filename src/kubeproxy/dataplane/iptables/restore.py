@@ -8,6 +8,11 @@ iptables-restore applies them:
 * rules (``-A CHAIN args...``), appended in order;
 * deletions (``-X CHAIN``) of chains that must go (declared above first, so flushed).
 
+Rules may also come from a *source* (:meth:`Restore.lazy_rules`): a function producing
+them when the input is printed, so a full sync's 300,000 rules are rendered while
+iptables-restore parses the ones before them (:meth:`Restore.chunks`) and are never all
+held at once.
+
 Each table ends with ``COMMIT``: iptables-restore applies a table's part atomically
 (legacy: one table blob; nft: one transaction). Rules are tuples of arguments written by
 the backends from validated model data and our own chain names; :func:`quote` makes an
@@ -35,7 +40,7 @@ What that order means for an input (verified in both flavours; the fake,
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 # iptables' limit is 28 characters (XT_EXTENSION_MAXNAMELEN - 1); names are ours.
@@ -75,6 +80,10 @@ def quote(arg: str) -> str:
 
 
 Rule = tuple[str, tuple[str, ...]]  # (chain, arguments after "-A chain")
+# Called each time the input is printed; must give the same rules every time.
+RuleSource = Callable[[], Iterable[Rule]]
+# About this much text per chunk handed to the tool's stdin.
+CHUNK = 1 << 16
 
 
 @dataclass
@@ -84,12 +93,24 @@ class TableInput:
     chains: list[str] = field(default_factory=list)
     rules: list[Rule] = field(default_factory=list)
     deletes: list[str] = field(default_factory=list)
+    # Rules produced when printed, after ``rules``, with how many each gives.
+    sources: list[tuple[int, RuleSource]] = field(default_factory=list)
     # A chain-less ``-S`` first (it lists the table as it was; the output is discarded):
     # see the backend's use of it for why.
     list_first: bool = False
 
     def __bool__(self) -> bool:
-        return bool(self.chains or self.rules or self.deletes)
+        return bool(self.chains or self.rules or self.deletes or self.sources)
+
+    @property
+    def rule_count(self) -> int:
+        return len(self.rules) + sum(n for n, _ in self.sources)
+
+    def all_rules(self) -> Iterator[Rule]:
+        """``rules``, then what the sources produce, in input order."""
+        yield from self.rules
+        for _, source in self.sources:
+            yield from source()
 
 
 class Restore:
@@ -115,6 +136,11 @@ class Restore:
         check_chain(chain)
         t.rules.extend((chain, args) for args in rules)
 
+    def lazy_rules(self, table: str, count: int, source: RuleSource) -> None:
+        """``count`` rules that ``source`` produces when the input is printed; their
+        chains must be declared here (checked as they are printed)."""
+        self.table(table).sources.append((count, source))
+
     def delete(self, table: str, name: str) -> None:
         """Delete ``name`` (declared first, so it is flushed before it goes)."""
         t = self.table(table)
@@ -132,19 +158,37 @@ class Restore:
 
     @property
     def rule_count(self) -> int:
-        return sum(len(t.rules) for t in self.tables.values())
+        return sum(t.rule_count for t in self.tables.values())
+
+    def lines(self) -> Iterator[str]:
+        """The input, one line (without its newline) at a time."""
+        for name, t in self:
+            yield f"*{name}"
+            if t.list_first:
+                yield "-S"
+            for c in dict.fromkeys(t.chains):
+                yield f":{c} - [0:0]"
+            plain = len(t.rules)
+            for i, (chain, args) in enumerate(t.all_rules()):
+                if i >= plain:
+                    check_chain(chain)
+                yield f"-A {chain} {' '.join(quote(a) for a in args)}" if args else f"-A {chain}"
+            for c in t.deletes:
+                yield f"-X {c}"
+            yield "COMMIT"
+
+    def chunks(self, size: int = CHUNK) -> Iterator[str]:
+        """The input in pieces of about ``size`` characters, whole lines each."""
+        batch: list[str] = []
+        held = 0
+        for line in self.lines():
+            batch.append(line)
+            held += len(line) + 1
+            if held >= size:
+                yield "\n".join(batch) + "\n"
+                batch, held = [], 0
+        if batch:
+            yield "\n".join(batch) + "\n"
 
     def __str__(self) -> str:
-        out: list[str] = []
-        for name, t in self:
-            out.append(f"*{name}")
-            if t.list_first:
-                out.append("-S")
-            out.extend(f":{c} - [0:0]" for c in dict.fromkeys(t.chains))
-            out.extend(
-                f"-A {chain} {' '.join(quote(a) for a in args)}" if args else f"-A {chain}"
-                for chain, args in t.rules
-            )
-            out.extend(f"-X {c}" for c in t.deletes)
-            out.append("COMMIT")
-        return "\n".join(out) + ("\n" if out else "")
+        return "".join(self.chunks())

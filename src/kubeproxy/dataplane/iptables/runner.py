@@ -10,7 +10,8 @@ kube-proxy image's ``iptables-wrapper`` does.
 
 How the commands are called, and why (upstream kube-proxy's ``pkg/util/iptables``):
 
-* ``restore``: ``iptables-restore -w 5 --noflush --counters``, the whole input on stdin.
+* ``restore``: ``iptables-restore -w 5 --noflush --counters``, the whole input on stdin
+  (streamed as it is printed when large).
   ``--noflush`` touches only the chains the input names; ``--counters`` is what upstream
   passes (it only matters for counters written in the input; ours are all ``[0:0]``).
   Upstream also passes ``-W 100000``; iptables 1.8.9 ignores that option and prints a
@@ -46,7 +47,7 @@ import contextlib
 import json
 import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -66,6 +67,8 @@ RANDOM_FULLY_MIN_VERSION = (1, 6, 2)  # upstream's RandomFullyMinVersion
 STATUS_FAILED = 1  # the operation failed: no such rule or chain, chain exists...
 STATUS_PARAMETER = 2  # the command line (or a restore line) was refused while parsing
 STATUS_RESOURCE = 4  # the xtables lock could not be taken in time
+# Restores of more rules than this are streamed to the tool rather than printed first.
+STREAM_RULES = 2000
 
 
 class IptablesError(RuntimeError):
@@ -247,7 +250,12 @@ class IptablesCommand:
     # ------------------------------------------------------------------- running
 
     def _run(
-        self, binary: str, args: list[str], input: str | None = None, *, keep_stdout: bool = True
+        self,
+        binary: str,
+        args: list[str],
+        input: str | Iterable[str] | None = None,
+        *,
+        keep_stdout: bool = True,
     ) -> tuple[int, str, str]:
         try:
             proc = run_tool(
@@ -260,8 +268,9 @@ class IptablesCommand:
                 keep_stdout=keep_stdout,
             )
         except ToolError as err:
+            text = input if isinstance(input, str) else ""
             raise IptablesError(
-                str(err), input or " ".join([binary, *args]), incomplete=True
+                str(err), text or " ".join([binary, *args]), incomplete=True
             ) from None
         return proc.returncode, proc.stdout or "", proc.stderr
 
@@ -308,18 +317,25 @@ class IptablesCommand:
 
     def restore(self, data: Restore) -> None:
         self._saved = None
-        text = str(data)
-        if not text:
+        if not data:
             return
         args = [*WAIT, "--noflush", "--counters"]
+        # A big input is streamed: the tool parses its first lines while the rest are
+        # printed (and rendered, for rules from a source). Its text is printed again
+        # only if it fails, for the error.
+        small = data.rule_count <= STREAM_RULES
+        text = str(data) if small else ""
         try:
             # Nothing worth reading goes to stdout but what a ``-S`` line lists.
-            status, _, stderr = self._run(self.restore_binary, args, text, keep_stdout=False)
+            status, _, stderr = self._run(
+                self.restore_binary, args, text or data.chunks(), keep_stdout=False
+            )
         except IptablesError as err:
             # Killed: unknown what committed.
-            raise IptablesError(str(err), text, incomplete=err.incomplete) from None
+            raise IptablesError(str(err), text or str(data), incomplete=err.incomplete) from None
         if status == 0:
             return
+        text = text or str(data)
         m = _LINE.search(stderr)
         line = int(m.group(1)) if m else None
         table, committed = locate_failure(text, line) if line is not None else (None, None)
