@@ -27,8 +27,8 @@ from kubeproxy.dataplane.ipvs import (
     Op,
     ServiceKey,
     VirtualServer,
+    wire,
 )
-from kubeproxy.dataplane.ipvs import wire
 
 FAMILY = 0x25  # any generic-netlink family number
 
@@ -51,20 +51,12 @@ def keys_and_dests(draw: st.DrawFn) -> tuple[ServiceKey, Destination]:
 def changes(draw: st.DrawFn) -> Change:
     key, dest = draw(keys_and_dests())
     vs = VirtualServer(key, draw(schedulers), draw(flags), draw(st.integers(0, 86400)))
-    make = draw(
-        st.sampled_from(
-            [
-                lambda: Change.add_service(vs),
-                lambda: Change.set_service(vs),
-                lambda: Change.delete_service(key),
-                lambda: Change.add_dest(key, dest),
-                lambda: Change.set_dest(key, dest),
-                lambda: Change.delete_dest(key, dest),
-            ]
-        )
-    )
-    change: Change = make()
-    return change
+    op = draw(st.sampled_from(list(Op)))
+    if op in (Op.ADD_SERVICE, Op.SET_SERVICE):
+        return Change(op, key, service=vs)
+    if op is Op.DELETE_SERVICE:
+        return Change.delete_service(key)
+    return Change(op, key, dest=dest)
 
 
 def same_ip(a: str, b: str) -> bool:
