@@ -201,6 +201,9 @@ class KernelStandIn:
     def setsockopt(self, *args: object) -> None:
         pass
 
+    def settimeout(self, seconds: float) -> None:
+        pass
+
     def send(self, data: bytes) -> int:
         got = []
         reply = b""

@@ -100,6 +100,7 @@ _BE16 = struct.Struct("!H")
 # Messages per send: ~40 KB of requests, and at most as many 36-byte error answers,
 # well under the socket buffers.
 CHUNK = 400
+ANSWER_TIMEOUT = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,6 +334,9 @@ class Batch:
         self.messages = 0
         sock.setsockopt(SOL_NETLINK, NETLINK_CAP_ACK, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        # The kernel answers at once; a lost answer fails the exchange instead of
+        # hanging the sync (later answers to it are told apart by sequence number).
+        sock.settimeout(ANSWER_TIMEOUT)
 
     def _next(self) -> int:
         self.seq += 1
