@@ -11,6 +11,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -32,6 +33,7 @@ from tests.ipvs.conftest import BACKENDS
 from tests.unit.conftest import port_name
 
 Build = Callable[..., IpvsBackend]
+T = TypeVar("T")
 WEB = port_name("web")
 VIP = "10.96.0.10"
 B1, B2 = BACKENDS["backend-1"], BACKENDS["backend-2"]
@@ -191,7 +193,8 @@ def test_graceful_termination_keeps_established_and_steers_new(lab: Lab, make: B
     both = (web(), eps(B1, B2))
     backend.sync(snap(both, (held, eps(B2, port=9090))), None)
     serving = lab.in_pod("backend-2").submit(_hold, 9090)
-    client = lab.executor(lab.client_ns).call(socket.create_connection, ("10.96.0.20", 90), 5)
+    outside = lab.executor(lab.client_ns)
+    client = until_listening(lambda: outside.call(socket.create_connection, ("10.96.0.20", 90), 5))
     # backend-2 goes away from both Services.
     backend.sync(snap((web(), eps(B1)), (held, ())), {WEB, held.name})
     key = ServiceKey("10.96.0.20", "TCP", 90)
@@ -328,6 +331,19 @@ def test_ipv6_virtual_servers_serve_real_traffic(lab: Lab, make: Build) -> None:
     assert client.call(tcp_ask, NODE_IP6, 30086).pod == "backend-6"
 
 
+def until_listening(connect: Callable[[], T], seconds: float = 20) -> T:
+    """``connect`` again while the server a Pod thread is starting refuses (the guest
+    can take seconds to schedule it when the machine is busy)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return connect()
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 def _sctp_serve(port: int, name: bytes) -> str:
     """In a Pod: accept one SCTP association, send ``name``; the peer's address."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_SCTP) as server:
@@ -358,8 +374,8 @@ def test_sctp_virtual_server_carries_an_association(lab: Lab, make: Build) -> No
     assert not backend.errors, backend.errors
     assert VirtualServer(ServiceKey("10.96.0.50", "SCTP", 132)) in backend.ipvs.services()
     serving = lab.in_pod("backend-2").submit(_sctp_serve, 9132, b"backend-2")
-    time.sleep(0.5)  # the listener is up
-    assert lab.executor(lab.client_ns).call(_sctp_ask, "10.96.0.50", 132) == b"backend-2"
+    reply = until_listening(lambda: lab.executor(lab.client_ns).call(_sctp_ask, "10.96.0.50", 132))
+    assert reply == b"backend-2"
     assert serving.result(20) != CLIENT_IP  # masqueraded, as TCP
 
 
@@ -406,7 +422,8 @@ def test_drained_real_server_is_deleted_once_its_connection_ends(lab: Lab, make:
     key = ServiceKey("10.96.0.70", "TCP", 90)
     backend.sync(snap((held, eps(B2, port=9090))), None)
     serving = lab.in_pod("backend-2").submit(_hold, 9090)
-    conn = lab.executor(lab.client_ns).call(socket.create_connection, ("10.96.0.70", 90), 5)
+    client = lab.executor(lab.client_ns)
+    conn = until_listening(lambda: client.call(socket.create_connection, ("10.96.0.70", 90), 5))
     # backend-2 goes; backend-1's echo server takes over.
     backend.sync(snap((held, eps(B1))), {held.name})
     assert Destination(B2, 9090, 0, 1, 0) in backend.ipvs.destinations(key)
