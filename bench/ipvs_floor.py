@@ -8,9 +8,11 @@ HZ=100, process starts ~25x slower than on the host). For each size (virtual ser
 * ``ipvsadm --restore``: one process reading the whole table as text (``-A``/``-a``
   lines), into an empty table;
 * netlink batch: the same objects as IPVS generic-netlink messages, encoded once with
-  pyroute2's message class (timed apart: "encode"), then written many per ``send`` on one
-  socket with no per-message acknowledgement, ended by one request that is answered
-  ("kernel": from the first send to that answer; an error from any message is counted);
+  pyroute2's message class (timed apart: "encode"; and timed with ipvs mode's own
+  ``struct`` packing, :mod:`kubeproxy.dataplane.ipvs.wire`, for comparison), then
+  written many per ``send`` on one socket with no per-message acknowledgement, ended by
+  one request that is answered ("kernel": from the first send to that answer; an error
+  from any message is counted);
 * pyroute2's API (``IPVS.service("add")`` / ``IPVS.dest("add")``: one request and
   acknowledgement per object), up to ``--api-max`` virtual servers (it costs ~1 ms per
   object in encoding alone);
@@ -40,6 +42,7 @@ from pyroute2 import IPVS
 from pyroute2.netlink import NLM_F_DUMP, NLM_F_REQUEST, NLMSG_DONE, NLMSG_ERROR
 from pyroute2.netlink.generic import ipvs as genl
 
+from kubeproxy.dataplane.ipvs import Change, Destination, ServiceKey, VirtualServer, wire
 from kubeproxy.lab import ipvs, uml
 from kubeproxy.lab.netns import NetnsExecutor, add_netns, delete_netns, ns_exec
 
@@ -127,6 +130,16 @@ def messages(family: int, vs: Table) -> list[bytes]:
             }
             attrs = [("IPVS_CMD_ATTR_SERVICE", key), ("IPVS_CMD_ATTR_DEST", dest)]
             out.append(_message(family, genl.IPVS_CMD_NEW_DEST, attrs, NLM_F_REQUEST))
+    return out
+
+
+def changes(vs: Table) -> list[Change]:
+    """The same table as ipvs mode's changes."""
+    out = []
+    for vip, reals in vs:
+        key = ServiceKey(vip, "TCP", PORT)
+        out.append(Change.add_service(VirtualServer(key)))
+        out.extend(Change.add_dest(key, Destination(rip, TARGET_PORT)) for rip in reals)
     return out
 
 
@@ -279,7 +292,9 @@ def measure(size: int, rounds: int, api_max: int) -> dict[str, float]:
     family = _family_id()
     encode, batch = _time(lambda: messages(family, vs))
     assert isinstance(batch, list)
-    samples: dict[str, list[float]] = {"encode": [encode]}
+    table_changes = changes(vs)
+    encode_wire, _ = _time(lambda: [wire.change_message(family, c) for c in table_changes])
+    samples: dict[str, list[float]] = {"encode": [encode], "encode_wire": [encode_wire]}
     for _ in range(rounds):
         figures = _ipvsadm_round(restore_text(vs), restore_text(extra))
         figures |= _netlink_round(family, batch, messages(family, extra), [v for v, _ in vs])
@@ -299,6 +314,7 @@ def _cell(seconds: float | None) -> str:
 COLUMNS = {
     "ipvsadm_restore": "ipvsadm --restore",
     "encode": "netlink: encode (pyroute2)",
+    "encode_wire": "netlink: encode (wire.py)",
     "batch": "netlink: kernel",
     "api": "pyroute2 API, per object",
     "ipvsadm_save": "read back: ipvsadm -Sn",

@@ -6,9 +6,12 @@ netlink, ipset and iptables-restore, and real TCP from the outside client and fr
 from __future__ import annotations
 
 import socket
+import struct
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -16,9 +19,9 @@ from kubeproxy.backends.ipvs.proxier import IpvsBackend, cleanup, sysctls
 from kubeproxy.config import IpvsSettings, ProxyConfig
 from kubeproxy.dataplane.ipset import IpsetCommand
 from kubeproxy.dataplane.iptables.runner import IptablesCommand
-from kubeproxy.dataplane.ipvs import ServiceKey, VirtualServer
+from kubeproxy.dataplane.ipvs import Destination, ServiceKey, VirtualServer
 from kubeproxy.dataplane.ipvs.netlink import NetlinkIpvs, NetlinkLinks
-from kubeproxy.lab.cluster import CLIENT_IP, CLUSTER_CIDRS, NODE, NODE_IP, Lab
+from kubeproxy.lab.cluster import CLIENT_IP, CLUSTER_CIDRS, NODE, NODE_IP, NODE_IP6, Lab
 from kubeproxy.lab.echo import tcp_ask, udp_ask
 from kubeproxy.lab.netns import ns_exec
 from kubeproxy.lab.netns import sysctls as set_sysctls
@@ -29,17 +32,18 @@ from kubeproxy.model.types import Endpoint, IPFamily, L4Protocol, ServicePort, T
 from tests.ipvs.conftest import BACKENDS
 from tests.unit.conftest import port_name
 
-Build = Callable[[ProxyConfig], IpvsBackend]
+Build = Callable[..., IpvsBackend]
+T = TypeVar("T")
 WEB = port_name("web")
 VIP = "10.96.0.10"
 B1, B2 = BACKENDS["backend-1"], BACKENDS["backend-2"]
 
 
-def config(scheduler: str = "rr") -> ProxyConfig:
+def config(scheduler: str = "rr", family: IPFamily = IPFamily.IPv4) -> ProxyConfig:
     return ProxyConfig(
         hostname=NODE,
         mode="ipvs",
-        families=(IPFamily.IPv4,),
+        families=(family,),
         cluster_cidrs=CLUSTER_CIDRS,
         nodeport_addresses=NodePortAddresses((), primary=False),
         ipvs=IpvsSettings(scheduler=scheduler),
@@ -47,7 +51,7 @@ def config(scheduler: str = "rr") -> ProxyConfig:
 
 
 def snap(*ports: tuple[ServicePort, tuple[Endpoint, ...]]) -> Snapshot:
-    node = NodeState(NODE, None, {IPFamily.IPv4: NODE_IP})
+    node = NodeState(NODE, None, {IPFamily.IPv4: NODE_IP, IPFamily.IPv6: NODE_IP6})
     return Snapshot({p.name: p for p, _ in ports}, {p.name: e for p, e in ports}, node)
 
 
@@ -79,22 +83,23 @@ def make(lab: Lab, tmp_path: Path) -> Iterator[Build]:
     ns = lab.node_ns
     ipvs = NetlinkIpvs(ns)
     links = NetlinkLinks(ns)
-    runner = IptablesCommand(IPFamily.IPv4, "legacy", netns=ns)
+    runners = {f: IptablesCommand(f, "legacy", netns=ns) for f in IPFamily}
 
-    def build(cfg: ProxyConfig) -> IpvsBackend:
+    def build(cfg: ProxyConfig, clock: Callable[[], float] = time.monotonic) -> IpvsBackend:
         backend = IpvsBackend(
             cfg,
             open_ipvs=lambda: ipvs,
             links=links,
             ipset=IpsetCommand(ns),
-            runners={IPFamily.IPv4: runner},
+            runners={f: runners[f] for f in cfg.families},
             proc=tmp_path,
+            clock=clock,
         )
         backend.start()
         return backend
 
     yield build
-    cleanup(ipvs, links, IpsetCommand(ns), [runner])
+    cleanup(ipvs, links, IpsetCommand(ns), list(runners.values()))
     ipvs.close()
     links.close()
 
@@ -188,7 +193,8 @@ def test_graceful_termination_keeps_established_and_steers_new(lab: Lab, make: B
     both = (web(), eps(B1, B2))
     backend.sync(snap(both, (held, eps(B2, port=9090))), None)
     serving = lab.in_pod("backend-2").submit(_hold, 9090)
-    client = lab.executor(lab.client_ns).call(socket.create_connection, ("10.96.0.20", 90), 5)
+    outside = lab.executor(lab.client_ns)
+    client = until_listening(lambda: outside.call(socket.create_connection, ("10.96.0.20", 90), 5))
     # backend-2 goes away from both Services.
     backend.sync(snap((web(), eps(B1)), (held, ())), {WEB, held.name})
     key = ServiceKey("10.96.0.20", "TCP", 90)
@@ -308,3 +314,132 @@ def test_local_policy_node_port_keeps_the_client_address(lab: Lab, make: Build) 
     reply = lab.executor(lab.client_ns).call(tcp_ask, NODE_IP, 30081)
     # KUBE-NODE-PORT-LOCAL-TCP returns before the masquerade mark, as upstream.
     assert reply.pod == "backend-1" and reply.client_ip == CLIENT_IP
+
+
+def test_ipv6_virtual_servers_serve_real_traffic(lab: Lab, make: Build) -> None:
+    lab.add_pod("backend-6", NODE, ["10.244.1.16", "fd00:10:244:1::16"])
+    backend = make(config(family=IPFamily.IPv6))
+    svc = web(cluster_ips=("fd00:96::10",), node_port=30086)
+    backend.sync(snap((svc, eps("fd00:10:244:1::16"))), None)
+    assert not backend.errors, backend.errors
+    listed = {vs.key for vs in backend.ipvs.services()}
+    assert {ServiceKey("fd00:96::10", "TCP", 80), ServiceKey(NODE_IP6, "TCP", 30086)} <= listed
+    client = lab.executor(lab.client_ns)
+    reply = client.call(tcp_ask, "fd00:96::10", 80)
+    # An off-cluster client is masqueraded (ip6tables' KUBE-CLUSTER-IP, KUBE-6- sets).
+    assert reply.pod == "backend-6" and reply.client_ip != "fd00:60::2"
+    assert client.call(tcp_ask, NODE_IP6, 30086).pod == "backend-6"
+
+
+def until_listening(connect: Callable[[], T], seconds: float = 20) -> T:
+    """``connect`` again while the server a Pod thread is starting refuses (the guest
+    can take seconds to schedule it when the machine is busy)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return connect()
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def _sctp_serve(port: int, name: bytes) -> str:
+    """In a Pod: accept one SCTP association, send ``name``; the peer's address."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_SCTP) as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("0.0.0.0", port))
+        server.listen()
+        server.settimeout(20)
+        conn, peer = server.accept()
+        with conn:
+            conn.sendall(name)
+        return str(peer[0])
+
+
+def _sctp_ask(ip: str, port: int) -> bytes:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_SCTP) as client:
+        client.settimeout(10)
+        client.connect((ip, port))
+        return client.recv(64)
+
+
+def test_sctp_virtual_server_carries_an_association(lab: Lab, make: Build) -> None:
+    """The guest kernel has the sctp module: a real association through IPVS."""
+    backend = make(config())
+    svc = ServicePort(
+        name=port_name("assoc", "sctp", L4Protocol.SCTP), cluster_ips=("10.96.0.50",), port=132
+    )
+    backend.sync(snap((svc, eps(B2, port=9132))), None)
+    assert not backend.errors, backend.errors
+    assert VirtualServer(ServiceKey("10.96.0.50", "SCTP", 132)) in backend.ipvs.services()
+    serving = lab.in_pod("backend-2").submit(_sctp_serve, 9132, b"backend-2")
+    reply = until_listening(lambda: lab.executor(lab.client_ns).call(_sctp_ask, "10.96.0.50", 132))
+    assert reply == b"backend-2"
+    assert serving.result(20) != CLIENT_IP  # masqueraded, as TCP
+
+
+def table(backend: IpvsBackend) -> dict[VirtualServer, set[tuple[str, int, int]]]:
+    return {
+        vs: {(d.address, d.port, d.weight) for d in backend.ipvs.destinations(vs.key)}
+        for vs in backend.ipvs.services()
+    }
+
+
+def test_partial_sync_touches_only_the_changed_real_server(lab: Lab, make: Build) -> None:
+    backend = make(config())
+    other = ServicePort(name=port_name("other"), cluster_ips=("10.96.0.60",), port=80)
+    backend.sync(snap((web(), eps(B1, B2)), (other, eps(B1, B2))), None)
+    batch = backend.ipvs.batch  # type: ignore[attr-defined]
+    before, messages = table(backend), batch.messages
+    backend.sync(snap((web(), eps(B1)), (other, eps(B1, B2))), {WEB})
+    after = table(backend)
+    assert batch.messages - messages == 1  # one IPVS_CMD_DEL_DEST, nothing else
+    changed = {vs for vs in before if before[vs] != after[vs]}
+    assert [vs.key for vs in changed] == [ServiceKey(VIP, "TCP", 80)]
+    assert before[next(iter(changed))] - after[next(iter(changed))] == {(B2, 8080, 1)}
+    messages = batch.messages
+    backend.sync(snap((web(), eps(B1, B2)), (other, eps(B1, B2))), {WEB})
+    assert batch.messages - messages == 1 and table(backend) == before
+
+
+def test_full_sync_repairs_a_hand_deleted_virtual_server(lab: Lab, make: Build) -> None:
+    backend = make(config())
+    state = snap((web(), eps(B1)))
+    backend.sync(state, None)
+    ns_exec(lab.node_ns, "ipvsadm", "-D", "-t", f"{VIP}:80")
+    with pytest.raises((ConnectionRefusedError, TimeoutError)):
+        lab.executor(lab.client_ns).call(tcp_ask, VIP, 80, 1.0)
+    result = backend.sync(state, None)  # the periodic full sync reads the kernel back
+    assert result.full and not backend.errors
+    assert lab.executor(lab.client_ns).call(tcp_ask, VIP, 80).pod == "backend-1"
+
+
+def test_drained_real_server_is_deleted_once_its_connection_ends(lab: Lab, make: Build) -> None:
+    now = [1000.0]
+    backend = make(config(), clock=lambda: now[0])
+    held = ServicePort(name=port_name("held"), cluster_ips=("10.96.0.70",), port=90)
+    key = ServiceKey("10.96.0.70", "TCP", 90)
+    backend.sync(snap((held, eps(B2, port=9090))), None)
+    serving = lab.in_pod("backend-2").submit(_hold, 9090)
+    client = lab.executor(lab.client_ns)
+    conn = until_listening(lambda: client.call(socket.create_connection, ("10.96.0.70", 90), 5))
+    # backend-2 goes; backend-1's echo server takes over.
+    backend.sync(snap((held, eps(B1))), {held.name})
+    assert Destination(B2, 9090, 0, 1, 0) in backend.ipvs.destinations(key)
+    now[0] += 61
+    assert backend.flush_terminated() == 0  # still connected: kept
+    with conn:
+        conn.settimeout(5)
+        conn.sendall(b"ping")
+        assert conn.recv(16) == b"PING"
+        # A reset leaves the IPVS connection in CLOSE: the kernel drops it after 10 s.
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    serving.result(10)
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline:
+        now[0] += 61
+        if backend.flush_terminated():
+            break
+        time.sleep(1)
+    assert [d.endpoint for d in backend.ipvs.destinations(key)] == [(B1, 8080)]

@@ -247,6 +247,28 @@ def test_a_partial_sync_touches_only_the_changed_destination(tmp_path: Path) -> 
     assert w.ipvs.calls == ["add-dest TCP/10.96.0.10:80 10.244.1.2:8080 weight 1"]
 
 
+def test_a_sync_sends_ipvs_changes_in_a_few_batches_and_reports_each_refusal(
+    tmp_path: Path,
+) -> None:
+    w = World(tmp_path)
+    w.backend.start()
+    ports = [
+        (web(name=port_name(f"s{i}"), cluster_ips=(f"10.96.1.{i}",)), eps("10.244.1.1"))
+        for i in range(1, 51)
+    ]
+    w.ipvs.batches = 0
+    w.backend.sync(snap(*ports[1:]), None)
+    # Virtual servers, then their real servers: two batches for 98 objects.
+    assert w.ipvs.batches == 2 and not w.backend.errors
+    # Someone else's virtual server behind our back: our add is refused (EEXIST), and
+    # its destinations are not tried (no error for each of them).
+    w.ipvs.add_service(VirtualServer(ServiceKey("10.96.1.1", "TCP", 80), "wlc"))
+    w.backend.sync(snap(*ports), {ports[0][0].name})
+    assert len(w.backend.errors) == 1 and "TCP/10.96.1.1:80" in w.backend.errors[0]
+    assert "EEXIST" in w.backend.errors[0] or "exists" in w.backend.errors[0]
+    assert len(w.ipvs.dests) == 50 and not w.ipvs.dests[ServiceKey("10.96.1.1", "TCP", 80)]
+
+
 def test_a_removed_endpoint_with_connections_drains_at_weight_0(tmp_path: Path) -> None:
     w = World(tmp_path)
     w.backend.start()

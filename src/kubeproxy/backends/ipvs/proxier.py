@@ -34,9 +34,8 @@ import ipaddress
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
 from kubeproxy.backends import BackendError, SyncResult
@@ -57,10 +56,13 @@ from kubeproxy.dataplane.ipvs import (
     FLAG_PERSISTENT,
     FLAG_SCHED1,
     FLAG_SCHED2,
+    Change,
     Destination,
     Ipvs,
     IpvsError,
     Links,
+    Op,
+    Outcome,
     ServiceKey,
     VirtualServer,
 )
@@ -75,6 +77,7 @@ MIN_IPSET_VERSION = (6, 0)
 CONN_REUSE_MIN_KERNEL = (4, 1)
 CONN_REUSE_FIXED_KERNEL = (5, 9)
 PROBE = VirtualServer(ServiceKey("198.51.100.0", "TCP", 20000))
+Endpoint = tuple[str, int]
 
 
 @dataclass
@@ -257,14 +260,31 @@ class IpvsBackend:
 
     # ----------------------------------------------------------------- apply
 
-    def _try(self, what: str, fn: Callable[[], None]) -> bool:
-        try:
-            fn()
-        except IpvsError as err:
-            self.errors.append(f"{what}: {err}")
-            log.error("IPVS: %s failed: %s", what, err)
-            return False
-        return True
+    def _done(self, what: Sequence[object], outcomes: Sequence[Outcome]) -> list[bool]:
+        """Log and record each refusal; True for each item done."""
+        done = []
+        for item, outcome in zip(what, outcomes, strict=True):
+            if outcome is not None:
+                self.errors.append(f"{item}: {outcome}")
+                log.error("IPVS: %s failed: %s", item, outcome)
+            done.append(outcome is None)
+        return done
+
+    def _batch(self, changes: list[Change]) -> list[Change]:
+        """Apply ``changes`` in one batch; the ones the kernel took."""
+        if not changes:
+            return []
+        done = self._done(changes, self.ipvs.apply(changes))
+        return [c for c, ok in zip(changes, done, strict=True) if ok]
+
+    def _addresses(self, add: bool, addresses: list[str]) -> list[str]:
+        if not addresses:
+            return []
+        call = self.links.add_addresses if add else self.links.delete_addresses
+        verb = "bind" if add else "unbind"
+        outcomes = call(n.DUMMY_DEVICE, addresses)
+        done = self._done([f"{verb} {a}" for a in addresses], outcomes)
+        return [a for a, ok in zip(addresses, done, strict=True) if ok]
 
     def _apply(self, state: _Family, desired: DesiredState, changes: Changes, full: bool) -> int:
         fam = state.plan
@@ -290,112 +310,99 @@ class IpvsBackend:
                 self._ensure_jumps(runner)
             runner.restore(iptables_rules(fam, desired, RuleSettings(runner.has_random_fully)))
             state.rules_text = text
-        ipvs = self.ipvs
-        ops = 0
-        for vs in changes.add_services:
-            if self._try(f"add service {vs}", partial(ipvs.add_service, vs)):
-                obs.services[vs.key] = vs
-                obs.dests[vs.key] = {}
-                ops += 1
-        for vs in changes.set_services:
-            if self._try(f"change service {vs}", partial(ipvs.set_service, vs)):
-                obs.services[vs.key] = vs
-                ops += 1
-        for key, dest in changes.add_dests:
-            if key not in obs.services:
-                continue
-            if self._try(f"add {dest} to {key}", partial(ipvs.add_destination, key, dest)):
-                obs.dests[key][dest.endpoint] = dest
-                ops += 1
+        # Virtual servers before their destinations (a batch of their own, so that a
+        # refused service does not also fail each of its destinations).
+        services = [Change.add_service(vs) for vs in changes.add_services]
+        services += [Change.set_service(vs) for vs in changes.set_services]
+        done = self._batch(services)
+        for change in done:
+            assert change.service is not None
+            obs.services[change.key] = change.service
+            if change.op is Op.ADD_SERVICE:
+                obs.dests[change.key] = {}
+        ops = len(done)
         for key, dest in changes.set_dests:
             self.graceful.cancel(key, dest.endpoint)
-            if self._try(f"re-weight {dest} of {key}", partial(ipvs.set_destination, key, dest)):
-                obs.dests[key][dest.endpoint] = dest
-                ops += 1
-        for address in changes.bind:
-            if self._try(
-                f"bind {address}", partial(self.links.add_address, n.DUMMY_DEVICE, address)
-            ):
-                obs.bound.add(address)
-                ops += 1
-        now = self.clock()
-        live: dict[ServiceKey, dict[tuple[str, int], Destination]] = {}
-        for key, dest in changes.remove_dests:
-            if needs_grace(key) and not self.graceful.is_waiting(key, dest.endpoint):
-                # The decision needs the kernel's connection counts, as upstream reads them.
-                if key not in live:
-                    try:
-                        live[key] = {d.endpoint: d for d in ipvs.destinations(key)}
-                    except IpvsError as err:
-                        self.errors.append(f"list destinations of {key}: {err}")
-                        live[key] = {}
-                found = live[key].get(dest.endpoint)
-                if found is None:
-                    obs.dests[key].pop(dest.endpoint, None)
-                    continue
-                ops += self._remove(key, found, now, obs)
-                continue
-            ops += self._remove(key, dest, now, obs)
-        for address in changes.unbind:
-            if self._try(
-                f"unbind {address}",
-                partial(self.links.delete_address, n.DUMMY_DEVICE, address),
-            ):
-                obs.bound.discard(address)
-                ops += 1
-        for key in changes.delete_services:
-            if self._try(f"delete service {key}", partial(ipvs.delete_service, key)):
-                obs.services.pop(key, None)
-                obs.dests.pop(key, None)
-                self.graceful.forget_service(key)
-                ops += 1
-        return ops + len(script)
+        dests = [Change.add_dest(k, d) for k, d in changes.add_dests if k in obs.services]
+        dests += [Change.set_dest(k, d) for k, d in changes.set_dests]
+        ops += self._record_dests(obs, self._batch(dests))
+        bound = self._addresses(True, changes.bind)
+        obs.bound.update(bound)
+        ops += len(bound)
+        ops += self._remove_dests(changes.remove_dests, obs)
+        unbound = self._addresses(False, changes.unbind)
+        obs.bound.difference_update(unbound)
+        ops += len(unbound)
+        done = self._batch([Change.delete_service(key) for key in changes.delete_services])
+        for change in done:
+            obs.services.pop(change.key, None)
+            obs.dests.pop(change.key, None)
+            self.graceful.forget_service(change.key)
+        return ops + len(done) + len(script)
 
-    def _remove(self, key: ServiceKey, dest: Destination, now: float, obs: Observed) -> int:
-        action = self.graceful.remove(key, dest, now)
-        ipvs = self.ipvs
-        if action is Action.DELETE:
-            if self._try(
-                f"delete {dest} of {key}",
-                lambda: ipvs.delete_destination(key, dest.address, dest.port),
-            ):
-                obs.dests[key].pop(dest.endpoint, None)
-                return 1
-            return 0
-        if action is Action.QUIESCE and dest.weight != 0:
-            quiet = Destination(dest.address, dest.port, 0)
-            if self._try(f"weight 0 for {dest} of {key}", lambda: ipvs.set_destination(key, quiet)):
-                obs.dests[key][dest.endpoint] = quiet
-                return 1
-        return 0
+    @staticmethod
+    def _record_dests(obs: Observed, done: list[Change]) -> int:
+        """Write the destination changes the kernel took into ``obs``."""
+        for change in done:
+            assert change.dest is not None
+            table = obs.dests.setdefault(change.key, {})
+            if change.op is Op.DELETE_DEST:
+                table.pop(change.dest.endpoint, None)
+            else:
+                table[change.dest.endpoint] = change.dest
+        return len(done)
+
+    def _live(self, keys: Iterable[ServiceKey]) -> dict[ServiceKey, dict[Endpoint, Destination]]:
+        """The kernel's destinations (with connection counts) of each service."""
+        live: dict[ServiceKey, dict[Endpoint, Destination]] = {}
+        for key in keys:
+            try:
+                live[key] = {d.endpoint: d for d in self.ipvs.destinations(key)}
+            except IpvsError as err:
+                self.errors.append(f"list destinations of {key}: {err}")
+                live[key] = {}
+        return live
+
+    def _remove_dests(self, removals: list[tuple[ServiceKey, Destination]], obs: Observed) -> int:
+        """Graceful termination's decision for each removed real server, as one batch."""
+        now = self.clock()
+        # The decision needs the kernel's connection counts, as upstream reads them.
+        asking = {
+            key
+            for key, dest in removals
+            if needs_grace(key) and not self.graceful.is_waiting(key, dest.endpoint)
+        }
+        live = self._live(sorted(asking))
+        out: list[Change] = []
+        for key, known in removals:
+            dest = live[key].get(known.endpoint) if key in live else known
+            if dest is None:  # gone already
+                obs.dests[key].pop(known.endpoint, None)
+                continue
+            action = self.graceful.remove(key, dest, now)
+            if action is Action.DELETE:
+                out.append(Change.delete_dest(key, dest))
+            elif action is Action.QUIESCE and dest.weight != 0:
+                out.append(Change.set_dest(key, Destination(dest.address, dest.port, 0)))
+        return self._record_dests(obs, self._batch(out))
 
     def flush_terminated(self) -> int:
         """Delete the real servers graceful termination is done waiting for."""
         due = self.graceful.due(self.clock())
         if not due:
             return 0
-        ipvs = self.ipvs
-        deleted = 0
-        listed: dict[ServiceKey, dict[tuple[str, int], Destination]] = {}
+        listed = self._live(sorted({key for key, _ in due}))
+        deletes = []
         for key, endpoint in due:
-            if key not in listed:
-                try:
-                    listed[key] = {d.endpoint: d for d in ipvs.destinations(key)}
-                except IpvsError:
-                    listed[key] = {}
             dest = listed[key].get(endpoint)
-            if (
-                self.graceful.settle((key, endpoint), dest, self.clock())
-                and dest is not None
-                and self._try(
-                    f"delete terminated {dest} of {key}",
-                    partial(ipvs.delete_destination, key, dest.address, dest.port),
-                )
-            ):
-                deleted += 1
-                for state in self._families.values():
-                    state.observed.dests.get(key, {}).pop(endpoint, None)
-        return deleted
+            if self.graceful.settle((key, endpoint), dest, self.clock()) and dest is not None:
+                deletes.append(Change.delete_dest(key, dest))
+        done = self._batch(deletes)
+        for state in self._families.values():
+            for change in done:
+                assert change.dest is not None
+                state.observed.dests.get(change.key, {}).pop(change.dest.endpoint, None)
+        return len(done)
 
     # ----------------------------------------------------------------- public
 
@@ -566,11 +573,17 @@ def cleanup(
         bound = set()
     if ipvs is not None:
         try:
-            for vs in ipvs.services():
-                key = vs.key
-                if key.address in bound or (key.protocol, key.port) in node_ports:
-                    ipvs.delete_service(key)
+            ours = [
+                vs.key
+                for vs in ipvs.services()
+                if vs.key.address in bound or (vs.key.protocol, vs.key.port) in node_ports
+            ]
+            outcomes = ipvs.apply([Change.delete_service(key) for key in ours])
+            for key, outcome in zip(ours, outcomes, strict=True):
+                if outcome is None:
                     removed.append(f"ipvs service {key}")
+                else:
+                    errors.append(f"ipvs: {outcome}")
         except IpvsError as err:
             errors.append(f"ipvs: {err}")
     try:

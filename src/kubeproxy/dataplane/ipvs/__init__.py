@@ -6,22 +6,28 @@ two small interfaces.
   timeout), :class:`Destination` (a real server: address, port, weight, and the
   connection counts the kernel reports). Every destination is a NAT ("masquerading")
   real server, as upstream kube-proxy creates them.
-* :class:`Ipvs` — the IPVS table of one network namespace: list, add, change ("set",
-  never delete-and-add) and delete virtual servers and their destinations, and the
-  connection timeouts (``ipvsadm --set``). :class:`IpvsError` carries the kernel's errno.
+* :class:`Change` — one add, change ("set", never delete-and-add) or delete of a virtual
+  server or destination (:class:`Op`).
+* :class:`Ipvs` — the IPVS table of one network namespace: list virtual servers and
+  their destinations, :meth:`Ipvs.apply` many changes at once (each gets its own
+  outcome), one change at a time, and the connection timeouts (``ipvsadm --set``).
+  :class:`IpvsError` carries the kernel's errno.
 * :class:`Links` — the dummy interface that holds every service address (left down, as
-  upstream: the addresses only need to be local for the routing decision) and the node's
-  other addresses (NodePort virtual servers are created on each of them).
+  upstream: the addresses only need to be local for the routing decision), addresses
+  added and deleted many at once, and the node's other addresses (NodePort virtual
+  servers are created on each of them).
 
-Implementations: :mod:`.netlink` (pyroute2, generic netlink) and :mod:`.fake` (in memory,
-refusing what the kernel refuses).
+Implementations: :mod:`.netlink` (messages packed by :mod:`.wire`, many per send) and
+:mod:`.fake` (in memory, refusing what the kernel refuses).
 """
 
 from __future__ import annotations
 
 import errno
 import ipaddress
+from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Protocol
 
 # ip_vs.h: IP_VS_SVC_F_*
@@ -98,12 +104,69 @@ def canonical_ip(text: str) -> str:
     return str(ipaddress.ip_address(text))
 
 
+class Op(Enum):
+    ADD_SERVICE = "add service"
+    SET_SERVICE = "change service"
+    DELETE_SERVICE = "delete service"
+    ADD_DEST = "add destination"
+    SET_DEST = "change destination"
+    DELETE_DEST = "delete destination"
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One IPVS change: ``service`` for adding/changing a virtual server, ``dest`` for
+    every destination operation (its weight matters for add and change only)."""
+
+    op: Op
+    key: ServiceKey
+    service: VirtualServer | None = None
+    dest: Destination | None = None
+
+    @classmethod
+    def add_service(cls, vs: VirtualServer) -> Change:
+        return cls(Op.ADD_SERVICE, vs.key, vs)
+
+    @classmethod
+    def set_service(cls, vs: VirtualServer) -> Change:
+        return cls(Op.SET_SERVICE, vs.key, vs)
+
+    @classmethod
+    def delete_service(cls, key: ServiceKey) -> Change:
+        return cls(Op.DELETE_SERVICE, key)
+
+    @classmethod
+    def add_dest(cls, key: ServiceKey, dest: Destination) -> Change:
+        return cls(Op.ADD_DEST, key, dest=dest)
+
+    @classmethod
+    def set_dest(cls, key: ServiceKey, dest: Destination) -> Change:
+        return cls(Op.SET_DEST, key, dest=dest)
+
+    @classmethod
+    def delete_dest(cls, key: ServiceKey, dest: Destination) -> Change:
+        return cls(Op.DELETE_DEST, key, dest=dest)
+
+    def __str__(self) -> str:
+        if self.dest is None:
+            return f"{self.op.value} {self.service or self.key}"
+        weight = "" if self.op is Op.DELETE_DEST else f" weight {self.dest.weight}"
+        return f"{self.op.value} {self.dest}{weight} of {self.key}"
+
+
+Outcome = IpvsError | None
+
+
 class Ipvs(Protocol):
     """The IPVS table of one network namespace."""
 
     def services(self) -> list[VirtualServer]: ...
 
     def destinations(self, key: ServiceKey) -> list[Destination]: ...
+
+    def apply(self, changes: Sequence[Change]) -> list[Outcome]:
+        """Every change in order, as few requests as possible; one outcome each (None:
+        done). A refused change does not stop the ones after it."""
 
     def add_service(self, vs: VirtualServer) -> None: ...
 
@@ -136,9 +199,10 @@ class Links(Protocol):
     def addresses(self, name: str) -> set[str]:
         """Addresses on ``name`` (empty if it does not exist)."""
 
-    def add_address(self, name: str, address: str) -> None: ...
+    def add_addresses(self, name: str, addresses: Sequence[str]) -> list[Outcome]:
+        """Put each address (/32 or /128) on ``name``; one outcome each (None: done)."""
 
-    def delete_address(self, name: str, address: str) -> None: ...
+    def delete_addresses(self, name: str, addresses: Sequence[str]) -> list[Outcome]: ...
 
     def node_addresses(self, exclude: str) -> set[str]:
         """Every local address on a link other than ``exclude``."""

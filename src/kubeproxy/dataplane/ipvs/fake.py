@@ -17,17 +17,35 @@ there (EEXIST) or to a missing link (ENODEV), deleting one that is not (EADDRNOT
 from __future__ import annotations
 
 import errno
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from kubeproxy.config import IPVS_SCHEDULERS
 from kubeproxy.dataplane.ipvs import (
     FLAG_HASHED,
     PROTOCOLS,
+    Change,
     Destination,
     IpvsError,
+    Op,
+    Outcome,
     ServiceKey,
     VirtualServer,
     canonical_ip,
 )
+
+T = TypeVar("T")
+
+
+def _each(fn: Callable[[T], None], items: Sequence[T]) -> list[Outcome]:
+    out: list[Outcome] = []
+    for item in items:
+        try:
+            fn(item)
+            out.append(None)
+        except IpvsError as err:
+            out.append(err)
+    return out
 
 
 class FakeIpvs:
@@ -39,6 +57,26 @@ class FakeIpvs:
         self.conns: dict[tuple[ServiceKey, tuple[str, int]], tuple[int, int]] = {}
         self.timeouts = (900, 120, 300)
         self.calls: list[str] = []
+        self.batches = 0
+
+    def _one(self, change: Change) -> None:
+        key, vs, dest = change.key, change.service, change.dest
+        if change.op is Op.DELETE_SERVICE:
+            self.delete_service(key)
+        elif vs is not None:
+            (self.add_service if change.op is Op.ADD_SERVICE else self.set_service)(vs)
+        elif dest is None:
+            raise IpvsError(f"{change}: no destination", errno.EINVAL)
+        elif change.op is Op.ADD_DEST:
+            self.add_destination(key, dest)
+        elif change.op is Op.SET_DEST:
+            self.set_destination(key, dest)
+        else:
+            self.delete_destination(key, dest.address, dest.port)
+
+    def apply(self, changes: Sequence[Change]) -> list[Outcome]:
+        self.batches += 1
+        return _each(self._one, changes)
 
     def _check_key(self, key: ServiceKey) -> None:
         if key.protocol not in PROTOCOLS or not 0 < key.port < 65536:
@@ -151,6 +189,12 @@ class FakeLinks:
 
     def addresses(self, name: str) -> set[str]:
         return set(self.links.get(name, ()))
+
+    def add_addresses(self, name: str, addresses: Sequence[str]) -> list[Outcome]:
+        return _each(lambda a: self.add_address(name, a), addresses)
+
+    def delete_addresses(self, name: str, addresses: Sequence[str]) -> list[Outcome]:
+        return _each(lambda a: self.delete_address(name, a), addresses)
 
     def add_address(self, name: str, address: str) -> None:
         if name not in self.links:
