@@ -13,6 +13,13 @@ milliseconds, and a failing nftables sync must not hold the sockets' endpoints b
   nothing that is already right and connections never see an empty map;
 * **partial sync**: only the entries of the changed ServicePorts.
 
+The first sync of a process fills the map before the hooks are pointed at its programs
+(:meth:`SockLB.attach`): after a restart with a new map layout the new maps are full
+before any socket sees them. After each map write, connected UDP sockets the hooks had
+sent to an endpoint no longer in their frontend's list are destroyed (``SOCK_DESTROY``),
+where nftables mode deletes their conntrack entries; TCP connections stay, as in
+nftables mode (upstream clears UDP entries only).
+
 Two ServicePorts claiming one frontend: the first by name keeps it (nftables reports the
 conflict). A failure leaves our record unknown; the next (full) sync reads the map again.
 """
@@ -32,6 +39,8 @@ from kubeproxy.config import ProxyConfig
 from kubeproxy.dataplane.bpf.build import BuildError, build
 from kubeproxy.dataplane.bpf.libbpf import BpfError
 from kubeproxy.dataplane.bpf.socklb import (
+    NONE,
+    Backends,
     Frontend,
     ServiceTable,
     SockLB,
@@ -49,6 +58,10 @@ class SocketLB(Protocol):
     """What the backend needs of the loaded hooks (:class:`SockLB`, or a fake)."""
 
     services: ServiceTable
+
+    def attach(self) -> None: ...
+
+    def destroy_stale(self, stale: Iterable[tuple[Frontend, Target]]) -> int: ...
 
     def check(self) -> str | None: ...
 
@@ -117,14 +130,18 @@ class EbpfBackend:
             if self._programmed is None:
                 self._programmed = lb.services.dump()
             touched = self._plan(snapshot, names)
-            operations = self._write(lb.services, self._programmed, touched)
+            stale: list[tuple[Frontend, Target]] = []
+            operations = self._write(lb.services, self._programmed, touched, stale)
+            lb.attach()
         except Exception:
             self._programmed = None
             raise
         seconds = self.map_seconds = time.perf_counter() - started
+        if stale:
+            self._destroy(lb, stale)
         result = self.nftables.sync(snapshot, changed)
         result.operations += operations
-        result.elements += sum(1 + len(t) for t in self._programmed.values())
+        result.elements += sum(1 + len(b.targets) for b in self._programmed.values())
         result.apply_seconds += seconds
         return result
 
@@ -156,20 +173,40 @@ class EbpfBackend:
                     self._owner[frontend] = name
         return touched
 
-    def _write(self, table: ServiceTable, programmed: Entries, touched: set[Frontend]) -> int:
+    def _write(
+        self,
+        table: ServiceTable,
+        programmed: Entries,
+        touched: set[Frontend],
+        stale: list[tuple[Frontend, Target]],
+    ) -> int:
+        """Bring ``touched`` frontends in line; add to ``stale`` the targets they lost."""
         operations = 0
         for frontend in sorted(touched):
             owner = self._owner.get(frontend)
-            want: tuple[Target, ...] = self._wanted[owner][frontend] if owner else ()
-            have = programmed.get(frontend, ())
+            want: Backends = self._wanted[owner][frontend] if owner else NONE
+            have = programmed.get(frontend, NONE)
             if want == have:
                 continue
             operations += table.write(frontend, want, before=have)
-            if want:
+            kept = set(want.targets)
+            stale.extend((frontend, t) for t in have.targets if t not in kept and t.ip)
+            if want.targets:
                 programmed[frontend] = want
             else:
                 programmed.pop(frontend, None)
         return operations
+
+    def _destroy(self, lb: SocketLB, stale: list[tuple[Frontend, Target]]) -> None:
+        """Tear down sockets to removed endpoints; a failure is logged, never fatal
+        (as a failed conntrack deletion in nftables mode)."""
+        try:
+            destroyed = lb.destroy_stale(stale)
+        except OSError as err:
+            log.warning("ebpf mode: destroying sockets to removed endpoints failed: %s", err)
+            return
+        if destroyed:
+            log.info("ebpf mode: destroyed %d UDP sockets to removed endpoints", destroyed)
 
     # ---------------------------------------------------------------- others
 
@@ -186,8 +223,12 @@ class EbpfBackend:
             for _, plan in sorted(service_port_plans(snapshot, fam).items()):
                 if plan is None:
                     continue
-                for frontend, targets in socket_entries(plan).items():
-                    lines.append(f"# {frontend} -> {', '.join(str(t) for t in targets)}")
+                for frontend, backends in socket_entries(plan).items():
+                    to = ", ".join(str(t) for t in backends.targets)
+                    affinity = f" (ClientIP affinity {backends.affinity}s)" * bool(
+                        backends.affinity
+                    )
+                    lines.append(f"# {frontend} -> {to}{affinity}")
         return self.nftables.render(snapshot) + "\n".join(lines) + "\n"
 
     def counters(self) -> dict[str, int]:
