@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from kubeproxy.backends import BackendError
 from kubeproxy.backends.ebpf.proxier import EbpfBackend
 from kubeproxy.backends.ebpf.render import socket_entries
 from kubeproxy.backends.nftables.proxier import NftablesBackend
@@ -22,6 +23,7 @@ from kubeproxy.dataplane.bpf.socklb import (
     FakeMap,
     Frontend,
     ServiceTable,
+    SockLBError,
     Target,
     mount_type,
 )
@@ -413,3 +415,26 @@ def test_mount_type_finds_the_filesystem_of_a_path(tmp_path: Path) -> None:
     )
     assert mount_type(Path("/sys/fs/bpf/kubeproxy"), str(info)) == "bpf"
     assert mount_type(Path("/sys/fs/bpfx"), str(info)) == "ext4"
+
+
+# -------------------------------------------------------------- the fallback
+
+
+def no_hooks() -> FakeLB:
+    raise SockLBError("--ebpf-cgroup-path /x: not a cgroup v2 directory")
+
+
+def test_a_node_without_what_the_hooks_need_stops_the_start_with_the_reason() -> None:
+    b = EbpfBackend(CONFIG, NftablesBackend(CONFIG, FakeNftables()), no_hooks)
+    with pytest.raises(BackendError, match=r"not a cgroup v2 directory.*--ebpf-fallback"):
+        b.start()
+
+
+def test_the_operator_may_choose_nftables_mode_instead(tmp_path: Path) -> None:
+    config = replace(CONFIG, ebpf_fallback="nftables", ebpf_pin_path=str(tmp_path / "none"))
+    nft = FakeNftables()
+    b = EbpfBackend(config, NftablesBackend(config, nft), no_hooks)
+    b.start()
+    assert b.fallback
+    assert b.sync(snapshot(2), None).full
+    assert "10.96.0.1" in nft.dump()

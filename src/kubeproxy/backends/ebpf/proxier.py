@@ -20,6 +20,10 @@ sent to an endpoint no longer in their frontend's list are destroyed (``SOCK_DES
 where nftables mode deletes their conntrack entries; TCP connections stay, as in
 nftables mode (upstream clears UDP entries only).
 
+When the node cannot run the hooks, start-up fails with the reason, unless the operator
+chose ``--ebpf-fallback nftables`` (ours): then the reason is logged, hooks left by an
+earlier run are removed (their maps would go stale) and the backend is nftables mode.
+
 Two ServicePorts claiming one frontend: the first by name keeps it (nftables reports the
 conflict). A failure leaves our record unknown; the next (full) sync reads the map again.
 """
@@ -47,6 +51,7 @@ from kubeproxy.dataplane.bpf.socklb import (
     SockLBError,
     Target,
     cgroup2_root,
+    cleanup,
 )
 from kubeproxy.model.state import Snapshot
 from kubeproxy.model.types import ServicePortName
@@ -96,6 +101,8 @@ class EbpfBackend:
         self._owner: dict[Frontend, ServicePortName] = {}
         # How long the last sync took to bring the map in line (its change-to-effect).
         self.map_seconds = 0.0
+        # Running as nftables mode (--ebpf-fallback nftables, the hooks could not load).
+        self.fallback = False
 
     # -------------------------------------------------------------- lifecycle
 
@@ -104,7 +111,23 @@ class EbpfBackend:
         try:
             self._lb = self._open_lb()
         except (SockLBError, BuildError, BpfError) as err:
-            raise BackendError(f"ebpf mode cannot run: {err}") from None
+            if self.config.ebpf_fallback != "nftables":
+                raise BackendError(
+                    f"ebpf mode cannot run: {err} (--ebpf-fallback nftables runs nftables "
+                    "mode instead)"
+                ) from None
+            log.error("ebpf mode cannot run, running as nftables mode (--ebpf-fallback): %s", err)
+            self.fallback = True
+            self._remove_stale_hooks()
+
+    def _remove_stale_hooks(self) -> None:
+        try:
+            removed = cleanup(Path(self.config.ebpf_pin_path))
+        except OSError as err:
+            log.warning("ebpf mode: cannot remove the hooks of an earlier run: %s", err)
+            return
+        for what in removed:
+            log.info("ebpf mode: removed %s (an earlier run's)", what)
 
     def stop(self) -> None:
         """Programs, links and maps stay pinned: sockets are served across a restart."""
@@ -123,6 +146,8 @@ class EbpfBackend:
     # ------------------------------------------------------------------ sync
 
     def sync(self, snapshot: Snapshot, changed: set[ServicePortName] | None) -> SyncResult:
+        if self.fallback:
+            return self.nftables.sync(snapshot, changed)
         lb = self.socket_lb
         started = time.perf_counter()
         names = None if changed is None or self._programmed is None else changed
