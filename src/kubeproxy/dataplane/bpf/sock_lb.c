@@ -137,14 +137,15 @@ static __always_inline struct endpoint4 *pick4(struct bpf_sock_addr *ctx, __u32 
 	return ep;
 }
 
-static __always_inline void remember4(struct bpf_sock_addr *ctx, struct endpoint4 *ep)
+static __always_inline void remember4(struct bpf_sock_addr *ctx, struct endpoint4 *ep,
+				     __u32 addr, __u16 port)
 {
 	struct rev_key4 rkey = {
 		.cookie = bpf_get_socket_cookie(ctx),
 		.addr = ep->addr,
 		.port = ep->port,
 	};
-	struct endpoint4 front = {.addr = ctx->user_ip4, .port = (__u16)ctx->user_port};
+	struct endpoint4 front = {.addr = addr, .port = port};
 
 	bpf_map_update_elem(&kp_rev4, &rkey, &front, BPF_ANY);
 }
@@ -156,10 +157,13 @@ static __always_inline int rewrite4(struct bpf_sock_addr *ctx, __u32 hash)
 
 	if (proto != IPPROTO_TCP && proto != IPPROTO_UDP)
 		return 1;
-	ep = pick4(ctx, ctx->user_ip4, (__u16)ctx->user_port, proto, hash);
+	__u32 addr = ctx->user_ip4;
+	__u16 port = (__u16)ctx->user_port;
+
+	ep = pick4(ctx, addr, port, proto, hash);
 	if (!ep)
 		return 1;
-	remember4(ctx, ep);
+	remember4(ctx, ep, addr, port);
 	ctx->user_ip4 = ep->addr;
 	ctx->user_port = ep->port;
 	return 1;
@@ -340,6 +344,11 @@ static __always_inline struct endpoint6 *pick6(struct bpf_sock_addr *ctx, struct
 	return ep;
 }
 
+static __always_inline int mapped4(const __u32 *addr)
+{
+	return addr[0] == 0 && addr[1] == 0 && addr[2] == bpf_htonl(0xffff);
+}
+
 static __always_inline int rewrite6(struct bpf_sock_addr *ctx, __u32 hash)
 {
 	__u8 proto = ctx->protocol;
@@ -352,25 +361,24 @@ static __always_inline int rewrite6(struct bpf_sock_addr *ctx, __u32 hash)
 	ctx_ip6(ctx, key.addr);
 	key.port = (__u16)ctx->user_port;
 	key.proto = proto;
-	if (key.addr[0] == 0 && key.addr[1] == 0 && key.addr[2] == bpf_htonl(0xffff)) {
-		/* ::ffff:a.b.c.d from a dual-stack socket: the IPv4 Service. */
+	if (mapped4(key.addr)) {
+		/* ::ffff:a.b.c.d from a dual-stack socket: the IPv4 Service, remembered in
+		 * kp_rev4 (unconnected UDP goes through sendmsg4, with the IPv4 address). */
 		struct endpoint4 *ep4 = pick4(ctx, key.addr[3], key.port, proto, hash);
 
 		if (!ep4)
 			return 1;
-		to[0] = 0;
-		to[1] = 0;
-		to[2] = key.addr[2];
-		to[3] = ep4->addr;
-		to_port = ep4->port;
-	} else {
-		struct endpoint6 *ep = pick6(ctx, &key, hash);
-
-		if (!ep)
-			return 1;
-		__builtin_memcpy(to, ep->addr, sizeof(to));
-		to_port = ep->port;
+		remember4(ctx, ep4, key.addr[3], key.port);
+		ctx->user_ip6[3] = ep4->addr;
+		ctx->user_port = ep4->port;
+		return 1;
 	}
+	struct endpoint6 *ep = pick6(ctx, &key, hash);
+
+	if (!ep)
+		return 1;
+	__builtin_memcpy(to, ep->addr, sizeof(to));
+	to_port = ep->port;
 
 	struct rev_key6 rkey = {.cookie = bpf_get_socket_cookie(ctx), .port = to_port};
 	struct endpoint6 front = {.port = key.port};
@@ -389,6 +397,17 @@ static __always_inline void restore6(struct bpf_sock_addr *ctx)
 	struct endpoint6 *front;
 
 	ctx_ip6(ctx, rkey.addr);
+	if (mapped4(rkey.addr)) {
+		struct rev_key4 rkey4 = {
+			.cookie = rkey.cookie, .addr = rkey.addr[3], .port = (__u16)ctx->user_port};
+		struct endpoint4 *front4 = bpf_map_lookup_elem(&kp_rev4, &rkey4);
+
+		if (front4) {
+			ctx->user_ip6[3] = front4->addr;
+			ctx->user_port = front4->port;
+		}
+		return;
+	}
 	rkey.port = (__u16)ctx->user_port;
 	front = bpf_map_lookup_elem(&kp_rev6, &rkey);
 	if (!front)

@@ -347,16 +347,15 @@ class SockLB:
     def destroy_stale(self, stale: Iterable[tuple[Frontend, Target]]) -> int:
         """Destroy the connected UDP sockets of the cgroup's network namespaces that the
         hooks sent from each frontend to its (now removed) target; how many."""
-        # (family, peer as sock_diag shows it, port) -> (frontend, rev map family)
-        wanted: dict[tuple[int, str, int], tuple[str, int, IPFamily]] = {}
+        # (family, peer as sock_diag shows it, port) -> (frontend, target)
+        wanted: dict[tuple[int, str, int], tuple[Frontend, Target]] = {}
         for frontend, target in stale:
             if frontend.protocol is not L4Protocol.UDP:
                 continue
-            family = frontend.family
-            wanted[(_AF[family], target.ip, target.port)] = (frontend.ip, frontend.port, family)
-            if family is IPFamily.IPv4:  # dual-stack sockets see ::ffff:a.b.c.d
-                mapped = (f"::ffff:{frontend.ip}", frontend.port, IPFamily.IPv6)
-                wanted[(socket.AF_INET6, f"::ffff:{target.ip}", target.port)] = mapped
+            wanted[(_AF[frontend.family], target.ip, target.port)] = (frontend, target)
+            if frontend.family is IPFamily.IPv4:  # dual-stack sockets see ::ffff:a.b.c.d
+                mapped = (socket.AF_INET6, f"::ffff:{target.ip}", target.port)
+                wanted[mapped] = (frontend, target)
         if not wanted:
             return 0
         destroyed = 0
@@ -365,24 +364,27 @@ class SockLB:
             nonlocal destroyed
             for af in sorted({af for af, _, _ in wanted}):
                 for sock in sockdiag.connected_udp(af):
-                    front = wanted.get((sock.family, sock.peer, sock.peer_port))
-                    if front is not None and self._rewritten(sock, *front):
+                    pair = wanted.get((sock.family, sock.peer, sock.peer_port))
+                    if pair is not None and self._rewritten(sock.cookie, *pair):
                         destroyed += sockdiag.destroy(sock)
 
         sockdiag.in_namespaces_of(self.cgroup, in_netns)
         return destroyed
 
-    def _rewritten(self, sock: sockdiag.UdpSocket, ip: str, port: int, family: IPFamily) -> bool:
-        """Whether the hooks sent ``sock`` to its peer from frontend ``ip``:``port``."""
+    def _rewritten(self, cookie: int, frontend: Frontend, target: Target) -> bool:
+        """Whether the hooks sent socket ``cookie`` from ``frontend`` to ``target``
+        (``kp_rev4`` also holds the dual-stack sockets sent to an IPv4 Service)."""
+        family = frontend.family
         af = _AF[family]
         key = _REV_KEY[family].pack(
-            sock.cookie, socket.inet_pton(af, sock.peer), sock.peer_port.to_bytes(2, "big")
+            cookie, socket.inet_pton(af, target.ip), target.port.to_bytes(2, "big")
         )
         value = self._rev[family].lookup(key)
         if value is None:
             return False
-        addr, front_port, _ = _ENDPOINT[family].unpack(value)
-        return addr == socket.inet_pton(af, ip) and int.from_bytes(front_port, "big") == port
+        addr, port, _ = _ENDPOINT[family].unpack(value)
+        front = (socket.inet_pton(af, frontend.ip), frontend.port.to_bytes(2, "big"))
+        return (addr, port) == front
 
     def close(self) -> None:
         """Release our handles; programs stay attached and maps pinned."""
