@@ -99,8 +99,10 @@ class EbpfBackend:
         self._programmed: Entries | None = None
         self._wanted: dict[ServicePortName, Entries] = {}
         self._owner: dict[Frontend, ServicePortName] = {}
-        # How long the last sync took to bring the map in line (its change-to-effect).
+        # How long the last sync took to bring the map in line (its change-to-effect),
+        # and the CPU time this thread spent on it (the rest: waiting to be scheduled).
         self.map_seconds = 0.0
+        self.map_cpu_seconds = 0.0
         # Running as nftables mode (--ebpf-fallback nftables, the hooks could not load).
         self.fallback = False
 
@@ -149,7 +151,7 @@ class EbpfBackend:
         if self.fallback:
             return self.nftables.sync(snapshot, changed)
         lb = self.socket_lb
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         names = None if changed is None or self._programmed is None else changed
         try:
             if self._programmed is None:
@@ -162,6 +164,7 @@ class EbpfBackend:
             self._programmed = None
             raise
         seconds = self.map_seconds = time.perf_counter() - started
+        self.map_cpu_seconds = time.thread_time() - cpu
         if stale:
             self._destroy(lb, stale)
         result = self.nftables.sync(snapshot, changed)
