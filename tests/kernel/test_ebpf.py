@@ -99,15 +99,18 @@ def test_ipv6_cluster_ips_too(lab: Lab, bpf: BpfLab, manifests: ManifestDir) -> 
     )
     sync(lab, manifests, *bpf.flags())
     ns_exec(lab.node_ns, "conntrack", "-F", check=False)
-    netns = lab.pods["client"].netns
-    seen = bpf.client(netns, "tcp", VIP6, 80, 30)
-    assert set(seen["answers"]) == {"local-1", "remote-1"}, seen
-    assert seen["peers"] == [f"[{VIP6}]:80"]
-    for action in ("udp", "udp-connected"):
-        seen = bpf.client(netns, action, VIP6, 53, 20)
-        assert set(seen["answers"]) == {"local-1", "remote-1"}, (action, seen)
-        assert seen["peers"] == [f"[{VIP6}]:53"], (action, seen)
+    tcp_and_udp_reach(lab, bpf, VIP6, {"local-1", "remote-1"})
     assert conntrack_to(lab, VIP6) == []
+
+
+def tcp_and_udp_reach(lab: Lab, bpf: BpfLab, host: str, pods: set[str]) -> None:
+    """From the client Pod in the cgroup, TCP :80 and UDP :53 (unconnected and
+    connected) to ``host`` reach every one of ``pods``, with ``host`` as the peer."""
+    netns = lab.pods["client"].netns
+    for action, port in (("tcp", 80), ("udp", 53), ("udp-connected", 53)):
+        seen = bpf.client(netns, action, host, port, 20)
+        assert set(seen["answers"]) == pods, (action, seen)
+        assert seen["peers"] == [f"[{host}]:{port}"], (action, seen)
 
 
 def test_a_service_without_endpoints_is_refused_by_the_nftables_rules(
@@ -294,15 +297,7 @@ def test_ipv4_mapped_ipv6_destinations_reach_the_ipv4_service(
     web(manifests, "local-1", "remote-1")
     sync(lab, manifests, *bpf.flags())
     ns_exec(lab.node_ns, "conntrack", "-F", check=False)
-    mapped = f"::ffff:{VIP}"
-    netns = lab.pods["client"].netns
-    seen = bpf.client(netns, "tcp", mapped, 80, 20)
-    assert set(seen["answers"]) == {"local-1", "remote-1"}, seen
-    assert seen["peers"] == [f"[{mapped}]:80"]
-    for action in ("udp", "udp-connected"):
-        seen = bpf.client(netns, action, mapped, 53, 20)
-        assert set(seen["answers"]) == {"local-1", "remote-1"}, (action, seen)
-        assert seen["peers"] == [f"[{mapped}]:53"], (action, seen)
+    tcp_and_udp_reach(lab, bpf, f"::ffff:{VIP}", {"local-1", "remote-1"})
     assert conntrack_to(lab, VIP) == []
 
 

@@ -391,6 +391,14 @@ def test_render_lists_the_socket_entries_after_the_nft_script() -> None:
     assert "# 10.96.0.1:80/TCP -> 10.244.1.10:8080, 10.244.1.11:8080" in text
 
 
+def test_render_shows_the_affinity_timeout() -> None:
+    port = replace(service_port(), affinity_timeout=600)
+    text = backend(FakeMap(12, 8)).render(Snapshot({port.name: port}, {port.name: EPS}, NODE))
+    assert (
+        "# 10.96.0.10:80/TCP -> 10.244.1.10:8080, 10.244.2.10:8080 (ClientIP affinity 600s)" in text
+    )
+
+
 # ----------------------------------------------------------------- the build
 
 
