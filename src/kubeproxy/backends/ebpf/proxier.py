@@ -13,12 +13,12 @@ milliseconds, and a failing nftables sync must not hold the sockets' endpoints b
   nothing that is already right and connections never see an empty map;
 * **partial sync**: only the entries of the changed ServicePorts.
 
-The first sync of a process fills the map before the hooks are pointed at its programs
-(:meth:`SockLB.attach`): after a restart with a new map layout the new maps are full
-before any socket sees them. After each map write, connected UDP sockets the hooks had
-sent to an endpoint no longer in their frontend's list are destroyed (``SOCK_DESTROY``),
-where nftables mode deletes their conntrack entries; TCP connections stay, as in
-nftables mode (upstream clears UDP entries only).
+After a restart with a new map layout, the first sync fills the new maps before the
+hooks are pointed at the new programs (:meth:`SockLB.attach`; otherwise they are
+attached at start, so a refusal stops the start). After each map write, connected UDP
+sockets the hooks had sent to an endpoint no longer in their frontend's list are
+destroyed (``SOCK_DESTROY``), where nftables mode deletes their conntrack entries; TCP
+connections stay, as in nftables mode (upstream clears UDP entries only).
 
 When the node cannot run the hooks, start-up fails with the reason, unless the operator
 chose ``--ebpf-fallback nftables`` (ours): then the reason is logged, hooks left by an

@@ -9,10 +9,11 @@
   shrinking.
 * :class:`SockLB` — load the object with its maps pinned under the pin directory
   (reused when already there with this :data:`LAYOUT`: a restart keeps every entry;
-  new, empty ones otherwise), and once the caller has filled them, attach each program
-  to the cgroup through a pinned link, or swap the program of a link already pinned (the
-  hook never goes empty), then drop the pins of older layouts; ``close`` leaves
-  everything pinned and attached.
+  new, empty ones otherwise), attach each program to the cgroup through a pinned link,
+  or swap the program of a link already pinned (the hook never goes empty), then drop
+  the pins of older layouts. When the pinned links run programs of another layout, the
+  attach waits until the caller has filled the new maps (:meth:`SockLB.attach`);
+  ``close`` leaves everything pinned and attached.
 * :meth:`SockLB.destroy_stale` — destroy the connected UDP sockets the hooks sent to an
   endpoint that is gone (:mod:`kubeproxy.dataplane.sockdiag`): the ones whose socket
   cookie and peer ``kp_rev4/6`` records as rewritten from that frontend.
@@ -307,15 +308,22 @@ class SockLB:
     def open(cls, object_file: Path, pin_dir: Path, cgroup: Path) -> SockLB:
         _pin_dir_ready(pin_dir)
         os.close(_cgroup_fd(cgroup))  # refuse a bad cgroup before loading anything
+        reused = all(map_pin(pin_dir, name).exists() for name in MAPS)
+        linked = any((pin_dir / f"link_{hook}").exists() for hook in PROGRAMS)
         obj = libbpf.BpfObject(str(object_file))
         try:
             for name in MAPS:
                 obj.pin_map(name, str(map_pin(pin_dir, name)))
             obj.load()
+            lb = cls(obj, pin_dir, cgroup)
+            # Attached now (a refusal stops the start) unless older programs serve from
+            # maps of another layout: those keep serving until ours are filled.
+            if reused or not linked:
+                lb.attach()
         except BaseException:
             obj.close()
             raise
-        return cls(obj, pin_dir, cgroup)
+        return lb
 
     def attach(self) -> None:
         """Point the hooks at our programs (after the maps were filled: a restart with
