@@ -39,6 +39,7 @@ from kubeproxy.backends import (
 )
 from kubeproxy.backends.planning import describe_snapshot
 from kubeproxy.config import (
+    EBPF_FALLBACKS,
     ConfigError,
     IpvsSettings,
     ProxyConfig,
@@ -76,6 +77,7 @@ _OURS = (
     "cleanup",
     "ebpf-cgroup-path",
     "ebpf-pin-path",
+    "ebpf-fallback",
 )
 
 
@@ -113,6 +115,13 @@ def _add_proxy_flags(p: argparse.ArgumentParser) -> None:
         "--ebpf-cgroup-path",
         help="ebpf mode (ours): the cgroup v2 directory whose processes' sockets are "
         "load-balanced (default: the root of the cgroup v2 hierarchy, every process)",
+    )
+    p.add_argument(
+        "--ebpf-fallback",
+        choices=EBPF_FALLBACKS,
+        help="ebpf mode (ours): what to do when the node cannot run the socket hooks "
+        "(kernel, cgroup v2, BPF filesystem, clang/libbpf): none (default) exits with the "
+        "reason; nftables logs it and runs as --proxy-mode nftables",
     )
     _add_pin_path(p)
 
@@ -270,8 +279,9 @@ def proxy_config(cfg: configfile.KubeProxyConfiguration, args: argparse.Namespac
     ms = configfile.mode_settings(cfg)
     if getattr(args, "iptables_backend", None) and ms.mode not in ("iptables", "ipvs"):
         log.warning("--iptables-backend is ignored in proxy mode %r", ms.mode)
-    if getattr(args, "ebpf_cgroup_path", None) and ms.mode != "ebpf":
-        log.warning("--ebpf-cgroup-path is ignored in proxy mode %r", ms.mode)
+    for flag in ("ebpf_cgroup_path", "ebpf_fallback"):
+        if getattr(args, flag, None) and ms.mode != "ebpf":
+            log.warning("--%s is ignored in proxy mode %r", flag.replace("_", "-"), ms.mode)
     try:
         nodeports = NodePortAddresses.parse(list(cfg.node_port_addresses or ()))
     except ValueError as err:
@@ -301,6 +311,7 @@ def proxy_config(cfg: configfile.KubeProxyConfiguration, args: argparse.Namespac
         ipvs=ipvs_settings(cfg.ipvs),
         ebpf_cgroup_path=getattr(args, "ebpf_cgroup_path", None) or "",
         ebpf_pin_path=getattr(args, "ebpf_pin_path", None) or ProxyConfig.ebpf_pin_path,
+        ebpf_fallback=getattr(args, "ebpf_fallback", None) or ProxyConfig.ebpf_fallback,
     )
 
 

@@ -24,6 +24,7 @@ class ConfigError(ValueError):
 
 # The kernel's IPVS schedulers (ip_vs_<name> modules) ipvs.scheduler may name.
 IPVS_SCHEDULERS = ("rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh")
+EBPF_FALLBACKS = ("none", "nftables")  # --ebpf-fallback (ours)
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,9 @@ class ProxyConfig:
     # filesystem), and where the compiled BPF object is cached.
     ebpf_cgroup_path: str = ""
     ebpf_pin_path: str = "/sys/fs/bpf/kubeproxy"
+    # What ebpf mode does when the node cannot run its hooks: "none" (refuse to start)
+    # or "nftables" (run as nftables mode); ours, --ebpf-fallback.
+    ebpf_fallback: str = "none"
     bpf_cache: str = "/var/cache/kubeproxy/bpf"
 
     @property

@@ -20,14 +20,14 @@ from typing import Any
 import pytest
 
 from kubeproxy.dataplane.bpf.libbpf import link_info, obj_get
-from kubeproxy.dataplane.bpf.socklb import PROGRAMS
+from kubeproxy.dataplane.bpf.socklb import MAPS, PROGRAMS, map_pin
 from kubeproxy.lab.cluster import NODE_IP, Lab, stop_process
 from kubeproxy.lab.echo import tally, tcp_ask
 from kubeproxy.lab.netns import ns_exec, sh
 from kubeproxy.lab.objects import ManifestDir, endpoint_slice, service
 from kubeproxy.lab.sockclient import BpfLab
 from tests.conftest import require_tool
-from tests.kernel.conftest import HTTP, eps, sync, wait_for
+from tests.kernel.conftest import HTTP, eps, ip, sync, wait_for
 
 PROXY_MODES = ("ebpf",)
 TARGET = {"name": "http", "port": 8080}
@@ -99,15 +99,18 @@ def test_ipv6_cluster_ips_too(lab: Lab, bpf: BpfLab, manifests: ManifestDir) -> 
     )
     sync(lab, manifests, *bpf.flags())
     ns_exec(lab.node_ns, "conntrack", "-F", check=False)
-    netns = lab.pods["client"].netns
-    seen = bpf.client(netns, "tcp", VIP6, 80, 30)
-    assert set(seen["answers"]) == {"local-1", "remote-1"}, seen
-    assert seen["peers"] == [f"[{VIP6}]:80"]
-    for action in ("udp", "udp-connected"):
-        seen = bpf.client(netns, action, VIP6, 53, 20)
-        assert set(seen["answers"]) == {"local-1", "remote-1"}, (action, seen)
-        assert seen["peers"] == [f"[{VIP6}]:53"], (action, seen)
+    tcp_and_udp_reach(lab, bpf, VIP6, {"local-1", "remote-1"})
     assert conntrack_to(lab, VIP6) == []
+
+
+def tcp_and_udp_reach(lab: Lab, bpf: BpfLab, host: str, pods: set[str]) -> None:
+    """From the client Pod in the cgroup, TCP :80 and UDP :53 (unconnected and
+    connected) to ``host`` reach every one of ``pods``, with ``host`` as the peer."""
+    netns = lab.pods["client"].netns
+    for action, port in (("tcp", 80), ("udp", 53), ("udp-connected", 53)):
+        seen = bpf.client(netns, action, host, port, 20)
+        assert set(seen["answers"]) == pods, (action, seen)
+        assert seen["peers"] == [f"[{host}]:{port}"], (action, seen)
 
 
 def test_a_service_without_endpoints_is_refused_by_the_nftables_rules(
@@ -201,6 +204,142 @@ def test_cleanup_removes_programs_links_and_pins(
     assert _attached(bpf) == []
     assert not bpf.pin_path.exists()
     assert not lab.rules_present()
+
+
+def test_client_ip_affinity_keeps_each_client_on_one_endpoint(
+    lab: Lab, bpf: BpfLab, manifests: ManifestDir
+) -> None:
+    manifests.write(
+        "web.yaml",
+        service("web", VIP, [HTTP, DNS], sessionAffinity="ClientIP"),
+        endpoint_slice("web", eps("local-1", "local-2", "remote-1"), [TARGET, DNS_TARGET]),
+    )
+    sync(lab, manifests, *bpf.flags())
+    ns_exec(lab.node_ns, "conntrack", "-F", check=False)
+    for action, port in (("tcp", 80), ("udp", 53)):
+        seen = client(lab, bpf, action, count=20, port=port)
+        assert len(seen["answers"]) == 1, (action, seen)  # one client: one endpoint
+    # The hooks did it: nftables' affinity would have DNATed (entries for the VIP).
+    assert conntrack_to(lab, VIP) == []
+
+
+def test_client_ip_affinity_ends_with_its_timeout(
+    lab: Lab, bpf: BpfLab, manifests: ManifestDir
+) -> None:
+    manifests.write(
+        "web.yaml",
+        service(
+            "web",
+            VIP,
+            [HTTP],
+            sessionAffinity="ClientIP",
+            sessionAffinityConfig={"clientIP": {"timeoutSeconds": 1}},
+        ),
+        endpoint_slice("web", eps("local-1", "local-2", "remote-1"), [TARGET]),
+    )
+    sync(lab, manifests, *bpf.flags())
+    chosen = set()
+    for _ in range(8):  # each round within the timeout, the rounds 1.2 s apart
+        seen = client(lab, bpf, "tcp", count=5)
+        assert len(seen["answers"]) == 1, seen
+        chosen.update(seen["answers"])
+        time.sleep(1.2)
+    # 8 rounds, 3 endpoints: one endpoint every time has odds of 1 in 2,187.
+    assert len(chosen) > 1, chosen
+
+
+def test_a_removed_endpoint_loses_its_connected_udp_sockets(
+    lab: Lab, bpf: BpfLab, manifests: ManifestDir
+) -> None:
+    """As nftables mode deletes the conntrack entries of a removed UDP endpoint."""
+    web(manifests, "local-1")
+    proc = lab.start(manifests.path, *bpf.flags())
+    try:
+        wait_for(lambda: set(client(lab, bpf, "udp", 3, port=53)["answers"]) == {"local-1"})
+        netns = lab.pods["client"].netns
+        stay = bpf.spawn_client(netns, "udp-stay", VIP, 53, 5)
+        # A socket connected to the Pod itself, not through the Service: left alone.
+        direct = bpf.spawn_client(netns, "udp-stay", ip("local-1"), 8080, 5)
+        time.sleep(1.5)
+        web(manifests, "local-2")  # local-1 still runs: only the teardown moves the socket
+        out, _ = stay.communicate(timeout=30)
+        first, error, then = json.loads(out)["sequence"]
+        # The socket was aborted (recv: ECONNABORTED) and disconnected (send: no address).
+        assert (first, then) == ("local-1", "local-2")
+        assert error in ("ECONNABORTED", "EDESTADDRREQ")
+        out, _ = direct.communicate(timeout=30)
+        assert json.loads(out)["sequence"] == ["local-1"]
+        assert proc.poll() is None
+    finally:
+        stop_process(proc)
+
+
+def test_external_ips_from_the_node_are_served_by_the_hooks(
+    lab: Lab, bpf: BpfLab, manifests: ManifestDir
+) -> None:
+    external = "203.0.113.10"
+    manifests.write(
+        "ext.yaml",
+        service("ext", VIP, [HTTP], externalIPs=[external]),
+        endpoint_slice("ext", eps("local-1", "remote-1"), [TARGET]),
+    )
+    sync(lab, manifests, *bpf.flags())
+    ns_exec(lab.node_ns, "conntrack", "-F", check=False)
+    seen = bpf.client(lab.pods["client"].netns, "tcp", external, 80, 20)
+    assert set(seen["answers"]) == {"local-1", "remote-1"}, seen
+    assert seen["peers"] == [f"{external}:80"]
+    assert conntrack_to(lab, external) == []
+
+
+def test_ipv4_mapped_ipv6_destinations_reach_the_ipv4_service(
+    lab: Lab, bpf: BpfLab, manifests: ManifestDir
+) -> None:
+    web(manifests, "local-1", "remote-1")
+    sync(lab, manifests, *bpf.flags())
+    ns_exec(lab.node_ns, "conntrack", "-F", check=False)
+    tcp_and_udp_reach(lab, bpf, f"::ffff:{VIP}", {"local-1", "remote-1"})
+    assert conntrack_to(lab, VIP) == []
+
+
+def test_pins_of_another_map_layout_are_replaced_without_a_gap(
+    lab: Lab, bpf: BpfLab, manifests: ManifestDir
+) -> None:
+    web(manifests, "local-1", "local-2")
+    sync(lab, manifests, *bpf.flags())
+    # Pretend an older version pinned them: its names, its (here: same) maps.
+    old = {}
+    for name in MAPS:
+        pin = map_pin(bpf.pin_path, name)
+        old[name] = pin.with_name(name)
+        pin.rename(old[name])
+    ns_exec(lab.node_ns, "conntrack", "-F", check=False)
+    loop = bpf.spawn_client(lab.pods["client"].netns, "loop", VIP, 80, 3)
+    time.sleep(0.5)
+    sync(lab, manifests, *bpf.flags())
+    out, _ = loop.communicate(timeout=30)
+    answers = json.loads(out)["answers"]
+    assert set(answers) == {"local-1", "local-2"}, answers
+    assert conntrack_to(lab, VIP) == []
+    assert not any(pin.exists() for pin in old.values())
+    assert all(map_pin(bpf.pin_path, name).exists() for name in MAPS)
+
+
+def test_without_the_fallback_flag_a_node_without_the_hooks_refuses_to_start(
+    lab: Lab, bpf: BpfLab, manifests: ManifestDir, tmp_path: Path
+) -> None:
+    web(manifests, "local-1")
+    flags = ("--ebpf-cgroup-path", str(tmp_path), "--ebpf-pin-path", str(bpf.pin_path))
+    result = lab.sync_once(manifests.path, *flags)
+    assert result.returncode != 0
+    assert "not a cgroup v2 directory" in result.stderr
+    assert "--ebpf-fallback nftables" in result.stderr
+    # With it: nftables mode serves the ClusterIP (DNAT, so conntrack has the VIP).
+    sync(lab, manifests, *flags, "--ebpf-fallback", "nftables")
+    ns_exec(lab.node_ns, "conntrack", "-F", check=False)
+    seen = client(lab, bpf, "tcp", count=5)
+    assert seen["answers"] == {"local-1": 5}
+    assert conntrack_to(lab, VIP) != []
+    assert not bpf.pin_path.exists()  # the earlier test's hooks were removed
 
 
 HOOKS = sorted(

@@ -44,7 +44,7 @@ KUBEADM_CONFIGMAP = Path(__file__).parent / "data" / "kubeadm-kube-proxy-configm
 VERSIONS = ("1.31.0", kubernetes_validate.utils.latest_version())
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 OVERLAYS = ("kubeadm", "gradual", "kind")
-KUSTOMIZATIONS = ("base", *(f"overlays/{o}" for o in OVERLAYS), "monitoring")
+KUSTOMIZATIONS = ("base", *(f"overlays/{o}" for o in (*OVERLAYS, "ebpf")), "monitoring")
 # Applied with -f when needed: cleanups, and the check before removing kube-proxy.
 ONE_SHOT_DIRS = ("cleanup", "preflight")
 # Measured peak RSS at 10,000 Services x 10 endpoints from the API (bench/RESULTS.md,
@@ -334,6 +334,39 @@ def test_daemon_set_runs_kubeproxy_like_upstream_runs_kube_proxy(overlay: str) -
     for c in spec["initContainers"] + spec["containers"]:
         assert {m["name"] for m in c.get("volumeMounts", [])} <= volumes
         assert c["image"] == f"kubeproxy:{kubeproxy.__version__}"
+
+
+@needs_kubectl
+def test_ebpf_overlay_gives_the_socket_hooks_what_they_need() -> None:
+    """overlays/ebpf: kind's overlay in ebpf mode, with the host's BPF filesystem and
+    cgroup v2 hierarchy, the host's PIDs and the capabilities docs/ebpf.md names."""
+    name = "overlays/ebpf"
+    spec, main = pod_spec(name), proxy_container(name)
+    cm = one(name, "ConfigMap")
+    assert check_configmap(cm, name).mode == "ebpf"
+    assert config_map_name(name) == cm["metadata"]["name"]
+    assert spec["hostPID"] is True
+    assert main["command"][-2:] == [
+        "--ebpf-cgroup-path=/host/sys/fs/cgroup",
+        "--ebpf-pin-path=/sys/fs/bpf/kubeproxy",
+    ]
+    assert set(main["securityContext"]["capabilities"]["add"]) == {
+        "NET_ADMIN",
+        "NET_RAW",
+        "SYS_RESOURCE",
+        "BPF",
+        "SYS_ADMIN",
+        "SYS_PTRACE",
+    }
+    paths = {v["name"]: v.get("hostPath", {}).get("path") for v in spec["volumes"]}
+    mounts = {m["name"]: m["mountPath"] for m in main["volumeMounts"]}
+    assert (paths["bpffs"], mounts["bpffs"]) == ("/sys/fs/bpf", "/sys/fs/bpf")
+    assert (paths["host-cgroup"], mounts["host-cgroup"]) == (
+        "/sys/fs/cgroup",
+        "/host/sys/fs/cgroup",
+    )
+    # Everything else is the kind overlay's.
+    assert {m["name"] for m in main["volumeMounts"]} >= {"config", "xtables-lock", "tmp"}
 
 
 @needs_kubectl

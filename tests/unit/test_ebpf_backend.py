@@ -4,11 +4,13 @@ syncs (the real EbpfBackend over FakeNftables and a FakeMap)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from kubeproxy.backends import BackendError
 from kubeproxy.backends.ebpf.proxier import EbpfBackend
 from kubeproxy.backends.ebpf.render import socket_entries
 from kubeproxy.backends.nftables.proxier import NftablesBackend
@@ -16,9 +18,12 @@ from kubeproxy.backends.planning import family_plans, service_port_plans
 from kubeproxy.config import ProxyConfig
 from kubeproxy.dataplane.bpf import build
 from kubeproxy.dataplane.bpf.socklb import (
+    NONE,
+    Backends,
     FakeMap,
     Frontend,
     ServiceTable,
+    SockLBError,
     Target,
     mount_type,
 )
@@ -69,8 +74,8 @@ def table_of(kv4: FakeMap, kv6: FakeMap | None = None) -> ServiceTable:
     return ServiceTable(kv4, kv6 if kv6 is not None else FakeMap(24, 20))
 
 
-def targets(n: int, base: int = 10) -> tuple[Target, ...]:
-    return tuple(Target(f"10.244.1.{base + i}", 8080) for i in range(n))
+def targets(n: int, base: int = 10, affinity: int = 0) -> Backends:
+    return Backends(tuple(Target(f"10.244.1.{base + i}", 8080) for i in range(n)), affinity)
 
 
 # ------------------------------------------------------------------ the map
@@ -79,7 +84,7 @@ def targets(n: int, base: int = 10) -> tuple[Target, ...]:
 def test_growing_writes_the_slots_before_the_count() -> None:
     kv = RecordingMap()
     table = table_of(kv)
-    table.write(WEB, targets(2), before=())
+    table.write(WEB, targets(2))
     assert kv.log == [("update", 1), ("update", 2), ("update", 0)]
     assert table.dump() == {WEB: targets(2)}
 
@@ -87,7 +92,7 @@ def test_growing_writes_the_slots_before_the_count() -> None:
 def test_shrinking_writes_the_count_before_removing_slots() -> None:
     kv = RecordingMap()
     table = table_of(kv)
-    table.write(WEB, targets(3), before=())
+    table.write(WEB, targets(3))
     kv.log.clear()
     table.write(WEB, targets(1, base=20), before=targets(3))
     assert kv.log == [("update", 1), ("update", 0), ("delete", 2), ("delete", 3)]
@@ -97,9 +102,9 @@ def test_shrinking_writes_the_count_before_removing_slots() -> None:
 def test_removing_a_frontend_removes_its_count_first() -> None:
     kv = RecordingMap()
     table = table_of(kv)
-    table.write(WEB, targets(2), before=())
+    table.write(WEB, targets(2))
     kv.log.clear()
-    table.write(WEB, (), before=targets(2))
+    table.write(WEB, NONE, before=targets(2))
     assert kv.log == [("delete", 0), ("delete", 1), ("delete", 2)]
     assert kv.data == {}
 
@@ -108,11 +113,11 @@ def test_dump_keeps_slots_a_cut_short_write_left() -> None:
     """Slots beyond the count are reported, so the next write removes them."""
     kv = FakeMap(12, 8)
     table = table_of(kv)
-    table.write(WEB, targets(3), before=())
+    table.write(WEB, targets(3))
     # A shrink to one endpoint that died after writing the count: slots 2 and 3 remain.
     count_key = next(k for k in kv.data if k[6:8] == b"\0\0")
     kv.data[count_key] = kv.data[count_key][:6] + (1).to_bytes(2, "little")
-    assert len(table.dump()[WEB]) == 3
+    assert len(table.dump()[WEB].targets) == 3
     table.write(WEB, targets(1), before=table.dump()[WEB])
     assert table.dump() == {WEB: targets(1)}
     assert len(kv.data) == 2
@@ -145,7 +150,7 @@ EPS = (Endpoint("10.244.1.10", 8080, "node-a"), Endpoint("10.244.2.10", 8080, "n
 
 def test_a_cluster_ip_with_endpoints_is_served_by_the_hooks() -> None:
     entries = socket_entries(plan_of(service_port(), EPS))
-    assert entries == {WEB: (Target("10.244.1.10", 8080), Target("10.244.2.10", 8080))}
+    assert entries == {WEB: Backends((Target("10.244.1.10", 8080), Target("10.244.2.10", 8080)))}
 
 
 @pytest.mark.parametrize(
@@ -157,7 +162,6 @@ def test_a_cluster_ip_with_endpoints_is_served_by_the_hooks() -> None:
             (Endpoint("10.244.2.10", 8080, "node-b"),),
             "no local endpoint: nftables DROPs",
         ),
-        (replace(service_port(), affinity_timeout=10800), EPS, "session affinity"),
         (service_port(protocol=L4Protocol.SCTP), EPS, "SCTP"),
     ],
 )
@@ -172,7 +176,7 @@ def test_ipv6_cluster_ips_are_served_too() -> None:
     eps = (Endpoint("fd00:10:244:1::10", 8080, "node-a"),)
     frontend = Frontend("fd00:96::10", 80, L4Protocol.TCP)
     assert socket_entries(plan_of(port, eps, IPFamily.IPv6)) == {
-        frontend: (Target("fd00:10:244:1::10", 8080),)
+        frontend: Backends((Target("fd00:10:244:1::10", 8080),))
     }
 
 
@@ -183,8 +187,8 @@ def test_a_dual_stack_service_port_has_a_frontend_in_each_map() -> None:
     b = backend(kv4, kv6=kv6)
     b.sync(Snapshot({port.name: port}, {port.name: eps}, NODE), None)
     assert table_of(kv4, kv6).dump() == {
-        WEB: (Target("10.244.1.10", 8080),),
-        Frontend("fd00:96::10", 80, L4Protocol.TCP): (Target("fd00:10:244:1::10", 8080),),
+        WEB: Backends((Target("10.244.1.10", 8080),)),
+        Frontend("fd00:96::10", 80, L4Protocol.TCP): Backends((Target("fd00:10:244:1::10", 8080),)),
     }
     assert len(kv4.data) == len(kv6.data) == 2
     # Gone: both go.
@@ -194,7 +198,53 @@ def test_a_dual_stack_service_port_has_a_frontend_in_each_map() -> None:
 
 def test_internal_traffic_policy_local_serves_the_local_endpoints_only() -> None:
     entries = socket_entries(plan_of(service_port(itp=TrafficPolicy.LOCAL), EPS))
-    assert entries == {WEB: (Target("10.244.1.10", 8080),)}
+    assert entries == {WEB: Backends((Target("10.244.1.10", 8080),))}
+
+
+def test_session_affinity_goes_into_the_count_slot() -> None:
+    port = replace(service_port(), affinity_timeout=10800)
+    entries = socket_entries(plan_of(port, EPS))
+    assert entries[WEB].affinity == 10800
+    kv = FakeMap(12, 8)
+    table = table_of(kv)
+    table.write(WEB, entries[WEB])
+    assert table.dump() == entries
+    kv.writes = 0
+    # Only the timeout changed: only slot 0 is written.
+    table.write(WEB, replace(entries[WEB], affinity=60), before=entries[WEB])
+    assert kv.writes == 1
+    assert table.dump()[WEB].affinity == 60
+
+
+def test_external_and_load_balancer_ips_are_served_for_local_clients() -> None:
+    port = service_port(
+        external_ips=("192.0.2.10",), load_balancer_ips=("198.51.100.10",), node_port=30080
+    )
+    entries = socket_entries(plan_of(port, EPS))
+    both = Backends((Target("10.244.1.10", 8080), Target("10.244.2.10", 8080)))
+    assert entries == {
+        WEB: both,
+        Frontend("192.0.2.10", 80, L4Protocol.TCP): both,
+        Frontend("198.51.100.10", 80, L4Protocol.TCP): both,
+    }
+
+
+def test_external_policy_local_gives_local_clients_every_endpoint() -> None:
+    """As nftables mode's short-circuit: the node and its Pods are not held to Local."""
+    port = service_port(external_ips=("192.0.2.10",), etp=TrafficPolicy.LOCAL)
+    eps = (Endpoint("10.244.2.10", 8080, "node-b"),)
+    entries = socket_entries(plan_of(port, eps))
+    assert entries[Frontend("192.0.2.10", 80, L4Protocol.TCP)].targets == (
+        Target("10.244.2.10", 8080),
+    )
+
+
+def test_load_balancer_source_ranges_stay_with_nftables() -> None:
+    port = replace(
+        service_port(load_balancer_ips=("198.51.100.10",)),
+        load_balancer_source_ranges=("203.0.113.0/24",),
+    )
+    assert set(socket_entries(plan_of(port, EPS))) == {WEB}
 
 
 # ------------------------------------------------------------------ the backend
@@ -204,6 +254,17 @@ class FakeLB:
     def __init__(self, kv: FakeMap, kv6: FakeMap) -> None:
         self.services = table_of(kv, kv6)
         self.closed = False
+        # What the map held when the hooks were pointed at it.
+        self.attached_with: dict[Frontend, Backends] | None = None
+        self.destroyed: list[tuple[Frontend, Target]] = []
+
+    def attach(self) -> None:
+        if self.attached_with is None:
+            self.attached_with = self.services.dump()
+
+    def destroy_stale(self, stale: Iterable[tuple[Frontend, Target]]) -> int:
+        self.destroyed.extend(stale)
+        return len(self.destroyed)
 
     def check(self) -> str | None:
         return None
@@ -219,6 +280,12 @@ def backend(
     b = EbpfBackend(CONFIG, NftablesBackend(CONFIG, nft or FakeNftables()), lambda: FakeLB(kv, v6))
     b.start()
     return b
+
+
+def fake_lb(b: EbpfBackend) -> FakeLB:
+    lb = b.socket_lb
+    assert isinstance(lb, FakeLB)
+    return lb
 
 
 def snapshot(n: int, endpoints: int = 2) -> Snapshot:
@@ -252,7 +319,7 @@ def test_a_partial_sync_touches_only_the_changed_service_ports() -> None:
     result = b.sync(Snapshot(snap.services, eps, NODE), {name})
     assert not result.full
     assert kv.writes == 2  # the new slot, then the count
-    assert table_of(kv).dump()[Frontend("10.96.0.1", 80, L4Protocol.TCP)][-1] == Target(
+    assert table_of(kv).dump()[Frontend("10.96.0.1", 80, L4Protocol.TCP)].targets[-1] == Target(
         "10.244.2.99", 8080
     )
 
@@ -293,16 +360,43 @@ def test_two_service_ports_claiming_one_frontend_first_by_name_wins() -> None:
     }
     be = backend(kv)
     be.sync(Snapshot({a.name: a, b.name: b}, eps, NODE), None)
-    assert table_of(kv).dump()[WEB] == (Target("10.244.1.10", 8080),)
+    assert table_of(kv).dump()[WEB].targets == (Target("10.244.1.10", 8080),)
     # "a" goes away: "b" takes the frontend at the next full sync.
     be.sync(Snapshot({b.name: b}, eps, NODE), None)
-    assert table_of(kv).dump()[WEB] == (Target("10.244.1.11", 8080),)
+    assert table_of(kv).dump()[WEB].targets == (Target("10.244.1.11", 8080),)
+
+
+def test_the_hooks_are_attached_once_the_first_sync_filled_the_map() -> None:
+    b = backend(FakeMap(12, 8))
+    assert fake_lb(b).attached_with is None
+    b.sync(snapshot(3), None)
+    assert len(fake_lb(b).attached_with or {}) == 3
+
+
+def test_udp_endpoints_that_go_away_get_their_sockets_destroyed() -> None:
+    kv = FakeMap(12, 8)
+    b = backend(kv)
+    udp = service_port("dns", "dns", L4Protocol.UDP, number=53)
+    eps = {udp.name: EPS}
+    b.sync(Snapshot({udp.name: udp}, eps, NODE), None)
+    assert fake_lb(b).destroyed == []
+    b.sync(Snapshot({udp.name: udp}, {udp.name: EPS[1:]}, NODE), {udp.name})
+    frontend = Frontend("10.96.0.10", 53, L4Protocol.UDP)
+    assert fake_lb(b).destroyed == [(frontend, Target("10.244.1.10", 8080))]
 
 
 def test_render_lists_the_socket_entries_after_the_nft_script() -> None:
     text = backend(FakeMap(12, 8)).render(snapshot(1))
     assert "table ip kube-proxy" in text
     assert "# 10.96.0.1:80/TCP -> 10.244.1.10:8080, 10.244.1.11:8080" in text
+
+
+def test_render_shows_the_affinity_timeout() -> None:
+    port = replace(service_port(), affinity_timeout=600)
+    text = backend(FakeMap(12, 8)).render(Snapshot({port.name: port}, {port.name: EPS}, NODE))
+    assert (
+        "# 10.96.0.10:80/TCP -> 10.244.1.10:8080, 10.244.2.10:8080 (ClientIP affinity 600s)" in text
+    )
 
 
 # ----------------------------------------------------------------- the build
@@ -329,3 +423,26 @@ def test_mount_type_finds_the_filesystem_of_a_path(tmp_path: Path) -> None:
     )
     assert mount_type(Path("/sys/fs/bpf/kubeproxy"), str(info)) == "bpf"
     assert mount_type(Path("/sys/fs/bpfx"), str(info)) == "ext4"
+
+
+# -------------------------------------------------------------- the fallback
+
+
+def no_hooks() -> FakeLB:
+    raise SockLBError("--ebpf-cgroup-path /x: not a cgroup v2 directory")
+
+
+def test_a_node_without_what_the_hooks_need_stops_the_start_with_the_reason() -> None:
+    b = EbpfBackend(CONFIG, NftablesBackend(CONFIG, FakeNftables()), no_hooks)
+    with pytest.raises(BackendError, match=r"not a cgroup v2 directory.*--ebpf-fallback"):
+        b.start()
+
+
+def test_the_operator_may_choose_nftables_mode_instead(tmp_path: Path) -> None:
+    config = replace(CONFIG, ebpf_fallback="nftables", ebpf_pin_path=str(tmp_path / "none"))
+    nft = FakeNftables()
+    b = EbpfBackend(config, NftablesBackend(config, nft), no_hooks)
+    b.start()
+    assert b.fallback
+    assert b.sync(snapshot(2), None).full
+    assert "10.96.0.1" in nft.dump()

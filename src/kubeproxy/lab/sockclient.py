@@ -70,6 +70,33 @@ def _udp(host: str, port: int, connected: bool) -> tuple[str, str]:
     return Reply.parse(data.decode()).pod, source
 
 
+def _udp_stay(host: str, port: int, seconds: float) -> list[str]:
+    """One connected UDP socket asking every 50 ms for ``seconds``, reconnecting after
+    an error: the answers and errors in order, repeats collapsed."""
+    seen: list[str] = []
+    s: socket.socket | None = None
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            if s is None:
+                s = socket.socket(_family(host), socket.SOCK_DGRAM)
+                s.settimeout(1)
+                s.connect((host, port))
+            s.send(b"?")
+            answer = Reply.parse(s.recv(256).decode()).pod
+        except OSError as err:
+            answer = errno.errorcode.get(err.errno or 0, str(err))
+            if s is not None:
+                s.close()
+            s = None
+        if not seen or seen[-1] != answer:
+            seen.append(answer)
+        time.sleep(0.05)
+    if s is not None:
+        s.close()
+    return seen
+
+
 def _tally(results: list[tuple[str, str]]) -> dict[str, Any]:
     answers: dict[str, int] = {}
     for pod, _ in results:
@@ -102,13 +129,17 @@ def run(action: str, host: str, port: int, count: float) -> dict[str, Any]:
         return _tally(results)
     if action == "latency":
         return {"ns": _latency(host, port, int(count))}
+    if action == "udp-stay":
+        return {"sequence": _udp_stay(host, port, count)}
     raise ValueError(f"unknown action {action!r}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--cgroup", type=Path, help="join this cgroup v2 directory first")
-    parser.add_argument("action", choices=("tcp", "udp", "udp-connected", "loop", "latency"))
+    parser.add_argument(
+        "action", choices=("tcp", "udp", "udp-connected", "loop", "latency", "udp-stay")
+    )
     parser.add_argument("host")
     parser.add_argument("port", type=int)
     parser.add_argument("count", type=float)

@@ -13,6 +13,17 @@ milliseconds, and a failing nftables sync must not hold the sockets' endpoints b
   nothing that is already right and connections never see an empty map;
 * **partial sync**: only the entries of the changed ServicePorts.
 
+After a restart with a new map layout, the first sync fills the new maps before the
+hooks are pointed at the new programs (:meth:`SockLB.attach`; otherwise they are
+attached at start, so a refusal stops the start). After each map write, connected UDP
+sockets the hooks had sent to an endpoint no longer in their frontend's list are
+destroyed (``SOCK_DESTROY``), where nftables mode deletes their conntrack entries; TCP
+connections stay, as in nftables mode (upstream clears UDP entries only).
+
+When the node cannot run the hooks, start-up fails with the reason, unless the operator
+chose ``--ebpf-fallback nftables`` (ours): then the reason is logged, hooks left by an
+earlier run are removed (their maps would go stale) and the backend is nftables mode.
+
 Two ServicePorts claiming one frontend: the first by name keeps it (nftables reports the
 conflict). A failure leaves our record unknown; the next (full) sync reads the map again.
 """
@@ -32,12 +43,15 @@ from kubeproxy.config import ProxyConfig
 from kubeproxy.dataplane.bpf.build import BuildError, build
 from kubeproxy.dataplane.bpf.libbpf import BpfError
 from kubeproxy.dataplane.bpf.socklb import (
+    NONE,
+    Backends,
     Frontend,
     ServiceTable,
     SockLB,
     SockLBError,
     Target,
     cgroup2_root,
+    cleanup,
 )
 from kubeproxy.model.state import Snapshot
 from kubeproxy.model.types import ServicePortName
@@ -49,6 +63,10 @@ class SocketLB(Protocol):
     """What the backend needs of the loaded hooks (:class:`SockLB`, or a fake)."""
 
     services: ServiceTable
+
+    def attach(self) -> None: ...
+
+    def destroy_stale(self, stale: Iterable[tuple[Frontend, Target]]) -> int: ...
 
     def check(self) -> str | None: ...
 
@@ -81,8 +99,12 @@ class EbpfBackend:
         self._programmed: Entries | None = None
         self._wanted: dict[ServicePortName, Entries] = {}
         self._owner: dict[Frontend, ServicePortName] = {}
-        # How long the last sync took to bring the map in line (its change-to-effect).
+        # How long the last sync took to bring the map in line (its change-to-effect),
+        # and the CPU time this thread spent on it (the rest: waiting to be scheduled).
         self.map_seconds = 0.0
+        self.map_cpu_seconds = 0.0
+        # Running as nftables mode (--ebpf-fallback nftables, the hooks could not load).
+        self.fallback = False
 
     # -------------------------------------------------------------- lifecycle
 
@@ -91,7 +113,23 @@ class EbpfBackend:
         try:
             self._lb = self._open_lb()
         except (SockLBError, BuildError, BpfError) as err:
-            raise BackendError(f"ebpf mode cannot run: {err}") from None
+            if self.config.ebpf_fallback != "nftables":
+                raise BackendError(
+                    f"ebpf mode cannot run: {err} (--ebpf-fallback nftables runs nftables "
+                    "mode instead)"
+                ) from None
+            log.error("ebpf mode cannot run, running as nftables mode (--ebpf-fallback): %s", err)
+            self.fallback = True
+            self._remove_stale_hooks()
+
+    def _remove_stale_hooks(self) -> None:
+        try:
+            removed = cleanup(Path(self.config.ebpf_pin_path))
+        except OSError as err:
+            log.warning("ebpf mode: cannot remove the hooks of an earlier run: %s", err)
+            return
+        for what in removed:
+            log.info("ebpf mode: removed %s (an earlier run's)", what)
 
     def stop(self) -> None:
         """Programs, links and maps stay pinned: sockets are served across a restart."""
@@ -110,21 +148,28 @@ class EbpfBackend:
     # ------------------------------------------------------------------ sync
 
     def sync(self, snapshot: Snapshot, changed: set[ServicePortName] | None) -> SyncResult:
+        if self.fallback:
+            return self.nftables.sync(snapshot, changed)
         lb = self.socket_lb
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.thread_time()
         names = None if changed is None or self._programmed is None else changed
         try:
             if self._programmed is None:
                 self._programmed = lb.services.dump()
             touched = self._plan(snapshot, names)
-            operations = self._write(lb.services, self._programmed, touched)
+            stale: list[tuple[Frontend, Target]] = []
+            operations = self._write(lb.services, self._programmed, touched, stale)
+            lb.attach()
         except Exception:
             self._programmed = None
             raise
         seconds = self.map_seconds = time.perf_counter() - started
+        self.map_cpu_seconds = time.thread_time() - cpu
+        if stale:
+            self._destroy(lb, stale)
         result = self.nftables.sync(snapshot, changed)
         result.operations += operations
-        result.elements += sum(1 + len(t) for t in self._programmed.values())
+        result.elements += sum(1 + len(b.targets) for b in self._programmed.values())
         result.apply_seconds += seconds
         return result
 
@@ -156,20 +201,40 @@ class EbpfBackend:
                     self._owner[frontend] = name
         return touched
 
-    def _write(self, table: ServiceTable, programmed: Entries, touched: set[Frontend]) -> int:
+    def _write(
+        self,
+        table: ServiceTable,
+        programmed: Entries,
+        touched: set[Frontend],
+        stale: list[tuple[Frontend, Target]],
+    ) -> int:
+        """Bring ``touched`` frontends in line; add to ``stale`` the targets they lost."""
         operations = 0
         for frontend in sorted(touched):
             owner = self._owner.get(frontend)
-            want: tuple[Target, ...] = self._wanted[owner][frontend] if owner else ()
-            have = programmed.get(frontend, ())
+            want: Backends = self._wanted[owner][frontend] if owner else NONE
+            have = programmed.get(frontend, NONE)
             if want == have:
                 continue
             operations += table.write(frontend, want, before=have)
-            if want:
+            kept = set(want.targets)
+            stale.extend((frontend, t) for t in have.targets if t not in kept and t.ip)
+            if want.targets:
                 programmed[frontend] = want
             else:
                 programmed.pop(frontend, None)
         return operations
+
+    def _destroy(self, lb: SocketLB, stale: list[tuple[Frontend, Target]]) -> None:
+        """Tear down sockets to removed endpoints; a failure is logged, never fatal
+        (as a failed conntrack deletion in nftables mode)."""
+        try:
+            destroyed = lb.destroy_stale(stale)
+        except OSError as err:
+            log.warning("ebpf mode: destroying sockets to removed endpoints failed: %s", err)
+            return
+        if destroyed:
+            log.info("ebpf mode: destroyed %d UDP sockets to removed endpoints", destroyed)
 
     # ---------------------------------------------------------------- others
 
@@ -186,8 +251,12 @@ class EbpfBackend:
             for _, plan in sorted(service_port_plans(snapshot, fam).items()):
                 if plan is None:
                     continue
-                for frontend, targets in socket_entries(plan).items():
-                    lines.append(f"# {frontend} -> {', '.join(str(t) for t in targets)}")
+                for frontend, backends in socket_entries(plan).items():
+                    to = ", ".join(str(t) for t in backends.targets)
+                    affinity = f" (ClientIP affinity {backends.affinity}s)" * bool(
+                        backends.affinity
+                    )
+                    lines.append(f"# {frontend} -> {to}{affinity}")
         return self.nftables.render(snapshot) + "\n".join(lines) + "\n"
 
     def counters(self) -> dict[str, int]:

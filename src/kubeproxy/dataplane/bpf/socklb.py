@@ -8,9 +8,15 @@
   behind it: slots before the count when growing, the count before the slots when
   shrinking.
 * :class:`SockLB` — load the object with its maps pinned under the pin directory
-  (reused when already there: a restart keeps every entry), attach each program to the
-  cgroup through a pinned link, or swap the program of a link already pinned (the hook
-  never goes empty); ``close`` leaves everything pinned and attached.
+  (reused when already there with this :data:`LAYOUT`: a restart keeps every entry;
+  new, empty ones otherwise), attach each program to the cgroup through a pinned link,
+  or swap the program of a link already pinned (the hook never goes empty), then drop
+  the pins of older layouts. When the pinned links run programs of another layout, the
+  attach waits until the caller has filled the new maps (:meth:`SockLB.attach`);
+  ``close`` leaves everything pinned and attached.
+* :meth:`SockLB.destroy_stale` — destroy the connected UDP sockets the hooks sent to an
+  endpoint that is gone (:mod:`kubeproxy.dataplane.sockdiag`): the ones whose socket
+  cookie and peer ``kp_rev4/6`` records as rewritten from that frontend.
 * :func:`cleanup` — detach the pinned links and remove every pin.
 
 Both families: connect, sendmsg, recvmsg and getpeername, each in its 4 and 6 flavour.
@@ -22,17 +28,22 @@ import errno
 import os
 import socket
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from kubeproxy.dataplane import sockdiag
 from kubeproxy.dataplane.bpf import libbpf
 from kubeproxy.model.types import IPFamily, L4Protocol, family_of
 
 DEFAULT_PIN_PATH = Path("/sys/fs/bpf/kubeproxy")
 
-MAPS = ("kp_svc4", "kp_rev4", "kp_svc6", "kp_rev6")
+# The maps' key and value layouts and their meaning (sock_lb.c). Bump it with any change
+# there: maps pinned by another layout are then replaced (filled anew before the links
+# switch to the new programs), never reused with the wrong meaning.
+LAYOUT = 2
+MAPS = ("kp_svc4", "kp_rev4", "kp_aff4", "kp_svc6", "kp_rev6", "kp_aff6")
 # hook -> program (sock_lb.c's SEC names and functions)
 PROGRAMS = {
     f"{hook}{v}": f"kp_{hook}{v}"
@@ -44,8 +55,12 @@ _PROTO_BACK = {v: k for k, v in _PROTO.items()}
 
 # struct svc_key4/6 {u32 addr[1 or 4]; u16 port; u16 slot; u8 proto; u8 pad[3]}
 # (addr, port: network order), and struct endpoint4/6 {u32 addr[1 or 4]; u16 port; u16 count}
+# whose slot 0 carries the affinity timeout (u32 seconds, native order) in place of addr
 _SVC_KEY = {IPFamily.IPv4: struct.Struct("=4s2sHB3x"), IPFamily.IPv6: struct.Struct("=16s2sHB3x")}
 _ENDPOINT = {IPFamily.IPv4: struct.Struct("=4s2sH"), IPFamily.IPv6: struct.Struct("=16s2sH")}
+# struct rev_key4/6 {u64 cookie; u32 addr[1 or 4]; u16 port; u16 pad[1 or 3]}
+_REV_KEY = {IPFamily.IPv4: struct.Struct("=Q4s2s2x"), IPFamily.IPv6: struct.Struct("=Q16s2s6x")}
+_SLOT0 = {IPFamily.IPv4: struct.Struct("=I2xH"), IPFamily.IPv6: struct.Struct("=I12x2xH")}
 _AF = {IPFamily.IPv4: socket.AF_INET, IPFamily.IPv6: socket.AF_INET6}
 MAX_ENDPOINTS = 0xFFFF
 BPF_FS_MAGIC = "bpf"
@@ -81,6 +96,18 @@ class Target:
 
     def __str__(self) -> str:
         return f"[{self.ip}]:{self.port}" if ":" in self.ip else f"{self.ip}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class Backends:
+    """What a frontend's sockets get: its endpoints, and its ClientIP affinity timeout
+    in seconds (0: none)."""
+
+    targets: tuple[Target, ...]
+    affinity: int = 0
+
+
+NONE = Backends(())
 
 
 def supported(protocol: L4Protocol) -> bool:
@@ -136,11 +163,9 @@ def _key(frontend: Frontend, slot: int) -> bytes:
     )
 
 
-def _value(family: IPFamily, target: Target | None, count: int = 0) -> bytes:
-    if target is None:
-        return _ENDPOINT[family].pack(b"", b"\0\0", count)
+def _value(family: IPFamily, target: Target) -> bytes:
     address = socket.inet_pton(_AF[family], target.ip)
-    return _ENDPOINT[family].pack(address, target.port.to_bytes(2, "big"), count)
+    return _ENDPOINT[family].pack(address, target.port.to_bytes(2, "big"), 0)
 
 
 class ServiceTable:
@@ -149,11 +174,10 @@ class ServiceTable:
     def __init__(self, kv4: KVMap, kv6: KVMap) -> None:
         self.kv = {IPFamily.IPv4: kv4, IPFamily.IPv6: kv6}
 
-    def write(
-        self, frontend: Frontend, targets: Sequence[Target], before: Sequence[Target] = ()
-    ) -> int:
-        """Program ``targets`` for ``frontend`` (none: remove it) where ``before`` is
+    def write(self, frontend: Frontend, want: Backends, before: Backends = NONE) -> int:
+        """Program ``want`` for ``frontend`` (no targets: remove it) where ``before`` is
         programmed; only slots that differ are written. Returns the map operations."""
+        targets, have = want.targets, before.targets
         if len(targets) > MAX_ENDPOINTS:
             raise SockLBError(f"{frontend}: {len(targets)} endpoints (at most {MAX_ENDPOINTS})")
         family = frontend.family
@@ -163,22 +187,23 @@ class ServiceTable:
             ops += kv.delete(_key(frontend, 0))
         else:
             for slot, target in enumerate(targets, 1):
-                if slot > len(before) or before[slot - 1] != target:
+                if slot > len(have) or have[slot - 1] != target:
                     kv.update(_key(frontend, slot), _value(family, target))
                     ops += 1
-            if len(targets) != len(before):
-                kv.update(_key(frontend, 0), _value(family, None, len(targets)))
+            if len(targets) != len(have) or want.affinity != before.affinity:
+                slot0 = _SLOT0[family].pack(want.affinity, len(targets))
+                kv.update(_key(frontend, 0), slot0)
                 ops += 1
-        for slot in range(len(targets) + 1, len(before) + 1):
+        for slot in range(len(targets) + 1, len(have) + 1):
             kv.delete(_key(frontend, slot))
             ops += 1
         return ops
 
-    def dump(self) -> dict[Frontend, tuple[Target, ...]]:
+    def dump(self) -> dict[Frontend, Backends]:
         """Everything programmed (what a restart finds in the pinned map): the frontends
         with their endpoints in slot order; slots beyond a frontend's count (a write cut
         short) count as programmed so the next write removes them."""
-        counts: dict[Frontend, int] = {}
+        counts: dict[Frontend, tuple[int, int]] = {}
         slots: dict[Frontend, dict[int, Target]] = {}
         for family, kv in self.kv.items():
             af = _AF[family]
@@ -189,17 +214,21 @@ class ServiceTable:
                 frontend = Frontend(
                     socket.inet_ntop(af, addr), int.from_bytes(port, "big"), _PROTO_BACK[proto]
                 )
-                ep_addr, ep_port, count = _ENDPOINT[family].unpack(value)
                 if slot == 0:
-                    counts[frontend] = count
+                    affinity, count = _SLOT0[family].unpack(value)
+                    counts[frontend] = (affinity, count)
                 else:
+                    ep_addr, ep_port, _ = _ENDPOINT[family].unpack(value)
                     target = Target(socket.inet_ntop(af, ep_addr), int.from_bytes(ep_port, "big"))
                     slots.setdefault(frontend, {})[slot] = target
-        out: dict[Frontend, tuple[Target, ...]] = {}
+        out: dict[Frontend, Backends] = {}
         for frontend in sorted(counts.keys() | slots.keys()):
             by_slot = slots.get(frontend, {})
-            last = max([counts.get(frontend, 0), *by_slot])
-            out[frontend] = tuple(by_slot.get(slot, Target("", 0)) for slot in range(1, last + 1))
+            affinity, count = counts.get(frontend, (0, 0))
+            last = max([count, *by_slot])
+            out[frontend] = Backends(
+                tuple(by_slot.get(slot, Target("", 0)) for slot in range(1, last + 1)), affinity
+            )
         return out
 
 
@@ -250,47 +279,120 @@ def _cgroup_fd(cgroup: Path) -> int:
         raise SockLBError(f"--ebpf-cgroup-path {cgroup}: {err.strerror}") from None
 
 
+def map_pin(pin_dir: Path, name: str) -> Path:
+    """Where map ``name`` of this :data:`LAYOUT` is pinned."""
+    return pin_dir / f"{name}_v{LAYOUT}"  # bpffs refuses names with a dot
+
+
 class SockLB:
-    """The loaded programs and maps; attached and pinned once :meth:`open` returns."""
+    """The loaded programs and their maps (pinned); the hooks run them once
+    :meth:`attach` has been called."""
 
     def __init__(self, obj: libbpf.BpfObject, pin_dir: Path, cgroup: Path) -> None:
         self._obj = obj
         self.pin_dir = pin_dir
         self.cgroup = cgroup
+        self.attached = False
         self.services = ServiceTable(
             *(
                 obj.map_fd(name, _SVC_KEY[family].size, _ENDPOINT[family].size)
                 for name, family in (("kp_svc4", IPFamily.IPv4), ("kp_svc6", IPFamily.IPv6))
             )
         )
+        self._rev = {
+            family: obj.map_fd(f"kp_rev{v}", _REV_KEY[family].size, _ENDPOINT[family].size)
+            for family, v in ((IPFamily.IPv4, "4"), (IPFamily.IPv6, "6"))
+        }
 
     @classmethod
     def open(cls, object_file: Path, pin_dir: Path, cgroup: Path) -> SockLB:
         _pin_dir_ready(pin_dir)
-        cgroup_fd = _cgroup_fd(cgroup)
+        os.close(_cgroup_fd(cgroup))  # refuse a bad cgroup before loading anything
+        reused = all(map_pin(pin_dir, name).exists() for name in MAPS)
+        linked = any((pin_dir / f"link_{hook}").exists() for hook in PROGRAMS)
         obj = libbpf.BpfObject(str(object_file))
         try:
             for name in MAPS:
-                obj.pin_map(name, str(pin_dir / name))
+                obj.pin_map(name, str(map_pin(pin_dir, name)))
             obj.load()
-            cgroup_id = os.fstat(cgroup_fd).st_ino
-            for hook, program in PROGRAMS.items():
-                _attach(obj.program(program), hook, pin_dir / f"link_{hook}", cgroup_fd, cgroup_id)
+            lb = cls(obj, pin_dir, cgroup)
+            # Attached now (a refusal stops the start) unless older programs serve from
+            # maps of another layout: those keep serving until ours are filled.
+            if reused or not linked:
+                lb.attach()
         except BaseException:
             obj.close()
             raise
+        return lb
+
+    def attach(self) -> None:
+        """Point the hooks at our programs (after the maps were filled: a restart with
+        new maps never shows sockets an empty map), then drop older layouts' pins."""
+        if self.attached:
+            return
+        cgroup_fd = _cgroup_fd(self.cgroup)
+        try:
+            cgroup_id = os.fstat(cgroup_fd).st_ino
+            for hook, program in PROGRAMS.items():
+                pin = self.pin_dir / f"link_{hook}"
+                _attach(self._obj.program(program), hook, pin, cgroup_fd, cgroup_id)
         finally:
             os.close(cgroup_fd)
-        return cls(obj, pin_dir, cgroup)
+        ours = {map_pin(self.pin_dir, name).name for name in MAPS}
+        for pin in self.pin_dir.glob("kp_*"):
+            if pin.name not in ours:
+                pin.unlink()
+        self.attached = True
 
     def check(self) -> str | None:
         """None if every map and link is still pinned (someone may have removed them)."""
-        missing = [
-            name
-            for name in (*MAPS, *(f"link_{hook}" for hook in PROGRAMS))
-            if not (self.pin_dir / name).exists()
-        ]
+        pins = [map_pin(self.pin_dir, name) for name in MAPS]
+        if self.attached:
+            pins += [self.pin_dir / f"link_{hook}" for hook in PROGRAMS]
+        missing = [pin.name for pin in pins if not pin.exists()]
         return f"{self.pin_dir}: missing {', '.join(missing)}" if missing else None
+
+    def destroy_stale(self, stale: Iterable[tuple[Frontend, Target]]) -> int:
+        """Destroy the connected UDP sockets of the cgroup's network namespaces that the
+        hooks sent from each frontend to its (now removed) target; how many."""
+        # (family, peer as sock_diag shows it, port) -> (frontend, target)
+        wanted: dict[tuple[int, str, int], tuple[Frontend, Target]] = {}
+        for frontend, target in stale:
+            if frontend.protocol is not L4Protocol.UDP:
+                continue
+            wanted[(_AF[frontend.family], target.ip, target.port)] = (frontend, target)
+            if frontend.family is IPFamily.IPv4:  # dual-stack sockets see ::ffff:a.b.c.d
+                mapped = (socket.AF_INET6, f"::ffff:{target.ip}", target.port)
+                wanted[mapped] = (frontend, target)
+        if not wanted:
+            return 0
+        destroyed = 0
+
+        def in_netns() -> None:
+            nonlocal destroyed
+            for af in sorted({af for af, _, _ in wanted}):
+                for sock in sockdiag.connected_udp(af):
+                    pair = wanted.get((sock.family, sock.peer, sock.peer_port))
+                    if pair is not None and self._rewritten(sock.cookie, *pair):
+                        destroyed += sockdiag.destroy(sock)
+
+        sockdiag.in_namespaces_of(self.cgroup, in_netns)
+        return destroyed
+
+    def _rewritten(self, cookie: int, frontend: Frontend, target: Target) -> bool:
+        """Whether the hooks sent socket ``cookie`` from ``frontend`` to ``target``
+        (``kp_rev4`` also holds the dual-stack sockets sent to an IPv4 Service)."""
+        family = frontend.family
+        af = _AF[family]
+        key = _REV_KEY[family].pack(
+            cookie, socket.inet_pton(af, target.ip), target.port.to_bytes(2, "big")
+        )
+        value = self._rev[family].lookup(key)
+        if value is None:
+            return False
+        addr, port, _ = _ENDPOINT[family].unpack(value)
+        front = (socket.inet_pton(af, frontend.ip), frontend.port.to_bytes(2, "big"))
+        return (addr, port) == front
 
     def close(self) -> None:
         """Release our handles; programs stay attached and maps pinned."""
@@ -326,7 +428,7 @@ def cleanup(pin_dir: Path = DEFAULT_PIN_PATH) -> list[str]:
             libbpf.link_detach_pinned(str(pin))
             removed.append(f"bpf link {hook} ({pin})")
     for name in MAPS:
-        pin = pin_dir / name
+        pin = map_pin(pin_dir, name)
         if pin.exists():
             pin.unlink()
             removed.append(f"bpf map {name} ({pin})")
@@ -337,6 +439,6 @@ def cleanup(pin_dir: Path = DEFAULT_PIN_PATH) -> list[str]:
     return removed
 
 
-def frontends_by_slots(entries: Mapping[Frontend, Sequence[Target]]) -> int:
+def frontends_by_slots(entries: Mapping[Frontend, Backends]) -> int:
     """How many map entries ``entries`` take (one per frontend plus one per slot)."""
-    return sum(1 + len(targets) for targets in entries.values())
+    return sum(1 + len(backends.targets) for backends in entries.values())
