@@ -34,8 +34,10 @@ def test_nftables_cluster_ip_objects() -> None:
     assert [str(o) for o in kernel_objects(result, fam)] == [
         "ip kube-proxy: cluster-ip-2-dests element { 10.96.0.10 . tcp . 80 }",
         "ip kube-proxy: chain cluster-ip-2",
-        "ip kube-proxy: ip-backends element { 10.96.0.10 . tcp . 80 . 0 : 10.244.1.10 . 8080 }",
-        "ip kube-proxy: ip-backends element { 10.96.0.10 . tcp . 80 . 1 : 10.244.2.10 . 8080 }",
+        "ip kube-proxy: cluster-ip-2-backends element "
+        "{ 10.96.0.10 . tcp . 80 . 0 : 10.244.1.10 . 8080 }",
+        "ip kube-proxy: cluster-ip-2-backends element "
+        "{ 10.96.0.10 . tcp . 80 . 1 : 10.244.2.10 . 8080 }",
     ]
 
 
@@ -98,22 +100,22 @@ def test_nft_drift_finds_missing_and_extra_endpoints() -> None:
     objects = kernel_objects(result, fam)
     elements: dict[str, dict[str, str | None]] = {
         "cluster-ip-2-dests": {"10.96.0.10 . tcp . 80": None},
-        "ip-backends": {
+        "cluster-ip-2-backends": {
             "10.96.0.10 . tcp . 80 . 0": "10.244.1.10 . 8080",
             "10.96.0.10 . tcp . 80 . 1": "10.244.2.10 . 8080",
         },
     }
     assert live.nft_drift(result, fam, objects, {"cluster-ip-2"}, elements) == []
-    elements["ip-backends"]["10.96.0.10 . tcp . 80 . 1"] = "10.244.2.99 . 8080"
-    elements["ip-backends"]["10.96.0.10 . tcp . 80 . 5"] = "10.244.2.98 . 8080"
+    elements["cluster-ip-2-backends"]["10.96.0.10 . tcp . 80 . 1"] = "10.244.2.99 . 8080"
+    elements["cluster-ip-2-backends"]["10.96.0.10 . tcp . 80 . 5"] = "10.244.2.98 . 8080"
     del elements["cluster-ip-2-dests"]["10.96.0.10 . tcp . 80"]
     drift = live.nft_drift(result, fam, objects, set(), elements)
     assert drift == [
         "missing ip kube-proxy: cluster-ip-2-dests element { 10.96.0.10 . tcp . 80 }",
         "missing ip kube-proxy: chain cluster-ip-2",
-        "ip kube-proxy: ip-backends element { 10.96.0.10 . tcp . 80 . 1 : 10.244.2.10 . 8080 }:"
-        " the kernel has '10.244.2.99 . 8080'",
-        "extra endpoint 10.244.2.98:8080 in ip-backends (index 5)",
+        "ip kube-proxy: cluster-ip-2-backends element "
+        "{ 10.96.0.10 . tcp . 80 . 1 : 10.244.2.10 . 8080 }: the kernel has '10.244.2.99 . 8080'",
+        "extra endpoint 10.244.2.98:8080 in cluster-ip-2-backends (index 5)",
     ]
 
 

@@ -12,11 +12,9 @@ from kubeproxy.backends.nftables.render import PortRules, render_service_port
 from kubeproxy.backends.nftables.table import (
     CLUSTER_IPS,
     HAIRPIN,
-    IP_BACKENDS,
     LOCAL_OFFSET,
     NO_ENDPOINT_NODEPORTS,
     NO_ENDPOINT_SERVICES,
-    NODEPORT_BACKENDS,
     NODEPORT_IPS,
     VERDICT_DROP,
     VERDICT_REJECT,
@@ -88,7 +86,7 @@ def test_cluster_ip_goes_to_a_shared_chain_by_endpoint_count() -> None:
     )
     got = elements(rules)
     assert got[("cluster-ip-3-dests", "10.96.0.1 . tcp . 80")] is None
-    assert [got[(IP_BACKENDS, f"10.96.0.1 . tcp . 80 . {i}")] for i in range(3)] == [
+    assert [got[("cluster-ip-3-backends", f"10.96.0.1 . tcp . 80 . {i}")] for i in range(3)] == [
         "10.244.1.2 . 8080",
         "10.244.2.2 . 8080",
         "10.244.2.3 . 8080",
@@ -126,9 +124,12 @@ def test_external_policy_local_keeps_both_sets_under_one_key() -> None:
     )
     got = elements(rules)
     assert got[("local-np-2-1-dests", "tcp . 30080")] is None
-    assert got[(NODEPORT_BACKENDS, "tcp . 30080 . 0")] == "10.244.1.2 . 8080"
-    assert got[(NODEPORT_BACKENDS, "tcp . 30080 . 1")] == "10.244.2.2 . 8080"
-    assert got[(NODEPORT_BACKENDS, f"tcp . 30080 . {LOCAL_OFFSET}")] == "10.244.1.2 . 8080"
+    # Each shared chain has its own backends map.
+    np_backends = "local-np-2-1-backends"
+    assert got[(np_backends, "tcp . 30080 . 0")] == "10.244.1.2 . 8080"
+    assert got[(np_backends, "tcp . 30080 . 1")] == "10.244.2.2 . 8080"
+    assert got[(np_backends, f"tcp . 30080 . {LOCAL_OFFSET}")] == "10.244.1.2 . 8080"
+    assert got[("local-ip-2-1-backends", "203.0.113.7 . tcp . 80 . 0")] == "10.244.1.2 . 8080"
     assert got[("local-ip-2-1-dests", "203.0.113.7 . tcp . 80")] is None
     # The ClusterIP is internal traffic: Cluster policy.
     assert got[("cluster-ip-2-dests", "10.96.0.1 . tcp . 80")] is None
@@ -164,9 +165,11 @@ def test_families_are_rendered_separately() -> None:
     endpoints = [ep("10.244.1.2"), ep("fd00:10:244:1::2")]
     v4 = elements(render(port, endpoints, V4))
     v6 = elements(render(port, endpoints, V6))
-    assert (IP_BACKENDS, "10.96.0.1 . tcp . 80 . 0") in v4
-    assert v6[(IP_BACKENDS, "fd00:10:96::1 . tcp . 80 . 0")] == "fd00:10:244:1::2 . 8080"
-    assert v6[(NODEPORT_BACKENDS, "tcp . 30080 . 0")] == "fd00:10:244:1::2 . 8080"
+    assert ("cluster-ip-1-backends", "10.96.0.1 . tcp . 80 . 0") in v4
+    assert (
+        v6[("cluster-ip-1-backends", "fd00:10:96::1 . tcp . 80 . 0")] == "fd00:10:244:1::2 . 8080"
+    )
+    assert v6[("external-np-1-backends", "tcp . 30080 . 0")] == "fd00:10:244:1::2 . 8080"
     assert not any("10.244" in (v or "") for v in v6.values())
     # A single-stack Service has nothing in the other family's table.
     assert render(svc(), endpoints, V6) == PortRules()
@@ -176,7 +179,8 @@ def test_conflicting_destinations_first_owner_wins() -> None:
     a = render(svc("a"), [ep("10.244.1.2")], V4)
     b = render(svc("b"), [ep("10.244.1.3")], V4)
     index = TableIndex.build(V4, {spn("b"): b, spn("a"): a})
-    assert index.contents().elements[IP_BACKENDS]["10.96.0.1 . tcp . 80 . 0"] == "10.244.1.2 . 8080"
+    backends = index.contents().elements["cluster-ip-1-backends"]
+    assert backends["10.96.0.1 . tcp . 80 . 0"] == "10.244.1.2 . 8080"
     assert [(c.owner, c.loser) for c in index.conflicts()] == [(spn("a"), spn("b"))]
 
 
@@ -212,12 +216,12 @@ def test_local_chain_rules() -> None:
     rules = LBChain("local-np", 3, 1).rules(V4)
     assert rules == [
         "ip saddr 10.244.0.0/16 dnat ip to meta l4proto . th dport . numgen random mod 3 "
-        "map @nodeport-backends",
+        "map @local-np-3-1-backends",
         "fib saddr type local meta mark set meta mark | 0x00004000",
         "fib saddr type local dnat ip to meta l4proto . th dport . numgen random mod 3 "
-        "map @nodeport-backends",
+        "map @local-np-3-1-backends",
         f"dnat ip to meta l4proto . th dport . numgen random mod 1 offset {LOCAL_OFFSET} "
-        "map @nodeport-backends",
+        "map @local-np-3-1-backends",
     ]
     # Without local endpoints only the short-circuits remain; the rest falls to the drop.
     assert not any("offset" in r for r in LBChain("local-np", 3, 0).rules(V4))

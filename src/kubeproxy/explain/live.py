@@ -20,9 +20,9 @@ import re
 import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from kubeproxy.backends.nftables.table import DESTS_SUFFIX, static_sets
+from kubeproxy.backends.nftables.table import DESTS_SUFFIX, is_backends, static_sets
 from kubeproxy.dataplane.process import ToolError, run_tool
-from kubeproxy.explain.objects import KernelObject, backends_map, nft_claim, nft_table
+from kubeproxy.explain.objects import KernelObject, nft_claim, nft_table
 from kubeproxy.explain.packet import Explanation, Outcome
 from kubeproxy.model.plan import FamilyPlan
 
@@ -96,8 +96,8 @@ def nft_drift(
                 drift.append(f"missing {obj}")
             elif kernel[obj.key] != obj.value:
                 drift.append(f"{obj}: the kernel has {kernel[obj.key]!r}")
-    if result.plan is not None and result.frontend is not None:
-        mapname = backends_map(result.frontend)
+    mapname = _backends_map(objects)
+    if result.plan is not None and result.frontend is not None and mapname is not None:
         prefix = nft_claim(result.plan, result.frontend)[1] + " . "
         expected = {o.key for o in objects if o.kind == "element" and o.name == mapname}
         for key, value in sorted(elements.get(mapname, {}).items()):
@@ -107,6 +107,15 @@ def nft_drift(
                     f"(index {key.removeprefix(prefix)})"
                 )
     return drift
+
+
+def _backends_map(objects: Sequence[KernelObject]) -> str | None:
+    """The backends map of the frontend's shared chain (none with session affinity or
+    without endpoints)."""
+    for obj in objects:
+        if obj.kind == "element" and is_backends(obj.name):
+            return obj.name
+    return None
 
 
 def _endpoint(value: str | None) -> str:
@@ -137,10 +146,12 @@ def read_nft(
     keyword = {s.name: s.keyword for s in static_sets(fam)}
     elements: dict[str, dict[str, str | None]] = {}
     wanted = {o.name for o in objects if o.kind == "element"}
-    if result.frontend is not None:
-        wanted.add(backends_map(result.frontend))
     for set_name in sorted(wanted):
-        kind = "set" if set_name.endswith(DESTS_SUFFIX) else keyword.get(set_name)
+        kind = keyword.get(set_name)
+        if set_name.endswith(DESTS_SUFFIX):
+            kind = "set"
+        elif is_backends(set_name):
+            kind = "map"
         if kind is None:
             continue
         try:

@@ -60,7 +60,6 @@ from kubeproxy.backends.nftables.table import (
     SKELETON_CHAINS,
     TABLE,
     TABLE_COMMENT,
-    TYPEOF_MAPS,
     Vocabulary,
     static_sets,
 )
@@ -185,19 +184,17 @@ class NftablesBackend:
                 tx.add_table(t, TABLE_COMMENT)
                 tx.flush_table(t)
                 for s in static_sets(index.fam):
-                    if s.name not in existing[family][s.keyword]:
-                        continue
-                    if s.name in TYPEOF_MAPS:
-                        # Recreated rather than flushed: nft 1.0.6 cannot rebuild their
-                        # "typeof ... th dport" type from the kernel, and would refuse the
-                        # rules that use them (see Change.emit_shared_chains). They hold
-                        # no state of their own, so nothing is lost.
-                        tx.delete_set(t, s.keyword, s.name)
-                    else:
+                    if s.name in existing[family][s.keyword]:
                         tx.flush_set(t, s.keyword, s.name)
                 for chain in sorted(contents.shared_chains):
                     if chain.dests in existing[family]["set"]:
                         tx.flush_set(t, "set", chain.dests)
+                    if chain.backends in existing[family]["map"]:
+                        # Recreated rather than flushed: nft 1.0.6 cannot rebuild their
+                        # "typeof ... th dport" type from the kernel, and would refuse the
+                        # rules that use them (see Change.emit_shared_chains). They hold
+                        # no state of their own, so nothing is lost.
+                        tx.delete_set(t, "map", chain.backends)
                 for keyword in ("map", "set"):
                     for name in sorted(existing[family][keyword] - ours):
                         tx.delete_set(t, keyword, name)

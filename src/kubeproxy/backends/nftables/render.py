@@ -6,8 +6,8 @@ load-balancing chains (:class:`~kubeproxy.backends.nftables.table.LBChain`) do t
 
 * Each frontend of the plan is a :class:`Destination`: the elements it adds (its
   element in the ``-dests`` set of the shared chain it uses — or, with session affinity,
-  its ``service-ips`` / ``service-nodeports`` verdict —, its endpoints in the backends
-  map by index, a no-endpoint DROP/REJECT, firewall elements) and that shared chain.
+  its ``service-ips`` / ``service-nodeports`` verdict —, its endpoints in that chain's
+  backends map by index, a no-endpoint DROP/REJECT, firewall elements) and that shared chain.
   Destinations are claimed: two ServicePorts must not both own one (the index decides).
 * ClusterIPs and hairpin pairs are *shared* elements several ServicePorts may add.
 * ServicePorts with ``sessionAffinity: ClientIP`` are the exception: they get chains of
@@ -30,11 +30,9 @@ from kubeproxy.backends.nftables.table import (
     FIREWALL_ALLOW,
     FIREWALL_IPS,
     HAIRPIN,
-    IP_BACKENDS,
     LOCAL_OFFSET,
     NO_ENDPOINT_NODEPORTS,
     NO_ENDPOINT_SERVICES,
-    NODEPORT_BACKENDS,
     SERVICE_IPS,
     SERVICE_NODEPORTS,
     VERDICT_DROP,
@@ -125,7 +123,10 @@ def render_service_port(plan: ServicePortPlan, fam: FamilyPlan) -> PortRules:
             dests.append(Destination(("ip", key), ((SERVICE_IPS, key, affinity.goto("ci")),)))
         else:
             chain = LBChain("cluster-ip", len(internal.endpoints))
-            elements = ((chain.dests, key, None), *_backends(IP_BACKENDS, key, internal))
+            elements = (
+                (chain.dests, key, None),
+                *_indexed(chain.backends, key, internal.endpoints),
+            )
             dests.append(Destination(("ip", key), elements, chain))
     else:
         dests.append(
@@ -160,7 +161,6 @@ def _external(
     by_ip = frontend.kind is not FrontendKind.NODE_PORT
     key = f"{frontend.ip} . {proto} . {frontend.port}" if by_ip else f"{proto} . {frontend.port}"
     dispatch = SERVICE_IPS if by_ip else SERVICE_NODEPORTS
-    backends = IP_BACKENDS if by_ip else NODEPORT_BACKENDS
     local = route.policy is TrafficPolicy.LOCAL
     elements: list[Element] = []
     chain: LBChain | None = None
@@ -175,12 +175,12 @@ def _external(
                 len(route.endpoints),
             )
             elements.append((chain.dests, key, None))
-            elements.extend(_indexed(backends, key, route.short_circuit))
-            elements.extend(_indexed(backends, key, route.endpoints, LOCAL_OFFSET))
+            elements.extend(_indexed(chain.backends, key, route.short_circuit))
+            elements.extend(_indexed(chain.backends, key, route.endpoints, LOCAL_OFFSET))
         else:
             chain = LBChain("external-ip" if by_ip else "external-np", len(route.endpoints))
             elements.append((chain.dests, key, None))
-            elements.extend(_backends(backends, key, route))
+            elements.extend(_indexed(chain.backends, key, route.endpoints))
     if not route.endpoints:
         # No endpoints at all (reject), or none on this node for Local policy (drop
         # whatever the chain above did not short-circuit).
@@ -191,10 +191,6 @@ def _external(
         elements.extend((FIREWALL_ALLOW, f"{key} . {r}", None) for r in frontend.source_ranges)
     claim = ("ip", key) if by_ip else ("nodeport", key)
     return Destination(claim, tuple(elements), chain)
-
-
-def _backends(map_name: str, key: str, route: Route) -> list[Element]:
-    return _indexed(map_name, key, route.endpoints)
 
 
 def _indexed(
