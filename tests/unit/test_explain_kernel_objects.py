@@ -113,9 +113,29 @@ def test_nft_drift_finds_missing_and_extra_endpoints() -> None:
     assert drift == [
         "missing ip kube-proxy: cluster-ip-2-dests element { 10.96.0.10 . tcp . 80 }",
         "missing ip kube-proxy: chain cluster-ip-2",
-        "ip kube-proxy: cluster-ip-2-backends element "
-        "{ 10.96.0.10 . tcp . 80 . 1 : 10.244.2.10 . 8080 }: the kernel has '10.244.2.99 . 8080'",
+        "missing endpoint 10.244.2.10:8080 in cluster-ip-2-backends",
         "extra endpoint 10.244.2.98:8080 in cluster-ip-2-backends (index 5)",
+        "extra endpoint 10.244.2.99:8080 in cluster-ip-2-backends (index 1)",
+    ]
+
+
+def test_nft_drift_ignores_which_index_holds_which_endpoint() -> None:
+    # A partial sync keeps endpoints where they were: the kernel's order may differ from
+    # a fresh rendering's, which is no drift.
+    result, fam = run(service_port(), Packet(POD, "10.96.0.10", 80), "nftables")
+    objects = kernel_objects(result, fam)
+    elements: dict[str, dict[str, str | None]] = {
+        "cluster-ip-2-dests": {"10.96.0.10 . tcp . 80": None},
+        "cluster-ip-2-backends": {
+            "10.96.0.10 . tcp . 80 . 0": "10.244.2.10 . 8080",
+            "10.96.0.10 . tcp . 80 . 1": "10.244.1.10 . 8080",
+        },
+    }
+    assert live.nft_drift(result, fam, objects, {"cluster-ip-2"}, elements) == []
+    # The same endpoint twice, once out of range, is reported at the index numgen skips.
+    elements["cluster-ip-2-backends"]["10.96.0.10 . tcp . 80 . 2"] = "10.244.1.10 . 8080"
+    assert live.nft_drift(result, fam, objects, {"cluster-ip-2"}, elements) == [
+        "extra endpoint 10.244.1.10:8080 in cluster-ip-2-backends (index 2)"
     ]
 
 

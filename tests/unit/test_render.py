@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from kubeproxy.backends.nftables.index import TableIndex, full_table, owner_comment
+from kubeproxy.backends.nftables.proxier import table_ref
 from kubeproxy.backends.nftables.render import PortRules, render_service_port
 from kubeproxy.backends.nftables.table import (
     CLUSTER_IPS,
@@ -173,6 +174,67 @@ def test_families_are_rendered_separately() -> None:
     assert not any("10.244" in (v or "") for v in v6.values())
     # A single-stack Service has nothing in the other family's table.
     assert render(svc(), endpoints, V6) == PortRules()
+
+
+def backends(rules: PortRules, name: str) -> dict[str, str | None]:
+    return {k: v for (m, k), v in elements(rules).items() if m == name}
+
+
+def test_endpoints_keep_their_index_across_a_partial_sync() -> None:
+    port = svc(node_port=30080, external_traffic_policy=TrafficPolicy.LOCAL)
+    first = [ep("10.244.1.2"), ep("10.244.1.3"), ep("10.244.2.4", "node-b"), ep("10.244.2.5")]
+    before = render(port, first, V4)
+    # 10.244.1.3 leaves, 10.244.1.1 comes (it sorts first: indexing in address order
+    # would shift every endpoint); 10.244.1.1 takes the leaver's index.
+    now = [ep("10.244.1.1"), ep("10.244.1.2"), ep("10.244.2.4", "node-b"), ep("10.244.2.5")]
+    plan = plan_service_port(port, now, V4)
+    assert plan is not None
+    after = render_service_port(plan, V4, before)
+    old, new = backends(before, "cluster-ip-4-backends"), backends(after, "cluster-ip-4-backends")
+    assert {k: v for k, v in new.items() if old[k] != v} == {
+        "10.96.0.1 . tcp . 80 . 1": "10.244.1.1 . 8080"
+    }
+    # The node-local group of a Local-policy chain (at LOCAL_OFFSET and up) too.
+    old, new = backends(before, "local-np-4-3-backends"), backends(after, "local-np-4-3-backends")
+    assert {k: v for k, v in new.items() if old[k] != v} == {
+        "tcp . 30080 . 1": "10.244.1.1 . 8080",
+        f"tcp . 30080 . {LOCAL_OFFSET + 1}": "10.244.1.1 . 8080",
+    }
+    # Nothing changed, nothing moves: the rules equal the programmed ones.
+    assert render_service_port(plan, V4, after) == after
+    # Without the programmed rules (a full sync), endpoints are indexed in plan order.
+    assert render_service_port(plan, V4) == render(port, now, V4)
+
+
+def test_a_shrinking_service_keeps_the_endpoints_that_stay_in_range() -> None:
+    first = [ep(f"10.244.1.{i}") for i in range(1, 5)]
+    before = render(svc(), first, V4)
+    # 10.244.1.2 leaves: a new count, a new chain and map, so every element is new;
+    # then one more leaves and one comes at the same count.
+    three = render(svc(), [first[0], first[2], first[3]], V4)
+    plan = plan_service_port(svc(), [first[0], first[3], ep("10.244.1.9")], V4)
+    assert plan is not None
+    again = render_service_port(plan, V4, three)
+    old, new = backends(three, "cluster-ip-3-backends"), backends(again, "cluster-ip-3-backends")
+    assert {k: v for k, v in new.items() if old[k] != v} == {
+        "10.96.0.1 . tcp . 80 . 1": "10.244.1.9 . 8080"
+    }
+    assert "cluster-ip-3-backends" not in {m for (m, _) in elements(before)}
+
+
+def test_one_replaced_endpoint_is_one_element_deleted_and_one_added() -> None:
+    endpoints = [ep(f"10.244.1.{i}") for i in range(10, 20)]
+    before = render(svc(), endpoints, V4)
+    index = TableIndex.build(V4, {spn(): before})
+    plan = plan_service_port(svc(), [ep("10.244.1.1"), *endpoints[1:]], V4)
+    assert plan is not None
+    tx = Transaction()
+    index.change({spn(): render_service_port(plan, V4, before)}).emit(tx, table_ref(IPFamily.IPv4))
+    text = str(tx)
+    assert text.count("10.96.0.1 . tcp . 80 . ") == 2, text
+    assert (
+        "delete element ip kube-proxy cluster-ip-10-backends { 10.96.0.1 . tcp . 80 . 0 }" in text
+    )
 
 
 def test_conflicting_destinations_first_owner_wins() -> None:

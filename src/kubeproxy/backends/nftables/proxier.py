@@ -143,14 +143,24 @@ class NftablesBackend:
         self, snapshot: Snapshot, names: Iterable[ServicePortName] | None, fams: list[FamilyPlan]
     ) -> tuple[Updates, int]:
         """New rules of ``names`` (every ServicePort when None), per family; None for a
-        ServicePort that is gone from that family, or left out (isolated, unchanged)."""
+        ServicePort that is gone from that family, or left out (isolated, unchanged).
+
+        For a partial sync, endpoints keep their indexes in the backends maps (each
+        ServicePort is rendered with its programmed rules); a full sync rewrites every
+        element anyway and indexes them afresh, as a restarted proxy would."""
         updates: Updates = {}
         rendered = 0
         isolated = self._isolated.reasons if names is not None else {}
         for fam in fams:
             out: dict[ServicePortName, PortRules | None] = {}
+            state = self._families.get(fam.family) if names is not None else None
+            programmed = state.index.rules if state is not None and state.index else {}
             for name, plan in service_port_plans(snapshot, fam, names).items():
-                rules = render_service_port(plan, fam) if plan is not None else None
+                rules = (
+                    render_service_port(plan, fam, programmed.get(name))
+                    if plan is not None
+                    else None
+                )
                 rendered += plan is not None
                 if isolated and (key := (fam.family, name)) in isolated:
                     # A full sync retries everything (and records what is refused).
