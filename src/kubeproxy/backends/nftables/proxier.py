@@ -24,10 +24,7 @@ sets survive::
 
 This also repairs whatever someone else changed or deleted. If the kernel refuses it (say,
 an object of ours was redefined by hand with another type), the table is replaced
-outright (``add; delete; table {}``), losing only affinity memory. A big full sync into
-tables that do not exist yet (a node's first start) is streamed instead: the skeleton,
-then pieces of ServicePorts, each a partial sync, applied while the next is rendered
-(``_load_new_tables``).
+outright (``add; delete; table {}``), losing only affinity memory.
 
 **Partial sync** sends only what the changed ServicePorts need: the diff between the
 desired state of what they touch and the programmed index
