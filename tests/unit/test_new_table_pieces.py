@@ -1,13 +1,11 @@
 """A big full sync into tables that do not exist yet goes in pieces (nft's memory grows
-with its input), applied while the next piece is rendered; the result is the
-one-transaction table, each ServicePort arrives whole in one piece, and an existing table
-is never changed in pieces."""
+with its input); the result is the one-transaction table, a ServicePort's entry elements
+come after everything else, and an existing table is never changed in pieces."""
 
 from __future__ import annotations
 
-import threading
-
 from kubeproxy.backends.nftables.proxier import NftablesBackend
+from kubeproxy.backends.nftables.table import is_entry
 from kubeproxy.dataplane.nftables.fake import FakeNftables
 from kubeproxy.dataplane.nftables.runner import NftError
 from kubeproxy.dataplane.nftables.transaction import (
@@ -55,35 +53,16 @@ def test_a_new_table_is_loaded_in_pieces_and_ends_as_one_transaction_would() -> 
     first, *pieces = fake.transactions
     assert any(isinstance(op, DefineTable) for op in first)
     assert len(pieces) > 3
-    # Each piece is a partial sync of a few ServicePorts: a ServicePort's entry element
-    # (in a shared chain's "-dests" set) comes in the same transaction as its backends,
-    # after the chain and its map exist.
-    for tx in pieces:
-        added = {
-            (op.set_name, key.split(" comment ")[0])
-            for op in tx
-            if isinstance(op, AddElements)
-            for key, _ in op.elements
-        }
-        for set_name, key in added:
-            if set_name.endswith("-dests"):
-                chain = set_name.removesuffix("-dests")
-                assert any(m == f"{chain}-backends" and k.startswith(key) for m, k in added)
-    assert not any(isinstance(op, DeleteTable) for tx in fake.transactions for op in tx)
-
-
-def test_a_new_table_is_loaded_while_the_next_piece_is_rendered() -> None:
-    # The pieces are applied on a thread of their own.
-    threads: set[str] = set()
-
-    class Threads(Recording):
-        def apply(self, tx: Transaction) -> None:
-            threads.add(threading.current_thread().name)
-            super().apply(tx)
-
-    fake = Threads()
-    backend(fake, piece=4).sync(cluster(), None)
-    assert threads == {"nft-pieces"}
+    adds = [op for tx in pieces for op in tx]
+    assert all(isinstance(op, AddElements) and len(op.elements) <= 4 for op in adds)
+    assert all(len(tx) == 1 for tx in pieces)
+    # The entry sets' elements (the shared chains' "-dests" sets) come last: a
+    # ServicePort is reachable only once all of its other elements are in.
+    entry = [isinstance(op, AddElements) and is_entry(op.set_name) for op in adds]
+    assert entry == sorted(entry) and any(entry)
+    define = next(op for op in first if isinstance(op, DefineTable))
+    entry_maps = [s for s in define.definition.sets if is_entry(s.name)]
+    assert entry_maps and not any(s.elements for s in entry_maps)
 
 
 def test_a_small_new_table_and_an_existing_table_are_one_transaction() -> None:
@@ -116,7 +95,8 @@ def test_a_refused_piece_replaces_the_table_in_one_transaction() -> None:
     result = backend(fake, piece=4).sync(snap, None)
     assert result.full and result.isolated == []
     assert fake.dump() == fresh_dump(snap)
-    last = fake.transactions[-1]  # the tables repaired, all in one
+    last = fake.transactions[-1]  # the tables replaced, all in one
+    assert any(isinstance(op, DeleteTable) for op in last)
     assert sum(isinstance(op, DefineTable) for op in last) == 1
 
 

@@ -15,8 +15,8 @@ overlay in once the kernel has accepted the transaction; a refused transaction l
 the index as it was.
 
 :meth:`TableIndex.contents` gives everything at once, and :func:`full_table` the whole
-table, for a full sync. (A new table is loaded in pieces as a series of changes over an
-empty index: see the proxier.)
+table, for a full sync; :func:`split_elements` the order in which a new table can be
+loaded in pieces.
 """
 
 from __future__ import annotations
@@ -41,10 +41,12 @@ from kubeproxy.backends.nftables.table import (
     commented,
     config_elements,
     dispatch_chains,
+    is_entry,
     skeleton,
 )
 from kubeproxy.dataplane.nftables.transaction import (
     Chain,
+    Element,
     Table,
     TableRef,
     Transaction,
@@ -496,3 +498,23 @@ def full_table(fam: FamilyPlan, contents: Contents) -> Table:
     table.sets.extend(affinity_set(fam.family, aff) for aff in sorted(contents.sets.values()))
     table.chains.extend(Chain(c.name, list(c.rules)) for c in contents.chains.values())
     return table
+
+
+def split_elements(table: Table, piece: int) -> list[tuple[str, list[Element]]]:
+    """Take the elements out of ``table`` that can be added after it, in pieces of at
+    most ``piece`` elements, in the order to add them: every big set's and map's first,
+    the entry sets' (the ``-dests`` sets, ``service-ips``, ``service-nodeports``) last,
+    so a ServicePort becomes reachable only once its backends, firewall and hairpin
+    elements are there (the same all-or-nothing a ServicePort gets from one
+    transaction). Interval sets keep their elements (hold configuration, and nft
+    merges intervals per batch)."""
+    early: list[tuple[str, list[Element]]] = []
+    late: list[tuple[str, list[Element]]] = []
+    for s in table.sets:
+        entry = is_entry(s.name)
+        if "interval" in s.flags or not (entry or len(s.elements) > piece):
+            continue
+        out = late if entry else early
+        out.extend((s.name, s.elements[i : i + piece]) for i in range(0, len(s.elements), piece))
+        s.elements = []
+    return early + late

@@ -43,8 +43,6 @@ even the bare skeleton, the sync fails and the previous rules stay.
 from __future__ import annotations
 
 import logging
-import queue
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -55,6 +53,7 @@ from kubeproxy.backends.nftables.index import (
     Contents,
     TableIndex,
     full_table,
+    split_elements,
 )
 from kubeproxy.backends.nftables.render import PortRules, render_service_port
 from kubeproxy.backends.nftables.table import (
@@ -141,26 +140,20 @@ class NftablesBackend:
         return family_plans(self.config, snapshot, warned)
 
     def _render(
-        self,
-        snapshot: Snapshot,
-        names: Iterable[ServicePortName] | None,
-        fams: list[FamilyPlan],
-        *,
-        previous: bool = True,
+        self, snapshot: Snapshot, names: Iterable[ServicePortName] | None, fams: list[FamilyPlan]
     ) -> tuple[Updates, int]:
         """New rules of ``names`` (every ServicePort when None), per family; None for a
         ServicePort that is gone from that family, or left out (isolated, unchanged).
 
         For a partial sync, endpoints keep their indexes in the backends maps (each
         ServicePort is rendered with its programmed rules); a full sync rewrites every
-        element anyway and indexes them afresh, as a restarted proxy would (and so does a
-        new table loaded in pieces: ``previous=False``)."""
+        element anyway and indexes them afresh, as a restarted proxy would."""
         updates: Updates = {}
         rendered = 0
-        isolated = self._isolated.reasons if names is not None and previous else {}
+        isolated = self._isolated.reasons if names is not None else {}
         for fam in fams:
             out: dict[ServicePortName, PortRules | None] = {}
-            state = self._families.get(fam.family) if names is not None and previous else None
+            state = self._families.get(fam.family) if names is not None else None
             programmed = state.index.rules if state is not None and state.index else {}
             for name, plan in service_port_plans(snapshot, fam, names).items():
                 rules = (
@@ -304,6 +297,10 @@ class NftablesBackend:
         """Apply a full sync (flush and re-add; replace if refused); the operation count."""
         existing = {family: self._list(table_ref(family)) for family in built}
         try:
+            pieces = self._new_table_pieces(built, existing)
+            if pieces:
+                self._apply(*pieces)
+                return sum(len(tx) for tx in pieces)
             tx = self._full_tx(built, existing)
             self._apply(tx)
         except NftError as err:
@@ -318,76 +315,35 @@ class NftablesBackend:
             self._apply(tx)
         return len(tx)
 
-    # ------------------------------------------------------ new tables, streamed
-
-    def _load_new_tables(
-        self, snapshot: Snapshot, fams: list[FamilyPlan]
-    ) -> tuple[dict[IPFamily, TableIndex], int, int] | None:
-        """A big full sync into tables that do not exist yet, as a stream of
-        transactions that ``nft`` applies while the next one is rendered; None when the
-        sync is small, a table exists, or the kernel refused a piece (the caller then
-        does an ordinary full sync, which repairs the tables in one transaction).
+    def _new_table_pieces(
+        self, built: Mapping[IPFamily, _Built], existing: Mapping[IPFamily, dict[str, set[str]]]
+    ) -> list[Transaction]:
+        """A full sync into tables that do not exist yet, as several transactions when
+        it is big: empty if it is not.
 
         ``nft`` holds its whole input's parse (and the kernel batch) at once: 285 MB for
-        10,000 Services in one piece, about 30 MB per piece of 10,000 elements. And
-        rendering a big cluster takes about as long as ``nft`` takes to load it, so the
-        two overlap: the ServicePorts go in name order, a piece at a time, each piece a
-        partial sync (:meth:`TableIndex.change`) over the tables the previous pieces
-        built, so a ServicePort goes from absent to complete in one transaction, as in a
-        full sync, and the shared chains, their sets, maps and dispatch rules appear with
-        their first user. Pieces are only safe when nothing exists yet: an existing table
-        must change atomically.
+        10,000 Services in one piece, about 30 MB per piece of 10,000 elements. Pieces
+        are only safe when nothing exists yet: a ServicePort then goes from absent to
+        complete in the transaction that adds its entry elements (split_elements puts
+        them last), exactly as in one transaction, while an existing table must change
+        atomically. If a piece is refused, the caller replaces the tables in one
+        transaction, as for any refused full sync.
         """
-        piece = self.new_table_piece
-        names = sorted(snapshot.services)
-        endpoints = snapshot.endpoints
-        if len(names) + sum(len(eps) for eps in endpoints.values()) <= piece:
-            return None
-        refs = [table_ref(fam.family) for fam in fams]
-        if any(self._list(t)["chain"] for t in refs):
-            return None
-        chunks: list[list[ServicePortName]] = [[]]
-        size = 0
-        for name in names:
-            if size >= piece:
-                chunks.append([])
-                size = 0
-            chunks[-1].append(name)
-            size += len(endpoints.get(name, ())) + 2  # its dests, hairpin and cluster-ips
-        indexes = {fam.family: TableIndex(fam) for fam in fams}
-        skeleton = Transaction()
-        for fam, t in zip(fams, refs, strict=True):
-            skeleton.add_table(t, TABLE_COMMENT)
-            skeleton.define_table(full_table(fam, Contents()))
-        rendered = operations = 0
-        pipeline = _Pipeline(self._apply)
-        try:
-            pipeline.submit(skeleton)
-            for chunk in chunks:
-                updates, count = self._render(snapshot, chunk, fams, previous=False)
-                rendered += count
-                pre, main = Transaction(), Transaction()
-                for fam, t in zip(fams, refs, strict=True):
-                    change = indexes[fam.family].change(updates[fam.family])
-                    change.emit_shared_chains(pre, t)
-                    change.emit(main, t)
-                    change.commit()  # the index of the tables once this piece is in
-                pipeline.submit(pre)
-                pipeline.submit(main)
-                operations += len(pre) + len(main)
-        finally:
-            refused = pipeline.finish()
-        if refused is not None:
-            if refused.incomplete:
-                raise refused
-            log.warning(
-                "Loading the new tables in pieces was refused (%s); doing it in one "
-                "transaction instead",
-                _first_line(refused),
-            )
-            return None
-        self._record_isolated({}, {})
-        return indexes, operations + len(skeleton), rendered
+        if any(objects["chain"] for objects in existing.values()):
+            return []
+        tables = [full_table(index.fam, contents) for index, contents in built.values()]
+        if sum(len(s.elements) for table in tables for s in table.sets) <= self.new_table_piece:
+            return []
+        first = Transaction()
+        rest: list[Transaction] = []
+        for table in tables:
+            split = split_elements(table, self.new_table_piece)
+            first.add_table(table.ref, TABLE_COMMENT)
+            first.define_table(table)
+            for name, elements in split:
+                rest.append(Transaction())
+                rest[-1].add_elements(table.ref, name, elements)
+        return [first, *rest]
 
     # ---------------------------------------------------------- partial sync
 
@@ -459,20 +415,6 @@ class NftablesBackend:
             or state.index is None
             for fam in fams
         )
-        try:
-            streamed = self._load_new_tables(snapshot, fams) if full else None
-        except Exception:
-            for state in self._families.values():
-                state.index = None
-            raise
-        if streamed is not None:
-            loaded, operations, rendered = streamed
-            self._families = {family: _Family(i.fam, i) for family, i in loaded.items()}
-            claimed = [c.message(family) for family, i in loaded.items() for c in i.conflicts()]
-            result = self._report(snapshot, True, rendered, operations, claimed)
-            result.apply_seconds = self._kernel_seconds
-            result.render_seconds = time.perf_counter() - started - self._kernel_seconds
-            return result
         updates, rendered = self._render(snapshot, None if full else changed, fams)
         try:
             partial = None if full else self._partial(updates)
@@ -565,41 +507,6 @@ class NftablesBackend:
                 result.no_local_internal += state.index.no_local_internal
                 result.no_local_external += state.index.no_local_external
         return result
-
-
-class _Pipeline:
-    """Applies transactions in order on a thread of its own, while the caller prepares
-    the next ones (``nft`` runs in a process of its own, or in libnftables, which
-    releases the GIL); after the first failure the rest are dropped. At most two wait,
-    so the scripts in memory stay bounded."""
-
-    def __init__(self, apply: Callable[[Transaction], None]) -> None:
-        self._apply = apply
-        self._queue: queue.Queue[Transaction | None] = queue.Queue(maxsize=2)
-        self.error: Exception | None = None
-        self._thread = threading.Thread(target=self._run, name="nft-pieces", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while (tx := self._queue.get()) is not None:
-            if self.error is None and tx:
-                try:
-                    self._apply(tx)
-                except Exception as err:  # handed to the caller by finish()
-                    self.error = err
-
-    def submit(self, tx: Transaction) -> None:
-        if self.error is None:
-            self._queue.put(tx)
-
-    def finish(self) -> NftError | None:
-        """Wait for what was submitted; the kernel's refusal, if any (anything else that
-        went wrong is raised)."""
-        self._queue.put(None)
-        self._thread.join()
-        if self.error is not None and not isinstance(self.error, NftError):
-            raise self.error
-        return self.error
 
 
 def _isolate(

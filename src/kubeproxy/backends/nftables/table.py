@@ -79,6 +79,12 @@ def commented(set_name: str) -> bool:
     return set_name in COMMENTED_SETS or set_name.endswith(DESTS_SUFFIX)
 
 
+def is_entry(set_name: str) -> bool:
+    """Whether an element of ``set_name`` makes a destination reachable (the dispatch
+    maps and the ``-dests`` sets): a new table is loaded with these last."""
+    return set_name in (SERVICE_IPS, SERVICE_NODEPORTS) or set_name.endswith(DESTS_SUFFIX)
+
+
 def is_backends(set_name: str) -> bool:
     """Whether ``set_name`` is a shared chain's backends map. nft 1.0.6 cannot rebuild
     their ``typeof ... th dport`` type from the kernel; see the proxier for what that
