@@ -12,7 +12,8 @@ code as ``kubeproxy run`` with the API source: msgspec decode and parse
 with the real ``nft``, conntrack cleanup). Each phase's CPU time (user + system of this
 process, and of the ``nft``/``conntrack`` children it waited for) is summed over
 ``--ticks`` ticks and printed per tick, with the share of the cyclic garbage collector
-(handled as ``Proxy.run`` does). ``--profile``: a cProfile of the ticks.
+(handled as ``Proxy.run`` does), and the set and map elements the syncs deleted and
+added (in the backends maps and elsewhere). ``--profile``: a cProfile of the ticks.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from kubeproxy.backends.nftables.proxier import NftablesBackend
 from kubeproxy.config import ProxyConfig
 from kubeproxy.dataplane.conntrack import ConntrackCommand
 from kubeproxy.dataplane.nftables.runner import open_runner
+from kubeproxy.dataplane.nftables.transaction import AddElements, DeleteElements, Transaction
 from kubeproxy.lab.netns import enter_netns, temporary_netns
 from kubeproxy.lab.objects import node
 from kubeproxy.model.parse import parse_endpoint_slice, parse_node, parse_service
@@ -70,6 +72,29 @@ class Phases:
                 - before.children_user
                 - before.children_system
             )
+
+
+class ElementCount:
+    """Wraps the backend's runner: how many set and map elements its transactions
+    deleted and added (in the backends maps, and elsewhere)."""
+
+    def __init__(self, runner: Any) -> None:
+        self.runner = runner
+        self.counts: dict[str, int] = defaultdict(int)
+
+    def apply(self, tx: Transaction) -> None:
+        self.runner.apply(tx)
+        for op in tx:
+            if isinstance(op, AddElements | DeleteElements):
+                verb = "added" if isinstance(op, AddElements) else "deleted"
+                n = len(op.elements) if isinstance(op, AddElements) else len(op.keys)
+                # (by name, so that the code before issue 10 part 6, whose one map was
+                # "ip-backends", can be measured with this benchmark too)
+                where = "backends" if op.set_name.endswith("-backends") else "other"
+                self.counts[f"{where} {verb}"] += n
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.runner, name)
 
 
 class GcClock:
@@ -145,7 +170,8 @@ async def run(
         healthz_bind_address="",
         metrics_bind_address="",
     )
-    proxy = Proxy(config, NftablesBackend(config, open_runner()), conntrack=ConntrackCommand())
+    counter = ElementCount(open_runner())
+    proxy = Proxy(config, NftablesBackend(config, counter), conntrack=ConntrackCommand())
     proxy.backend.start()
     # The collector as Proxy.run handles it (Proxy._collect_garbage): automatic
     # collections off, one collection after each sync, survivors frozen.
@@ -164,6 +190,7 @@ async def run(
         gc.freeze()
         gc.enable()
     collector = GcClock()
+    counter.counts.clear()
     phases = Phases()
     profiler = cProfile.Profile() if profile else None
     changed = 0
@@ -203,6 +230,7 @@ async def run(
         "slices_per_tick": changed / ticks,
         "gc_per_tick": [s / ticks for s in collector.seconds],
         "gc_runs": collector.runs,
+        "elements_per_tick": {k: v / ticks for k, v in sorted(counter.counts.items())},
     } | {
         "cpu_per_tick": {
             name: (phases.own[name] / ticks, phases.children[name] / ticks) for name in phases.own
@@ -253,6 +281,8 @@ def main() -> int:
         for g, (s, n) in enumerate(zip(figures["gc_per_tick"], figures["gc_runs"], strict=True))
     )
     print(f"of which the cyclic garbage collector, per tick: {gc_ms}")
+    elements = ", ".join(f"{k} {v:.0f}" for k, v in figures["elements_per_tick"].items())
+    print(f"elements per tick: {elements}")
     print(f"load average {os.getloadavg()}")
     return 0
 

@@ -12,8 +12,9 @@ endpoints. The kernel re-validates the table's jump graph — every jump/goto el
 of every verdict map — for a batch that adds a jump or goto: while each destination was a
 ``service-ips`` verdict element (before issue 10 part 6), the last two cost O(Services);
 as elements of the shared chains' ``-dests`` sets they add no verdict. A new shared chain
-still costs O(endpoints): the kernel walks every element of ``ip-backends`` when a new
-chain's ``dnat ... map @ip-backends`` rule binds the map.
+cost O(endpoints) while every chain read one ``ip-backends`` map: the kernel walks every
+element of a map when a new rule binds it (``nf_tables_bind_set``); each chain now has a
+map of its own, new and empty when the chain is.
 """
 
 from __future__ import annotations

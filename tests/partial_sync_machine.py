@@ -14,6 +14,7 @@ the kernel (tests/kernel) fewer, and also checks that the fake agrees with it.
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -21,6 +22,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
 from kubeproxy.backends.nftables.proxier import NftablesBackend
+from kubeproxy.backends.nftables.table import LOCAL_OFFSET, is_backends
 from kubeproxy.config import ProxyConfig
 from kubeproxy.dataplane.nftables.runner import NftRunner
 from kubeproxy.model.state import NodeState, Snapshot
@@ -93,6 +95,35 @@ endpoint = st.builds(
     st.sampled_from([8080, 9090]),
     st.booleans(),
 )
+
+
+_BACKENDS_MAP = re.compile(r"^\tmap (\S+) \{$")
+_ELEMENT = re.compile(r"^\t\t\t(.+) \. (\d+) : (.+)$")
+
+
+def any_index(dump: str) -> str:
+    """The strict fake's dump with each destination's endpoints in a backends map sorted
+    and indexed from 0 (``LOCAL_OFFSET`` for node-local ones): a partial sync keeps an
+    endpoint at its index, a fresh full sync indexes in address order, and a packet
+    meets ``numgen random mod N`` either way (as :mod:`kubeproxy.lab.rulestate` compares
+    kernels)."""
+    out: list[str] = []
+    groups: dict[tuple[str, int], list[str]] = {}
+    backends = False
+    for line in dump.splitlines():
+        element = _ELEMENT.match(line) if backends else None
+        if element is not None:
+            first = LOCAL_OFFSET if int(element[2]) >= LOCAL_OFFSET else 0
+            groups.setdefault((element[1], first), []).append(element[3])
+            continue
+        for (key, first), values in sorted(groups.items()):
+            out.extend(f"\t\t\t{key} . {first + i} : {v}" for i, v in enumerate(sorted(values)))
+        groups.clear()
+        if not line.startswith("\t\t"):  # a table, chain, set or map begins
+            header = _BACKENDS_MAP.match(line)
+            backends = header is not None and is_backends(header[1])
+        out.append(line)
+    return "\n".join(out)
 
 
 class PartialVersusFull(RuleBasedStateMachine):
@@ -189,6 +220,42 @@ class PartialVersusFull(RuleBasedStateMachine):
     def set_endpoints(self, data: st.DataObject, proto: L4Protocol, eps: list[Endpoint]) -> None:
         name = port_name(data.draw(self._index()), proto)
         self.endpoints[name] = tuple(eps)
+        self._sync({name})
+
+    @rule(
+        data=st.data(),
+        hosts=st.lists(st.integers(1, 6), min_size=2, max_size=5, unique=True),
+        nodes=st.lists(st.sampled_from(["node-a", "node-b"]), min_size=5, max_size=5),
+    )
+    def ready_endpoints(self, data: st.DataObject, hosts: list[int], nodes: list[str]) -> None:
+        # Several ready IPv4 endpoints (the random ones are often of mixed families or
+        # not ready): something for replace_one_endpoint to shuffle.
+        if not self.services:
+            return
+        name = data.draw(st.sampled_from(sorted(self.services)))
+        self.endpoints[name] = tuple(
+            Endpoint(f"10.244.{1 if node == 'node-a' else 2}.{h}", 8080, node)
+            for h, node in zip(hosts, nodes, strict=False)
+        )
+        self._sync({name})
+
+    @rule(data=st.data(), host=st.integers(7, 12))
+    def replace_one_endpoint(self, data: st.DataObject, host: int) -> None:
+        # The same count, one endpoint of a Service replaced by one like it (same
+        # family, node and conditions): in nftables mode the newcomer takes the leaver's
+        # index in the backends map and the others stay, where a fresh full sync indexes
+        # in the given order (the newcomer is put first).
+        candidates = sorted(n for n, eps in self.endpoints.items() if eps and n in self.services)
+        if not candidates:
+            return
+        name = data.draw(st.sampled_from(candidates))
+        eps = list(self.endpoints[name])
+        leaver = eps.pop(data.draw(st.integers(0, len(eps) - 1)))
+        sep = ":" if ":" in leaver.ip else "."
+        new = leaver._replace(ip=f"{leaver.ip.rsplit(sep, 1)[0]}{sep}{host}")
+        if any((e.ip, e.port) == (new.ip, new.port) for e in eps):
+            return
+        self.endpoints[name] = (new, *eps)
         self._sync({name})
 
     @rule()

@@ -412,9 +412,9 @@ def test_live_reports_drift(lab: Lab, manifests: ManifestDir) -> None:
     assert lab.explain(manifests.path, *packet)["drift"] == []
     # Someone removes an endpoint behind the proxy's back.
     if lab.mode == "nftables":
-        index = explain_index(lab.explain(manifests.path, *packet), ip("remote-1"))
+        backends, index = explain_index(lab.explain(manifests.path, *packet), ip("remote-1"))
         element = f"{{ 10.96.50.1 . tcp . 80 . {index} }}"
-        ns_exec(lab.node_ns, "nft", "delete", "element", "ip", "kube-proxy", "ip-backends", element)
+        ns_exec(lab.node_ns, "nft", "delete", "element", "ip", "kube-proxy", backends, element)
     else:
         name = ServicePortName(NamespacedName("default", "web"), "http", L4Protocol.TCP)
         sep = ServicePortChains(name).sep(f"{ip('remote-1')}:8080")
@@ -424,9 +424,11 @@ def test_live_reports_drift(lab: Lab, manifests: ManifestDir) -> None:
     assert drift and all(ip("remote-1") in d for d in drift), drift
 
 
-def explain_index(explained: dict[str, Any], address: str) -> str:
-    """The backends-map index of an endpoint, from explain's kernel objects."""
+def explain_index(explained: dict[str, Any], address: str) -> tuple[str, str]:
+    """The backends map (the shared chain's) and index of an endpoint, from explain's
+    kernel objects."""
     for line in explained["kernelObjects"]:
-        if "ip-backends" in line and f": {address} . " in line:
-            return str(line.split(" : ")[0].rsplit(" . ", 1)[1])
+        if "-backends element" in line and f": {address} . " in line:
+            backends = line.split(": ", 1)[1].split(" element", 1)[0]
+            return backends, str(line.split(" : ")[0].rsplit(" . ", 1)[1])
     raise AssertionError(f"{address} not in {explained['kernelObjects']}")

@@ -179,7 +179,7 @@ def test_two_changed_service_ports_claiming_one_destination(scratch: str) -> Non
         assert nft_state(scratch) == nft_state(fresh_ns)
     finally:
         delete_netns(fresh_ns)
-    listing = ns_exec(scratch, "nft", "list", "map", "ip", "kube-proxy", "ip-backends")
+    listing = ns_exec(scratch, "nft", "list", "map", "ip", "kube-proxy", "external-ip-1-backends")
     assert "203.0.113.9 . tcp . 80 . 0 : 10.244.2.10 . 9090" in listing
 
 

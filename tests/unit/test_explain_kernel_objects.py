@@ -34,8 +34,10 @@ def test_nftables_cluster_ip_objects() -> None:
     assert [str(o) for o in kernel_objects(result, fam)] == [
         "ip kube-proxy: cluster-ip-2-dests element { 10.96.0.10 . tcp . 80 }",
         "ip kube-proxy: chain cluster-ip-2",
-        "ip kube-proxy: ip-backends element { 10.96.0.10 . tcp . 80 . 0 : 10.244.1.10 . 8080 }",
-        "ip kube-proxy: ip-backends element { 10.96.0.10 . tcp . 80 . 1 : 10.244.2.10 . 8080 }",
+        "ip kube-proxy: cluster-ip-2-backends element "
+        "{ 10.96.0.10 . tcp . 80 . 0 : 10.244.1.10 . 8080 }",
+        "ip kube-proxy: cluster-ip-2-backends element "
+        "{ 10.96.0.10 . tcp . 80 . 1 : 10.244.2.10 . 8080 }",
     ]
 
 
@@ -93,27 +95,47 @@ def test_parse_elements_leaves_the_comment_out_of_the_key() -> None:
     }
 
 
+def kernel_elements(*endpoints: str) -> dict[str, dict[str, str | None]]:
+    """The kernel's elements for the ClusterIP 10.96.0.10:80 with ``endpoints`` at
+    indexes 0, 1..."""
+    backends: dict[str, str | None] = {
+        f"10.96.0.10 . tcp . 80 . {i}": f"{ep} . 8080" for i, ep in enumerate(endpoints)
+    }
+    return {
+        "cluster-ip-2-dests": {"10.96.0.10 . tcp . 80": None},
+        "cluster-ip-2-backends": backends,
+    }
+
+
 def test_nft_drift_finds_missing_and_extra_endpoints() -> None:
     result, fam = run(service_port(), Packet(POD, "10.96.0.10", 80), "nftables")
     objects = kernel_objects(result, fam)
-    elements: dict[str, dict[str, str | None]] = {
-        "cluster-ip-2-dests": {"10.96.0.10 . tcp . 80": None},
-        "ip-backends": {
-            "10.96.0.10 . tcp . 80 . 0": "10.244.1.10 . 8080",
-            "10.96.0.10 . tcp . 80 . 1": "10.244.2.10 . 8080",
-        },
-    }
+    elements = kernel_elements("10.244.1.10", "10.244.2.10")
     assert live.nft_drift(result, fam, objects, {"cluster-ip-2"}, elements) == []
-    elements["ip-backends"]["10.96.0.10 . tcp . 80 . 1"] = "10.244.2.99 . 8080"
-    elements["ip-backends"]["10.96.0.10 . tcp . 80 . 5"] = "10.244.2.98 . 8080"
+    elements["cluster-ip-2-backends"]["10.96.0.10 . tcp . 80 . 1"] = "10.244.2.99 . 8080"
+    elements["cluster-ip-2-backends"]["10.96.0.10 . tcp . 80 . 5"] = "10.244.2.98 . 8080"
     del elements["cluster-ip-2-dests"]["10.96.0.10 . tcp . 80"]
     drift = live.nft_drift(result, fam, objects, set(), elements)
     assert drift == [
         "missing ip kube-proxy: cluster-ip-2-dests element { 10.96.0.10 . tcp . 80 }",
         "missing ip kube-proxy: chain cluster-ip-2",
-        "ip kube-proxy: ip-backends element { 10.96.0.10 . tcp . 80 . 1 : 10.244.2.10 . 8080 }:"
-        " the kernel has '10.244.2.99 . 8080'",
-        "extra endpoint 10.244.2.98:8080 in ip-backends (index 5)",
+        "missing endpoint 10.244.2.10:8080 in cluster-ip-2-backends",
+        "extra endpoint 10.244.2.98:8080 in cluster-ip-2-backends (index 5)",
+        "extra endpoint 10.244.2.99:8080 in cluster-ip-2-backends (index 1)",
+    ]
+
+
+def test_nft_drift_ignores_which_index_holds_which_endpoint() -> None:
+    # A partial sync keeps endpoints where they were: the kernel's order may differ from
+    # a fresh rendering's, which is no drift.
+    result, fam = run(service_port(), Packet(POD, "10.96.0.10", 80), "nftables")
+    objects = kernel_objects(result, fam)
+    elements = kernel_elements("10.244.2.10", "10.244.1.10")
+    assert live.nft_drift(result, fam, objects, {"cluster-ip-2"}, elements) == []
+    # The same endpoint twice, once out of range, is reported at the index numgen skips.
+    elements["cluster-ip-2-backends"]["10.96.0.10 . tcp . 80 . 2"] = "10.244.1.10 . 8080"
+    assert live.nft_drift(result, fam, objects, {"cluster-ip-2"}, elements) == [
+        "extra endpoint 10.244.1.10:8080 in cluster-ip-2-backends (index 2)"
     ]
 
 

@@ -75,7 +75,7 @@ def test_explain_on_the_examples(capsys: pytest.CaptureFixture[str]) -> None:
     assert out["masquerade"] is False
     assert out["servicePort"] == "demo/web-local:http/TCP"
     assert any("externalTrafficPolicy Local" in r for r in out["reasons"])
-    assert any("nodeport-backends" in o for o in out["kernelObjects"])
+    assert any("local-np-" in o and "-backends element" in o for o in out["kernelObjects"])
     # The same flags as run: --proxy-mode iptables names upstream's chains.
     assert cli.main([*args, *packet, "--proxy-mode", "iptables"]) == 0
     text = capsys.readouterr().out

@@ -8,15 +8,14 @@ from dataclasses import replace
 import pytest
 
 from kubeproxy.backends.nftables.index import TableIndex, full_table, owner_comment
+from kubeproxy.backends.nftables.proxier import table_ref
 from kubeproxy.backends.nftables.render import PortRules, render_service_port
 from kubeproxy.backends.nftables.table import (
     CLUSTER_IPS,
     HAIRPIN,
-    IP_BACKENDS,
     LOCAL_OFFSET,
     NO_ENDPOINT_NODEPORTS,
     NO_ENDPOINT_SERVICES,
-    NODEPORT_BACKENDS,
     NODEPORT_IPS,
     VERDICT_DROP,
     VERDICT_REJECT,
@@ -88,7 +87,7 @@ def test_cluster_ip_goes_to_a_shared_chain_by_endpoint_count() -> None:
     )
     got = elements(rules)
     assert got[("cluster-ip-3-dests", "10.96.0.1 . tcp . 80")] is None
-    assert [got[(IP_BACKENDS, f"10.96.0.1 . tcp . 80 . {i}")] for i in range(3)] == [
+    assert [got[("cluster-ip-3-backends", f"10.96.0.1 . tcp . 80 . {i}")] for i in range(3)] == [
         "10.244.1.2 . 8080",
         "10.244.2.2 . 8080",
         "10.244.2.3 . 8080",
@@ -126,9 +125,12 @@ def test_external_policy_local_keeps_both_sets_under_one_key() -> None:
     )
     got = elements(rules)
     assert got[("local-np-2-1-dests", "tcp . 30080")] is None
-    assert got[(NODEPORT_BACKENDS, "tcp . 30080 . 0")] == "10.244.1.2 . 8080"
-    assert got[(NODEPORT_BACKENDS, "tcp . 30080 . 1")] == "10.244.2.2 . 8080"
-    assert got[(NODEPORT_BACKENDS, f"tcp . 30080 . {LOCAL_OFFSET}")] == "10.244.1.2 . 8080"
+    # Each shared chain has its own backends map.
+    np_backends = "local-np-2-1-backends"
+    assert got[(np_backends, "tcp . 30080 . 0")] == "10.244.1.2 . 8080"
+    assert got[(np_backends, "tcp . 30080 . 1")] == "10.244.2.2 . 8080"
+    assert got[(np_backends, f"tcp . 30080 . {LOCAL_OFFSET}")] == "10.244.1.2 . 8080"
+    assert got[("local-ip-2-1-backends", "203.0.113.7 . tcp . 80 . 0")] == "10.244.1.2 . 8080"
     assert got[("local-ip-2-1-dests", "203.0.113.7 . tcp . 80")] is None
     # The ClusterIP is internal traffic: Cluster policy.
     assert got[("cluster-ip-2-dests", "10.96.0.1 . tcp . 80")] is None
@@ -164,19 +166,83 @@ def test_families_are_rendered_separately() -> None:
     endpoints = [ep("10.244.1.2"), ep("fd00:10:244:1::2")]
     v4 = elements(render(port, endpoints, V4))
     v6 = elements(render(port, endpoints, V6))
-    assert (IP_BACKENDS, "10.96.0.1 . tcp . 80 . 0") in v4
-    assert v6[(IP_BACKENDS, "fd00:10:96::1 . tcp . 80 . 0")] == "fd00:10:244:1::2 . 8080"
-    assert v6[(NODEPORT_BACKENDS, "tcp . 30080 . 0")] == "fd00:10:244:1::2 . 8080"
+    assert ("cluster-ip-1-backends", "10.96.0.1 . tcp . 80 . 0") in v4
+    assert (
+        v6[("cluster-ip-1-backends", "fd00:10:96::1 . tcp . 80 . 0")] == "fd00:10:244:1::2 . 8080"
+    )
+    assert v6[("external-np-1-backends", "tcp . 30080 . 0")] == "fd00:10:244:1::2 . 8080"
     assert not any("10.244" in (v or "") for v in v6.values())
     # A single-stack Service has nothing in the other family's table.
     assert render(svc(), endpoints, V6) == PortRules()
+
+
+def backends(rules: PortRules, name: str) -> dict[str, str | None]:
+    return {k: v for (m, k), v in elements(rules).items() if m == name}
+
+
+def test_endpoints_keep_their_index_across_a_partial_sync() -> None:
+    port = svc(node_port=30080, external_traffic_policy=TrafficPolicy.LOCAL)
+    first = [ep("10.244.1.2"), ep("10.244.1.3"), ep("10.244.2.4", "node-b"), ep("10.244.2.5")]
+    before = render(port, first, V4)
+    # 10.244.1.3 leaves, 10.244.1.1 comes (it sorts first: indexing in address order
+    # would shift every endpoint); 10.244.1.1 takes the leaver's index.
+    now = [ep("10.244.1.1"), ep("10.244.1.2"), ep("10.244.2.4", "node-b"), ep("10.244.2.5")]
+    plan = plan_service_port(port, now, V4)
+    assert plan is not None
+    after = render_service_port(plan, V4, before)
+    old, new = backends(before, "cluster-ip-4-backends"), backends(after, "cluster-ip-4-backends")
+    assert {k: v for k, v in new.items() if old[k] != v} == {
+        "10.96.0.1 . tcp . 80 . 1": "10.244.1.1 . 8080"
+    }
+    # The node-local group of a Local-policy chain (at LOCAL_OFFSET and up) too.
+    old, new = backends(before, "local-np-4-3-backends"), backends(after, "local-np-4-3-backends")
+    assert {k: v for k, v in new.items() if old[k] != v} == {
+        "tcp . 30080 . 1": "10.244.1.1 . 8080",
+        f"tcp . 30080 . {LOCAL_OFFSET + 1}": "10.244.1.1 . 8080",
+    }
+    # Nothing changed, nothing moves: the rules equal the programmed ones.
+    assert render_service_port(plan, V4, after) == after
+    # Without the programmed rules (a full sync), endpoints are indexed in plan order.
+    assert render_service_port(plan, V4) == render(port, now, V4)
+
+
+def test_a_shrinking_service_keeps_the_endpoints_that_stay_in_range() -> None:
+    first = [ep(f"10.244.1.{i}") for i in range(1, 5)]
+    before = render(svc(), first, V4)
+    # 10.244.1.2 leaves: a new count, a new chain and map, so every element is new;
+    # then one more leaves and one comes at the same count.
+    three = render(svc(), [first[0], first[2], first[3]], V4)
+    plan = plan_service_port(svc(), [first[0], first[3], ep("10.244.1.9")], V4)
+    assert plan is not None
+    again = render_service_port(plan, V4, three)
+    old, new = backends(three, "cluster-ip-3-backends"), backends(again, "cluster-ip-3-backends")
+    assert {k: v for k, v in new.items() if old[k] != v} == {
+        "10.96.0.1 . tcp . 80 . 1": "10.244.1.9 . 8080"
+    }
+    assert "cluster-ip-3-backends" not in {m for (m, _) in elements(before)}
+
+
+def test_one_replaced_endpoint_is_one_element_deleted_and_one_added() -> None:
+    endpoints = [ep(f"10.244.1.{i}") for i in range(10, 20)]
+    before = render(svc(), endpoints, V4)
+    index = TableIndex.build(V4, {spn(): before})
+    plan = plan_service_port(svc(), [ep("10.244.1.1"), *endpoints[1:]], V4)
+    assert plan is not None
+    tx = Transaction()
+    index.change({spn(): render_service_port(plan, V4, before)}).emit(tx, table_ref(IPFamily.IPv4))
+    text = str(tx)
+    assert text.count("10.96.0.1 . tcp . 80 . ") == 2, text
+    assert (
+        "delete element ip kube-proxy cluster-ip-10-backends { 10.96.0.1 . tcp . 80 . 0 }" in text
+    )
 
 
 def test_conflicting_destinations_first_owner_wins() -> None:
     a = render(svc("a"), [ep("10.244.1.2")], V4)
     b = render(svc("b"), [ep("10.244.1.3")], V4)
     index = TableIndex.build(V4, {spn("b"): b, spn("a"): a})
-    assert index.contents().elements[IP_BACKENDS]["10.96.0.1 . tcp . 80 . 0"] == "10.244.1.2 . 8080"
+    backends = index.contents().elements["cluster-ip-1-backends"]
+    assert backends["10.96.0.1 . tcp . 80 . 0"] == "10.244.1.2 . 8080"
     assert [(c.owner, c.loser) for c in index.conflicts()] == [(spn("a"), spn("b"))]
 
 
@@ -212,12 +278,12 @@ def test_local_chain_rules() -> None:
     rules = LBChain("local-np", 3, 1).rules(V4)
     assert rules == [
         "ip saddr 10.244.0.0/16 dnat ip to meta l4proto . th dport . numgen random mod 3 "
-        "map @nodeport-backends",
+        "map @local-np-3-1-backends",
         "fib saddr type local meta mark set meta mark | 0x00004000",
         "fib saddr type local dnat ip to meta l4proto . th dport . numgen random mod 3 "
-        "map @nodeport-backends",
+        "map @local-np-3-1-backends",
         f"dnat ip to meta l4proto . th dport . numgen random mod 1 offset {LOCAL_OFFSET} "
-        "map @nodeport-backends",
+        "map @local-np-3-1-backends",
     ]
     # Without local endpoints only the short-circuits remain; the rest falls to the drop.
     assert not any("offset" in r for r in LBChain("local-np", 3, 0).rules(V4))

@@ -18,11 +18,17 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from kubeproxy.backends.nftables.table import DESTS_SUFFIX, static_sets
+from kubeproxy.backends.nftables.table import (
+    DESTS_SUFFIX,
+    LOCAL_OFFSET,
+    is_backends,
+    static_sets,
+)
 from kubeproxy.dataplane.process import ToolError, run_tool
-from kubeproxy.explain.objects import KernelObject, backends_map, nft_claim, nft_table
+from kubeproxy.explain.objects import KernelObject, nft_claim, nft_table
 from kubeproxy.explain.packet import Explanation, Outcome
 from kubeproxy.model.plan import FamilyPlan
 
@@ -84,29 +90,65 @@ def nft_drift(
     elements: Mapping[str, Mapping[str, str | None]],
 ) -> list[str]:
     """Differences between ``objects`` and the kernel's ``chains`` / ``elements`` (by
-    set or map name), as readable lines."""
+    set or map name), as readable lines.
+
+    The frontend's endpoints are compared as a set, not index by index: a partial sync
+    keeps each endpoint at the index it had, so the kernel's order may differ from a
+    fresh rendering's without any difference for a packet."""
     have = set(chains)
     drift: list[str] = []
+    mapname = _backends_map(objects)
     for obj in objects:
         if obj.kind == "chain" and obj.name not in have:
             drift.append(f"missing {obj}")
-        elif obj.kind == "element" and obj.key != "*":
-            kernel = elements.get(obj.name, {})
-            if obj.key not in kernel:
+        elif obj.kind == "element" and obj.key != "*" and obj.name != mapname:
+            held = elements.get(obj.name, {})
+            if obj.key not in held:
                 drift.append(f"missing {obj}")
-            elif kernel[obj.key] != obj.value:
-                drift.append(f"{obj}: the kernel has {kernel[obj.key]!r}")
-    if result.plan is not None and result.frontend is not None:
-        mapname = backends_map(result.frontend)
+            elif held[obj.key] != obj.value:
+                drift.append(f"{obj}: the kernel has {held[obj.key]!r}")
+    if result.plan is not None and result.frontend is not None and mapname is not None:
         prefix = nft_claim(result.plan, result.frontend)[1] + " . "
-        expected = {o.key for o in objects if o.kind == "element" and o.name == mapname}
-        for key, value in sorted(elements.get(mapname, {}).items()):
-            if key.startswith(prefix) and key not in expected:
+        expected = {
+            (o.key.removeprefix(prefix), o.value)
+            for o in objects
+            if o.kind == "element" and o.name == mapname
+        }
+        kernel = {
+            (key.removeprefix(prefix), value)
+            for key, value in elements.get(mapname, {}).items()
+            if key.startswith(prefix)
+        }
+        want = Counter((_local(i), v) for i, v in expected)
+        got = Counter((_local(i), v) for i, v in kernel)
+        for (local, value), _ in sorted((want - got).items()):
+            drift.append(f"missing endpoint {_endpoint(value)}{local} in {mapname}")
+        # An endpoint the kernel has once too often is reported at an index the plan
+        # does not use, if it has one there (out of range: numgen never picks it).
+        surplus = got - want
+        used = {i for i, _ in expected}
+        for index, value in sorted(kernel, key=lambda e: (e[0] in used, int(e[0]))):
+            if surplus[(_local(index), value)] > 0:
+                surplus[(_local(index), value)] -= 1
                 drift.append(
-                    f"extra endpoint {_endpoint(value)} in {mapname} "
-                    f"(index {key.removeprefix(prefix)})"
+                    f"extra endpoint {_endpoint(value)}{_local(index)} in {mapname} (index {index})"
                 )
     return drift
+
+
+def _local(index: str) -> str:
+    """How an index of the backends maps is reported: node-local endpoints (Local traffic
+    policy) are at ``LOCAL_OFFSET`` and up."""
+    return " (node-local)" if int(index) >= LOCAL_OFFSET else ""
+
+
+def _backends_map(objects: Sequence[KernelObject]) -> str | None:
+    """The backends map of the frontend's shared chain (none with session affinity or
+    without endpoints)."""
+    for obj in objects:
+        if obj.kind == "element" and is_backends(obj.name):
+            return obj.name
+    return None
 
 
 def _endpoint(value: str | None) -> str:
@@ -137,10 +179,12 @@ def read_nft(
     keyword = {s.name: s.keyword for s in static_sets(fam)}
     elements: dict[str, dict[str, str | None]] = {}
     wanted = {o.name for o in objects if o.kind == "element"}
-    if result.frontend is not None:
-        wanted.add(backends_map(result.frontend))
     for set_name in sorted(wanted):
-        kind = "set" if set_name.endswith(DESTS_SUFFIX) else keyword.get(set_name)
+        kind = keyword.get(set_name)
+        if set_name.endswith(DESTS_SUFFIX):
+            kind = "set"
+        elif is_backends(set_name):
+            kind = "map"
         if kind is None:
             continue
         try:

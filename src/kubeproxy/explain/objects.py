@@ -5,7 +5,7 @@ the names are exactly those a sync programs:
 
 * nftables: the table, the frontend's element in the ``-dests`` set of its shared
   chain (with session affinity: in ``service-ips`` / ``service-nodeports``), its
-  endpoints in ``ip-backends`` / ``nodeport-backends`` by index, that shared chain,
+  endpoints in that chain's ``-backends`` map by index, that shared chain,
   ``no-endpoint-*`` and firewall elements, and session-affinity chains;
 * iptables: upstream's chains of the ServicePort (``KUBE-SVC-``, ``KUBE-SVL-``,
   ``KUBE-EXT-``, ``KUBE-FW-``, one ``KUBE-SEP-`` per candidate endpoint) and the
@@ -24,8 +24,6 @@ from kubeproxy.backends.iptables.names import ServicePortChains
 from kubeproxy.backends.nftables import render as nft
 from kubeproxy.backends.nftables.table import (
     CLUSTER_IPS,
-    IP_BACKENDS,
-    NODEPORT_BACKENDS,
     REJECT_CHAIN,
     SERVICE_CIDRS,
     TABLE,
@@ -117,10 +115,6 @@ def _nft(plan: ServicePortPlan, frontend: Frontend, fam: FamilyPlan) -> tuple[Ke
     if any(o.value == f"goto {REJECT_CHAIN}" for o in out):
         out.append(KernelObject("chain", table, REJECT_CHAIN))
     return tuple(dict.fromkeys(out))
-
-
-def backends_map(frontend: Frontend) -> str:
-    return NODEPORT_BACKENDS if frontend.kind is FrontendKind.NODE_PORT else IP_BACKENDS
 
 
 def _iptables(

@@ -3,8 +3,11 @@
 Two kernels hold "the same rules" when these canonical states are equal, whatever order
 the objects were created in: for nftables, every table, chain, set and map with its
 elements sorted, rules in their order within each chain, handles and counter values
-left out (the JSON listing); for iptables, ``iptables-save`` of both families, chains
-declared in sorted order, rules grouped by chain in their order, counters left out.
+left out (the JSON listing), and in kubeproxy's backends maps, each destination's
+endpoints in any index order (a partial sync keeps an endpoint at its index, a full
+sync indexes them afresh; a packet meets ``numgen random mod N`` either way); for
+iptables, ``iptables-save`` of both families, chains declared in sorted order, rules
+grouped by chain in their order, counters left out.
 Used by the partial-sync test and by the crash and soak benchmarks, which compare a
 node's kernel with a fresh full sync of the same objects in an empty namespace
 (:func:`fresh_sync`).
@@ -20,6 +23,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from kubeproxy.backends.nftables.table import LOCAL_OFFSET, is_backends
 from kubeproxy.lab.cluster import lab_env
 from kubeproxy.lab.netns import add_netns, delete_netns, ns_exec
 
@@ -56,10 +60,32 @@ def nft_state(ns: str, tables: tuple[tuple[str, str], ...] | None = None) -> dic
                 expr = _without_counts(obj["expr"])
                 out.setdefault(key, []).append(json.dumps(expr, sort_keys=True))
             else:
-                if "elem" in obj:
+                if "elem" in obj and kind == "map" and is_backends(str(obj.get("name"))):
+                    obj["elem"] = _any_index(obj["elem"])
+                elif "elem" in obj:
                     obj["elem"] = sorted(json.dumps(e, sort_keys=True) for e in obj["elem"])
                 out[f"{kind} {obj.get('family')} {table} {obj.get('name')}"] = obj
     return out
+
+
+def _any_index(elements: list[Any]) -> list[str]:
+    """A backends map's elements (``destination . index : endpoint``) with each
+    destination's endpoints sorted and indexed from 0 (node-local ones, at
+    ``LOCAL_OFFSET`` and up, from ``LOCAL_OFFSET``): equal for the same endpoints at any
+    indexes."""
+    groups: dict[str, list[str]] = {}
+    for key, value in elements:
+        *destination, index = key["concat"]
+        group = json.dumps([destination, index >= LOCAL_OFFSET])
+        groups.setdefault(group, []).append(json.dumps(value, sort_keys=True))
+    out: list[str] = []
+    for group, values in groups.items():
+        destination, local = json.loads(group)
+        first = LOCAL_OFFSET if local else 0
+        for i, value in enumerate(sorted(values)):
+            key = {"concat": [*destination, first + i]}
+            out.append(json.dumps([key, json.loads(value)], sort_keys=True))
+    return sorted(out)
 
 
 _COUNTS = re.compile(r"\s*\[\d+:\d+\]")

@@ -37,14 +37,12 @@ from kubeproxy.backends.nftables.render import (
 from kubeproxy.backends.nftables.table import (
     ELEMENT_SETS,
     NODEPORTS_CHAIN,
-    TYPEOF_MAPS,
     LBChain,
     commented,
     config_elements,
     dispatch_chains,
     is_entry,
     skeleton,
-    static_sets,
 )
 from kubeproxy.dataplane.nftables.transaction import (
     Chain,
@@ -337,22 +335,23 @@ class Change:
                 tx.replace_chain(table, name, after[name])
 
     def emit_shared_chains(self, tx: Transaction, table: TableRef) -> None:
-        """New shared load-balancing chains, for a transaction of their own.
+        """New shared load-balancing chains with their backends maps, for a transaction
+        of their own.
 
         nft 1.0.6 cannot rebuild a ``typeof ... th dport`` map type from the kernel
-        ("conflicting protocols specified: ip vs. th"): a batch that both refers to the
-        backends maps in a new rule and adds or deletes elements (which makes nft load the
-        kernel's set definitions) is refused. So new shared chains go first, with the
-        unchanged maps declared again so nft takes their type from the script. The
+        ("conflicting protocols specified: ip vs. th"): a batch that both refers to a
+        backends map in a new rule and adds or deletes elements (which makes nft load the
+        kernel's set definitions) is refused. So new shared chains go first, each with its
+        new (empty) map declared in the same script, so nft takes the type from it. The
         chains are unreferenced until the main transaction, so applying them early is
-        harmless, and ``replace_chain`` makes a retry idempotent.
+        harmless, and ``add map`` / ``replace_chain`` make a retry idempotent.
         """
         new = self.new_shared_chains()
         if not new:
             return
-        for s in static_sets(self.index.fam):
-            if s.name in TYPEOF_MAPS:
-                tx.add_set(table, s)
+        family = self.index.fam.family
+        for chain in new:
+            tx.add_set(table, chain.backends_map(family))
         for chain in new:
             tx.replace_chain(table, chain.name, chain.rules(self.index.fam))
 
@@ -417,6 +416,7 @@ class Change:
             tx.delete_set(table, "set", set_name)
         for shared in gone_shared:
             tx.delete_set(table, "set", shared.dests)
+            tx.delete_set(table, "map", shared.backends)
 
     def commit(self) -> None:
         """The kernel accepted the transaction: the overlay becomes the programmed state."""

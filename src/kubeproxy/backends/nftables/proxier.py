@@ -60,7 +60,6 @@ from kubeproxy.backends.nftables.table import (
     SKELETON_CHAINS,
     TABLE,
     TABLE_COMMENT,
-    TYPEOF_MAPS,
     Vocabulary,
     static_sets,
 )
@@ -144,14 +143,24 @@ class NftablesBackend:
         self, snapshot: Snapshot, names: Iterable[ServicePortName] | None, fams: list[FamilyPlan]
     ) -> tuple[Updates, int]:
         """New rules of ``names`` (every ServicePort when None), per family; None for a
-        ServicePort that is gone from that family, or left out (isolated, unchanged)."""
+        ServicePort that is gone from that family, or left out (isolated, unchanged).
+
+        For a partial sync, endpoints keep their indexes in the backends maps (each
+        ServicePort is rendered with its programmed rules); a full sync rewrites every
+        element anyway and indexes them afresh, as a restarted proxy would."""
         updates: Updates = {}
         rendered = 0
         isolated = self._isolated.reasons if names is not None else {}
         for fam in fams:
             out: dict[ServicePortName, PortRules | None] = {}
+            state = self._families.get(fam.family) if names is not None else None
+            programmed = state.index.rules if state is not None and state.index else {}
             for name, plan in service_port_plans(snapshot, fam, names).items():
-                rules = render_service_port(plan, fam) if plan is not None else None
+                rules = (
+                    render_service_port(plan, fam, programmed.get(name))
+                    if plan is not None
+                    else None
+                )
                 rendered += plan is not None
                 if isolated and (key := (fam.family, name)) in isolated:
                     # A full sync retries everything (and records what is refused).
@@ -185,19 +194,17 @@ class NftablesBackend:
                 tx.add_table(t, TABLE_COMMENT)
                 tx.flush_table(t)
                 for s in static_sets(index.fam):
-                    if s.name not in existing[family][s.keyword]:
-                        continue
-                    if s.name in TYPEOF_MAPS:
-                        # Recreated rather than flushed: nft 1.0.6 cannot rebuild their
-                        # "typeof ... th dport" type from the kernel, and would refuse the
-                        # rules that use them (see Change.emit_shared_chains). They hold
-                        # no state of their own, so nothing is lost.
-                        tx.delete_set(t, s.keyword, s.name)
-                    else:
+                    if s.name in existing[family][s.keyword]:
                         tx.flush_set(t, s.keyword, s.name)
                 for chain in sorted(contents.shared_chains):
                     if chain.dests in existing[family]["set"]:
                         tx.flush_set(t, "set", chain.dests)
+                    if chain.backends in existing[family]["map"]:
+                        # Recreated rather than flushed: nft 1.0.6 cannot rebuild their
+                        # "typeof ... th dport" type from the kernel, and would refuse the
+                        # rules that use them (see Change.emit_shared_chains). They hold
+                        # no state of their own, so nothing is lost.
+                        tx.delete_set(t, "map", chain.backends)
                 for keyword in ("map", "set"):
                     for name in sorted(existing[family][keyword] - ours):
                         tx.delete_set(t, keyword, name)

@@ -6,8 +6,8 @@ load-balancing chains (:class:`~kubeproxy.backends.nftables.table.LBChain`) do t
 
 * Each frontend of the plan is a :class:`Destination`: the elements it adds (its
   element in the ``-dests`` set of the shared chain it uses — or, with session affinity,
-  its ``service-ips`` / ``service-nodeports`` verdict —, its endpoints in the backends
-  map by index, a no-endpoint DROP/REJECT, firewall elements) and that shared chain.
+  its ``service-ips`` / ``service-nodeports`` verdict —, its endpoints in that chain's
+  backends map by index, a no-endpoint DROP/REJECT, firewall elements) and that shared chain.
   Destinations are claimed: two ServicePorts must not both own one (the index decides).
 * ClusterIPs and hairpin pairs are *shared* elements several ServicePorts may add.
 * ServicePorts with ``sessionAffinity: ClientIP`` are the exception: they get chains of
@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kubeproxy.backends.nftables.table import (
@@ -30,11 +32,9 @@ from kubeproxy.backends.nftables.table import (
     FIREWALL_ALLOW,
     FIREWALL_IPS,
     HAIRPIN,
-    IP_BACKENDS,
     LOCAL_OFFSET,
     NO_ENDPOINT_NODEPORTS,
     NO_ENDPOINT_SERVICES,
-    NODEPORT_BACKENDS,
     SERVICE_IPS,
     SERVICE_NODEPORTS,
     VERDICT_DROP,
@@ -111,10 +111,18 @@ def _unreachable(route: Route) -> str:
     return VERDICT_DROP if route.verdict is Verdict.DROP else VERDICT_REJECT
 
 
-def render_service_port(plan: ServicePortPlan, fam: FamilyPlan) -> PortRules:
-    """The elements (and affinity chains) one ServicePort plan needs in its table."""
+def render_service_port(
+    plan: ServicePortPlan, fam: FamilyPlan, previous: PortRules | None = None
+) -> PortRules:
+    """The elements (and affinity chains) one ServicePort plan needs in its table.
+
+    ``previous``: the ServicePort's rules as programmed, if any. An endpoint that stays
+    keeps its index in the backends map, and a new endpoint takes a free one (see
+    :func:`_indexed`); without it, endpoints are indexed in the plan's order.
+    """
     proto = plan.service_port.protocol.nft
     affinity = _Affinity(plan, fam) if plan.affinity_timeout is not None else None
+    before = _Before(previous)
     dests: list[Destination] = []
 
     # ClusterIP: internal traffic.
@@ -125,7 +133,11 @@ def render_service_port(plan: ServicePortPlan, fam: FamilyPlan) -> PortRules:
             dests.append(Destination(("ip", key), ((SERVICE_IPS, key, affinity.goto("ci")),)))
         else:
             chain = LBChain("cluster-ip", len(internal.endpoints))
-            elements = ((chain.dests, key, None), *_backends(IP_BACKENDS, key, internal))
+            old = before.backends(("ip", key), chain)
+            elements = (
+                (chain.dests, key, None),
+                *_indexed(chain.backends, key, internal.endpoints, old),
+            )
             dests.append(Destination(("ip", key), elements, chain))
     else:
         dests.append(
@@ -136,7 +148,7 @@ def render_service_port(plan: ServicePortPlan, fam: FamilyPlan) -> PortRules:
     external = plan.external
     for frontend in plan.external_frontends:
         assert external is not None
-        dests.append(_external(frontend, external, proto, plan, affinity))
+        dests.append(_external(frontend, external, proto, affinity, before))
 
     shared: list[Element] = [(CLUSTER_IPS, plan.cluster_ip, None)]
     shared.extend((HAIRPIN, f"{h} . {h}", None) for h in plan.hairpin)
@@ -154,14 +166,14 @@ def _external(
     frontend: Frontend,
     route: Route,
     proto: str,
-    plan: ServicePortPlan,
     affinity: _Affinity | None,
+    before: _Before,
 ) -> Destination:
     by_ip = frontend.kind is not FrontendKind.NODE_PORT
     key = f"{frontend.ip} . {proto} . {frontend.port}" if by_ip else f"{proto} . {frontend.port}"
     dispatch = SERVICE_IPS if by_ip else SERVICE_NODEPORTS
-    backends = IP_BACKENDS if by_ip else NODEPORT_BACKENDS
     local = route.policy is TrafficPolicy.LOCAL
+    claim: Claim = ("ip", key) if by_ip else ("nodeport", key)
     elements: list[Element] = []
     chain: LBChain | None = None
     # Local policy with no local endpoint still short-circuits local Pods and the node.
@@ -174,13 +186,15 @@ def _external(
                 len(route.short_circuit),
                 len(route.endpoints),
             )
+            old = before.backends(claim, chain)
             elements.append((chain.dests, key, None))
-            elements.extend(_indexed(backends, key, route.short_circuit))
-            elements.extend(_indexed(backends, key, route.endpoints, LOCAL_OFFSET))
+            elements.extend(_indexed(chain.backends, key, route.short_circuit, old))
+            elements.extend(_indexed(chain.backends, key, route.endpoints, old, LOCAL_OFFSET))
         else:
             chain = LBChain("external-ip" if by_ip else "external-np", len(route.endpoints))
+            old = before.backends(claim, chain)
             elements.append((chain.dests, key, None))
-            elements.extend(_backends(backends, key, route))
+            elements.extend(_indexed(chain.backends, key, route.endpoints, old))
     if not route.endpoints:
         # No endpoints at all (reject), or none on this node for Local policy (drop
         # whatever the chain above did not short-circuit).
@@ -189,20 +203,61 @@ def _external(
     if frontend.source_ranges:
         elements.append((FIREWALL_IPS, key, None))
         elements.extend((FIREWALL_ALLOW, f"{key} . {r}", None) for r in frontend.source_ranges)
-    claim = ("ip", key) if by_ip else ("nodeport", key)
     return Destination(claim, tuple(elements), chain)
 
 
-def _backends(map_name: str, key: str, route: Route) -> list[Element]:
-    return _indexed(map_name, key, route.endpoints)
+class _Before:
+    """The backends elements a ServicePort's destinations had, as programmed."""
+
+    def __init__(self, previous: PortRules | None) -> None:
+        self.destinations = (
+            {d.claim: d for d in previous.destinations} if previous is not None else {}
+        )
+
+    def backends(self, claim: Claim, chain: LBChain) -> dict[str, str]:
+        """Key -> endpoint of the destination's elements in ``chain``'s backends map
+        (none if it used another chain: another map, whose indexes mean nothing here)."""
+        dest = self.destinations.get(claim)
+        if dest is None or dest.chain != chain:
+            return {}
+        return {k: v for m, k, v in dest.elements if m == chain.backends and v is not None}
 
 
 def _indexed(
-    map_name: str, key: str, endpoints: tuple[Endpoint, ...], offset: int = 0
+    map_name: str,
+    key: str,
+    endpoints: tuple[Endpoint, ...],
+    before: Mapping[str, str],
+    offset: int = 0,
 ) -> list[Element]:
+    """The endpoints at indexes ``offset`` .. ``offset + len(endpoints) - 1``.
+
+    An endpoint keeps the index it had in ``before`` (the programmed elements) while
+    that index is still in range, and the others fill the free indexes in the plan's
+    order: a changed endpoint costs one element, where indexing in address order would
+    shift every endpoint after it (and rewrite about half of a Service's elements).
+    Which index holds which endpoint does not change what a packet meets: the index is
+    ``numgen random mod N``.
+    """
+    values = [f"{ep.ip} . {ep.port}" for ep in endpoints]
+    if not before:
+        return [(map_name, f"{key} . {offset + i}", v) for i, v in enumerate(values)]
+    wanted = Counter(values)
+    slots: list[str | None] = [None] * len(values)
+    for i in range(len(values)):
+        old = before.get(f"{key} . {offset + i}")
+        if old is not None and wanted[old] > 0:
+            slots[i] = old
+            wanted[old] -= 1
+    newcomers: list[str] = []
+    for v in values:
+        if wanted[v] > 0:
+            newcomers.append(v)
+            wanted[v] -= 1
+    free = iter(newcomers)
     return [
-        (map_name, f"{key} . {offset + i}", f"{ep.ip} . {ep.port}")
-        for i, ep in enumerate(endpoints)
+        (map_name, f"{key} . {offset + i}", v if v is not None else next(free))
+        for i, v in enumerate(slots)
     ]
 
 

@@ -32,8 +32,6 @@ LOCAL_OFFSET = 65536
 
 SERVICE_IPS = "service-ips"
 SERVICE_NODEPORTS = "service-nodeports"
-IP_BACKENDS = "ip-backends"
-NODEPORT_BACKENDS = "nodeport-backends"
 NO_ENDPOINT_SERVICES = "no-endpoint-services"
 NO_ENDPOINT_NODEPORTS = "no-endpoint-nodeports"
 HAIRPIN = "hairpin"
@@ -48,16 +46,17 @@ VERDICT_REJECT = f"goto {REJECT_CHAIN}"
 VERDICT_DROP = "drop"
 
 NODEPORTS_CHAIN = "nodeports"
-# Sets of the destinations that use one shared chain: "<chain name>-dests".
+# Sets of the destinations that use one shared chain: "<chain name>-dests"; and the
+# map of their endpoints by index: "<chain name>-backends".
 DESTS_SUFFIX = "-dests"
+BACKENDS_SUFFIX = "-backends"
 
 # Sets and maps whose elements come from ServicePorts (the others hold configuration;
-# the "-dests" sets of the shared chains come and go with their chains).
+# the "-dests" sets and "-backends" maps of the shared chains come and go with their
+# chains).
 ELEMENT_SETS = (
     SERVICE_IPS,
     SERVICE_NODEPORTS,
-    IP_BACKENDS,
-    NODEPORT_BACKENDS,
     NO_ENDPOINT_SERVICES,
     NO_ENDPOINT_NODEPORTS,
     HAIRPIN,
@@ -86,9 +85,11 @@ def is_entry(set_name: str) -> bool:
     return set_name in (SERVICE_IPS, SERVICE_NODEPORTS) or set_name.endswith(DESTS_SUFFIX)
 
 
-# nft 1.0.6 cannot rebuild these maps' "typeof ... th dport" type from the kernel; see
-# the proxier for what that costs.
-TYPEOF_MAPS = (IP_BACKENDS, NODEPORT_BACKENDS)
+def is_backends(set_name: str) -> bool:
+    """Whether ``set_name`` is a shared chain's backends map. nft 1.0.6 cannot rebuild
+    their ``typeof ... th dport`` type from the kernel; see the proxier for what that
+    costs."""
+    return set_name.endswith(BACKENDS_SUFFIX)
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,8 +172,13 @@ class LBChain:
     """A shared load-balancing chain.
 
     ``kind`` is ``cluster-ip``, ``external-ip``/``external-np`` (externalTrafficPolicy
-    Cluster) or ``local-ip``/``local-np`` (Local); ``-ip`` chains read the backends keyed
-    by destination address, ``-np`` chains those keyed by NodePort.
+    Cluster) or ``local-ip``/``local-np`` (Local); ``-ip`` chains key their destinations
+    by address, protocol and port, ``-np`` chains by NodePort.
+
+    Each has its own backends map (not one map for every chain): the kernel checks
+    every element of a map when a new rule binds it (``nf_tables_bind_set``), so with a
+    shared map, a new chain — a Service taking an endpoint count no other Service has —
+    cost O(endpoints of the table); with its own, the new chain binds an empty map.
     """
 
     kind: str
@@ -205,6 +211,23 @@ class LBChain:
             key = f"{v.addr_type} . {key}"
         return Set(self.dests, key, comment=f"destinations that use chain {self.name}")
 
+    @property
+    def backends(self) -> str:
+        """The map of this chain's endpoints: destination and index -> endpoint.
+        Node-local endpoints (Local traffic policy) are at ``LOCAL_OFFSET + i``."""
+        return f"{self.name}{BACKENDS_SUFFIX}"
+
+    def backends_map(self, family: IPFamily) -> Set:
+        ip = Vocabulary.of(family).ip
+        key = "meta l4proto . th dport . numgen random mod 1"
+        if not self.by_node_port:
+            key = f"{ip} daddr . {key}"
+        return Set.map(
+            self.backends,
+            f"typeof {key} : {ip} daddr . th dport",
+            comment=f"endpoints of chain {self.name} by index",
+        )
+
     def dispatch_rule(self, family: IPFamily) -> str:
         """Its rule in ``services`` (``nodeports`` for a NodePort chain)."""
         key = "meta l4proto . th dport"
@@ -218,7 +241,7 @@ class LBChain:
         key = "meta l4proto . th dport"
         if not by_node_port:
             key = f"{v.ip} daddr . {key}"
-        backends = NODEPORT_BACKENDS if by_node_port else IP_BACKENDS
+        backends = self.backends
 
         def dnat(n: int, offset: int = 0) -> str | None:
             if not n:
@@ -244,17 +267,6 @@ def static_sets(fam: FamilyPlan) -> list[Set]:
         ),
         Set.map(
             SERVICE_NODEPORTS, "inet_proto . inet_service : verdict", comment="NodePort traffic"
-        ),
-        Set.map(
-            IP_BACKENDS,
-            f"typeof {v.ip} daddr . meta l4proto . th dport . numgen random mod 1 : "
-            f"{v.ip} daddr . th dport",
-            comment="endpoints of each service IP destination, by index",
-        ),
-        Set.map(
-            NODEPORT_BACKENDS,
-            f"typeof meta l4proto . th dport . numgen random mod 1 : {v.ip} daddr . th dport",
-            comment="endpoints of each NodePort, by index",
         ),
         Set.map(
             NO_ENDPOINT_SERVICES,
@@ -337,7 +349,8 @@ def skeleton(fam: FamilyPlan, classes: Iterable[LBChain] = ()) -> Table:
     table.sets = static_sets(fam)
     for s in table.sets:
         s.elements = [(e, None) for e in config_elements(fam).get(s.name, ())]
-    table.sets.extend(c.dests_set(fam.family) for c in classes)
+    for c in classes:
+        table.sets.extend((c.dests_set(fam.family), c.backends_map(fam.family)))
 
     nodeport_match = _nodeport_match(fam)
     dispatching = dispatch_chains(fam, classes)
