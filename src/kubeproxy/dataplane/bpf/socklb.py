@@ -122,6 +122,8 @@ class KVMap(Protocol):
 
     def delete(self, key: bytes) -> bool: ...
 
+    def lookup(self, key: bytes) -> bytes | None: ...
+
     def items(self) -> Iterator[tuple[bytes, bytes]]: ...
 
 
@@ -148,6 +150,11 @@ class FakeMap:
             raise libbpf.BpfError(errno.EINVAL, "delete: wrong key size")
         self.writes += 1
         return self.data.pop(key, None) is not None
+
+    def lookup(self, key: bytes) -> bytes | None:
+        if len(key) != self.key_size:
+            raise libbpf.BpfError(errno.EINVAL, "lookup: wrong key size")
+        return self.data.get(key)
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
         yield from list(self.data.items())
@@ -198,6 +205,26 @@ class ServiceTable:
             kv.delete(_key(frontend, slot))
             ops += 1
         return ops
+
+    def read(self, frontend: Frontend) -> Backends:
+        """What the map holds for ``frontend`` now (its count's slots; NONE: no entry):
+        a few lookups, where :meth:`dump` walks the whole map."""
+        family = frontend.family
+        kv = self.kv[family]
+        slot0 = kv.lookup(_key(frontend, 0))
+        if slot0 is None:
+            return NONE
+        affinity, count = _SLOT0[family].unpack(slot0)
+        af = _AF[family]
+        targets = []
+        for slot in range(1, count + 1):
+            value = kv.lookup(_key(frontend, slot))
+            if value is None:
+                targets.append(Target("", 0))  # a write cut short (dump shows it too)
+                continue
+            ep_addr, ep_port, _ = _ENDPOINT[family].unpack(value)
+            targets.append(Target(socket.inet_ntop(af, ep_addr), int.from_bytes(ep_port, "big")))
+        return Backends(tuple(targets), affinity)
 
     def dump(self) -> dict[Frontend, Backends]:
         """Everything programmed (what a restart finds in the pinned map): the frontends
@@ -357,9 +384,14 @@ class SockLB:
         hooks sent from each frontend to its (now removed) target; how many."""
         # (family, peer as sock_diag shows it, port) -> (frontend, target)
         wanted: dict[tuple[int, str, int], tuple[Frontend, Target]] = {}
+        current: dict[Frontend, tuple[Target, ...]] = {}
         for frontend, target in stale:
             if frontend.protocol is not L4Protocol.UDP:
                 continue
+            if frontend not in current:
+                current[frontend] = self.services.read(frontend).targets
+            if target in current[frontend]:
+                continue  # back in the map since the sync that removed it
             wanted[(_AF[frontend.family], target.ip, target.port)] = (frontend, target)
             if frontend.family is IPFamily.IPv4:  # dual-stack sockets see ::ffff:a.b.c.d
                 mapped = (socket.AF_INET6, f"::ffff:{target.ip}", target.port)
