@@ -17,6 +17,7 @@
 * :meth:`SockLB.destroy_stale` — destroy the connected UDP sockets the hooks sent to an
   endpoint that is gone (:mod:`kubeproxy.dataplane.sockdiag`): the ones whose socket
   cookie and peer ``kp_rev4/6`` records as rewritten from that frontend.
+* :func:`pinned_entry`, :func:`unlinked_hooks` — read what is pinned (``explain --live``).
 * :func:`cleanup` — detach the pinned links and remove every pin.
 
 Both families: connect, sendmsg, recvmsg and getpeername, each in its 4 and 6 flavour.
@@ -447,6 +448,24 @@ def _attach(program: int, hook: str, pin: Path, cgroup_fd: int, cgroup_id: int) 
         link.pin(str(pin))
     finally:
         link.close()
+
+
+def pinned_entry(pin_dir: Path, frontend: Frontend) -> Backends:
+    """What the pinned ``kp_svc4/6`` map holds for ``frontend`` now (read only: for
+    ``explain --live``); raises BpfError when the map is not pinned there."""
+    family = frontend.family
+    name = "kp_svc4" if family is IPFamily.IPv4 else "kp_svc6"
+    fd = libbpf.obj_get(str(map_pin(pin_dir, name)))
+    try:
+        kv = libbpf.MapFd(fd, name, _SVC_KEY[family].size, _ENDPOINT[family].size)
+        return ServiceTable(kv, kv).read(frontend)
+    finally:
+        os.close(fd)
+
+
+def unlinked_hooks(pin_dir: Path) -> list[str]:
+    """The hooks without a pinned link under ``pin_dir`` (not attached by us)."""
+    return [hook for hook in PROGRAMS if not (pin_dir / f"link_{hook}").exists()]
 
 
 def cleanup(pin_dir: Path = DEFAULT_PIN_PATH) -> list[str]:
