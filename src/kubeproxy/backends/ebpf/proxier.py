@@ -57,7 +57,7 @@ from kubeproxy.dataplane.bpf.socklb import (
     cleanup,
 )
 from kubeproxy.model.state import Snapshot
-from kubeproxy.model.types import ServicePortName
+from kubeproxy.model.types import L4Protocol, ServicePortName
 
 log = logging.getLogger(__name__)
 
@@ -215,8 +215,8 @@ class EbpfBackend:
         stale: list[tuple[Frontend, Target]],
         written: dict[Frontend, tuple[Target, ...]],
     ) -> int:
-        """Bring ``touched`` frontends in line; add to ``stale`` the targets they lost,
-        to ``written`` what each frontend written now has."""
+        """Bring ``touched`` frontends in line; add to ``stale`` the targets UDP frontends
+        lost, to ``written`` what each frontend written now has."""
         operations = 0
         for frontend in sorted(touched):
             owner = self._owner.get(frontend)
@@ -226,8 +226,9 @@ class EbpfBackend:
                 continue
             operations += table.write(frontend, want, before=have)
             written[frontend] = want.targets
-            kept = set(want.targets)
-            stale.extend((frontend, t) for t in have.targets if t not in kept and t.ip)
+            if frontend.protocol is L4Protocol.UDP:  # TCP connections stay, as upstream's
+                kept = set(want.targets)
+                stale.extend((frontend, t) for t in have.targets if t not in kept and t.ip)
             if want.targets:
                 programmed[frontend] = want
             else:
