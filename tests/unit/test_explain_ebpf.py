@@ -1,6 +1,6 @@
 """``explain`` in ebpf mode: what the socket hooks take, what they leave to nftables.
 
-One row per decision (:func:`kubeproxy.explain.socket.through_hooks` on top of the
+One row per decision (:func:`kubeproxy.explain.socket_hooks.through_hooks` on top of the
 nftables walk), the hooks' map entries it names, and ``--live``'s comparison with a
 pinned map (pure). The kernel's agreement: tests/kernel/test_ebpf.py.
 """
@@ -16,7 +16,7 @@ from kubeproxy.config import ProxyConfig
 from kubeproxy.dataplane.bpf.socklb import Backends, Target
 from kubeproxy.explain.command import explain_packet
 from kubeproxy.explain.packet import Explanation, NodeAddresses, Origin, Outcome, Packet, explain
-from kubeproxy.explain.socket import socket_drift, socket_objects, through_hooks
+from kubeproxy.explain.socket_hooks import socket_drift, socket_objects, through_hooks
 from kubeproxy.model.plan import plan_service_port
 from kubeproxy.model.state import NodeState, Snapshot
 from kubeproxy.model.types import Endpoint, IPFamily, L4Protocol, ServicePort, TrafficPolicy

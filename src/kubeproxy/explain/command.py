@@ -6,7 +6,7 @@ use; here the configuration and the snapshot become the same plans a sync progra
 :func:`~kubeproxy.backends.planning.service_port_plans`), which the pure modules explain
 or list. ``--live`` is the only side effect: it reads the node's addresses and the
 kernel's objects (:mod:`kubeproxy.explain.live`; in ebpf mode also the pinned map of
-the socket hooks, :mod:`kubeproxy.explain.socket`).
+the socket hooks, :mod:`kubeproxy.explain.socket_hooks`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from kubeproxy.config import ConfigError, ProxyConfig
 from kubeproxy.dataplane.bpf.socklb import pinned_entry, unlinked_hooks
 from kubeproxy.dataplane.iptables.runner import IptablesCommand, detect_flavor
 from kubeproxy.dataplane.process import ToolError
-from kubeproxy.explain import live, socket
+from kubeproxy.explain import live, socket_hooks
 from kubeproxy.explain.listing import Row, rows
 from kubeproxy.explain.objects import KernelObject, kernel_objects
 from kubeproxy.explain.packet import (
@@ -81,9 +81,9 @@ def explain_packet(
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if config.mode == "ebpf":
-        result = socket.through_hooks(result, fam, snapshot.endpoints)
+        result = socket_hooks.through_hooks(result, fam, snapshot.endpoints)
     hooks = result.verdict is Outcome.SOCKET_LB
-    objects = socket.socket_objects(result) if hooks else kernel_objects(result, fam)
+    objects = socket_hooks.socket_objects(result) if hooks else kernel_objects(result, fam)
     drift: list[str] | None = None
     if live_check:
         drift = [] if hooks else _drift(config, result, fam, objects)
@@ -95,7 +95,7 @@ def explain_packet(
 def _socket_drift(config: ProxyConfig, result: Explanation) -> list[str]:
     """ebpf mode: the pinned map's entry for the frontend against the plan's (none
     expected when the hooks leave the frontend to nftables)."""
-    key = socket.socket_frontend(result)
+    key = socket_hooks.socket_frontend(result)
     if key is None:
         return []
     pin_dir = Path(config.ebpf_pin_path)
@@ -103,7 +103,7 @@ def _socket_drift(config: ProxyConfig, result: Explanation) -> list[str]:
         have = pinned_entry(pin_dir, key)
     except OSError as err:
         return [f"cannot read the socket hooks' map under {pin_dir}: {err}"]
-    return socket.socket_drift(result, have, unlinked_hooks(pin_dir))
+    return socket_hooks.socket_drift(result, have, unlinked_hooks(pin_dir))
 
 
 def _drift(

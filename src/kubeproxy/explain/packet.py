@@ -70,7 +70,7 @@ class Outcome(StrEnum):
     ACCEPT = "ACCEPT"
     NONE = "NONE"
     # ebpf mode: a socket hook gives the connection its endpoint in connect()/sendmsg()
-    # (:mod:`kubeproxy.explain.socket`); no packet is DNATed.
+    # (:mod:`kubeproxy.explain.socket_hooks`); no packet is DNATed.
     SOCKET_LB = "SOCKET-LB"
 
 
