@@ -64,7 +64,7 @@ def nft_table(fam: FamilyPlan) -> str:
 
 
 # Modes whose packets meet nftables mode's rules (ebpf mode: whatever its socket hooks
-# leave alone; their own entries are kubeproxy.explain.socket_hooks').
+# leave alone; their own entries are in kubeproxy.explain.socket_hooks).
 NFT_RULES = ("nftables", "ebpf")
 
 
