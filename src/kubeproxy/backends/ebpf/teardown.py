@@ -50,7 +50,6 @@ class TeardownStats:
     dropped: int = 0  # pairs never looked at (over MAX_PENDING, or at close)
     runs: int = 0
     last_seconds: float = 0.0  # wall-clock of the last walk
-    last_cpu_seconds: float = 0.0  # the worker's CPU time in it
 
 
 class SocketTeardown:
@@ -131,7 +130,7 @@ class SocketTeardown:
                 batch = list(self._pending)
                 self._pending.clear()
                 self._busy = True
-            started, cpu = time.perf_counter(), time.thread_time()
+            started = time.perf_counter()
             destroyed, failed = 0, False
             try:
                 destroyed = self._destroy(batch)
@@ -142,7 +141,7 @@ class SocketTeardown:
                     len(batch),
                     err,
                 )
-            seconds, cpu = time.perf_counter() - started, time.thread_time() - cpu
+            seconds = time.perf_counter() - started
             if destroyed:
                 log.info(
                     "ebpf mode: destroyed %d UDP sockets to removed endpoints in %.3f s",
@@ -154,6 +153,6 @@ class SocketTeardown:
                 stats.runs += 1
                 stats.destroyed += destroyed
                 stats.failures += failed
-                stats.last_seconds, stats.last_cpu_seconds = seconds, cpu
+                stats.last_seconds = seconds
                 self._busy = False
                 self._cond.notify_all()
