@@ -7,7 +7,7 @@ pinned map (pure). The kernel's agreement: tests/kernel/test_ebpf.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -21,23 +21,11 @@ from kubeproxy.model.plan import plan_service_port
 from kubeproxy.model.state import NodeState, Snapshot
 from kubeproxy.model.types import Endpoint, IPFamily, L4Protocol, ServicePort, TrafficPolicy
 from tests.unit.conftest import service_port
-from tests.unit.test_explain import CLIENT, L1, NODE_IP, POD, R1, family, svc, tcp
+from tests.unit.test_explain import CLIENT, L1, NODE_IP, POD, R1, Case, family, svc, tcp
 
 LOCAL = TrafficPolicy.LOCAL
 NODE = NodeAddresses(frozenset({NODE_IP}))
 EXT = "203.0.113.10"
-
-
-@dataclass
-class Case:
-    id: str
-    svc: ServicePort
-    eps: tuple[Endpoint, ...]
-    packet: Packet
-    verdict: Outcome
-    endpoints: set[str] = field(default_factory=set)
-    reason: str = ""
-    origin: Origin | None = None
 
 
 def run(s: ServicePort, eps: tuple[Endpoint, ...], packet: Packet, **kw: Any) -> Explanation:
@@ -51,35 +39,36 @@ def run(s: ServicePort, eps: tuple[Endpoint, ...], packet: Packet, **kw: Any) ->
 BOTH = {"10.244.1.10:8080", "10.244.2.10:8080"}
 CASES = [
     Case("clusterip-from-a-pod", svc(), (L1, R1), tcp(POD, "10.96.0.10"), Outcome.SOCKET_LB,
-         BOTH, "the socket hook gives the connection one of 2 endpoint(s)"),
+         BOTH, False, "the socket hook gives the connection one of 2 endpoint(s)"),
     Case("clusterip-from-the-node", svc(), (L1, R1), tcp(NODE_IP, "10.96.0.10"),
-         Outcome.SOCKET_LB, BOTH, "not masqueraded: the packets carry the client's own"),
+         Outcome.SOCKET_LB, BOTH, False, "not masqueraded: the packets carry the client's own"),
     Case("clusterip-from-outside", svc(), (L1, R1), tcp(CLIENT, "10.96.0.10"), Outcome.DNAT,
-         BOTH, "from outside this node, so not a socket of the hooked cgroup"),
+         BOTH, True, "from outside this node, so not a socket of the hooked cgroup"),
     Case("internal-local", svc(itp=LOCAL), (L1, R1), tcp(POD, "10.96.0.10"),
-         Outcome.SOCKET_LB, {"10.244.1.10:8080"}, "internalTrafficPolicy Local"),
+         Outcome.SOCKET_LB, {"10.244.1.10:8080"}, False, "internalTrafficPolicy Local"),
     Case("no-endpoints", svc(), (), tcp(POD, "10.96.0.10"), Outcome.REJECT, set(),
-         "no endpoint for this route, so no socket-hook entry"),
+         False, "no endpoint for this route, so no socket-hook entry"),
     Case("nodeport", svc(node_port=30080), (L1,), tcp(NODE_IP, NODE_IP, 30080), Outcome.DNAT,
-         {"10.244.1.10:8080"}, "NodePorts are not socket-hook frontends"),
+         {"10.244.1.10:8080"}, True, "NodePorts are not socket-hook frontends"),
     Case("external-ip", svc(external_ips=(EXT,)), (L1, R1), tcp(POD, EXT), Outcome.SOCKET_LB,
-         BOTH, "externalTrafficPolicy Cluster"),
+         BOTH, False, "externalTrafficPolicy Cluster"),
     # nftables mode DROPs the node's own connection here (no local endpoint); the hooks
     # give it the cluster-wide endpoints, as nftables mode's short-circuit does for Pods.
     Case("external-local-from-the-node", svc(external_ips=(EXT,), etp=LOCAL), (R1,),
          tcp(NODE_IP, EXT), Outcome.SOCKET_LB, {"10.244.2.10:8080"},
-         "externalTrafficPolicy Local, but a socket on this node"),
+         False, "externalTrafficPolicy Local, but a socket on this node"),
     Case("lb-source-ranges", svc(load_balancer_ips=("198.51.100.20",),
                                  load_balancer_source_ranges=("10.244.0.0/16",)),
          (L1,), tcp(POD, "198.51.100.20"), Outcome.DNAT, {"10.244.1.10:8080"},
-         "the source address is not known yet at connect()"),
+         True, "the source address is not known yet at connect()"),
     Case("sctp", service_port(protocol=L4Protocol.SCTP), (L1,),
          tcp(POD, "10.96.0.10", protocol=L4Protocol.SCTP), Outcome.DNAT, {"10.244.1.10:8080"},
-         "SCTP sockets are not rewritten"),
+         False, "SCTP sockets are not rewritten"),
     Case("no-service", svc(), (L1,), tcp(POD, "10.96.0.99"), Outcome.NONE, set(),
-         "no Service frontend"),
+         False, "no Service frontend"),
     Case("pod-origin-given", svc(), (L1,), tcp(CLIENT, "10.96.0.10"), Outcome.SOCKET_LB,
-         {"10.244.1.10:8080"}, "a Pod on another node is served by its own node", Origin.POD),
+         {"10.244.1.10:8080"}, False, "a Pod on another node is served by its own node",
+         origin=Origin.POD),
 ]  # fmt: skip
 
 
@@ -89,9 +78,9 @@ def test_decision(case: Case) -> None:
     assert result.mode == "ebpf"
     assert result.verdict is case.verdict, result.reasons
     assert set(result.endpoints) == case.endpoints
+    assert result.masquerade is case.masquerade, result.reasons
     assert any(case.reason in r for r in result.reasons), result.reasons
     if case.verdict is Outcome.SOCKET_LB:
-        assert not result.masquerade
         assert sum(c.probability for c in result.candidates) == pytest.approx(1)
 
 
