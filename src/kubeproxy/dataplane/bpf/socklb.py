@@ -403,11 +403,12 @@ class SockLB:
 
         def in_netns() -> None:
             nonlocal destroyed
-            for af in sorted({af for af, _, _ in wanted}):
-                for sock in sockdiag.connected_udp(af):
-                    pair = wanted.get((sock.family, sock.peer, sock.peer_port))
-                    if pair is not None and self._rewritten(sock.cookie, *pair):
-                        destroyed += sockdiag.destroy(sock)
+            with sockdiag.session() as nl:
+                for af in sorted({af for af, _, _ in wanted}):
+                    for sock in sockdiag.connected_udp(af):
+                        pair = wanted.get((sock.family, sock.peer, sock.peer_port))
+                        if pair is not None and self._rewritten(sock.cookie, *pair):
+                            destroyed += sockdiag.destroy(sock, nl)
 
         sockdiag.in_namespaces_of(self.cgroup, in_netns)
         return destroyed
