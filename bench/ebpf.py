@@ -105,9 +105,8 @@ def snapshot_of(services: int) -> tuple[Snapshot, ServicePortName]:
     return snapshot, name
 
 
-def run_size(
-    lab: Lab, bpf: BpfLab, services: int, connections: int, rounds: int, *, freeze: bool
-) -> dict[str, Any]:
+def lab_backend(lab: Lab, bpf: BpfLab) -> EbpfBackend:
+    """An ebpf backend for node-a of ``lab``, its hooks on ``bpf``'s cgroup (started)."""
     config = ProxyConfig(
         hostname=NODE,
         mode="ebpf",
@@ -122,6 +121,13 @@ def run_size(
         socket_lb_opener(config),
     )
     backend.start()
+    return backend
+
+
+def run_size(
+    lab: Lab, bpf: BpfLab, services: int, connections: int, rounds: int, *, freeze: bool
+) -> dict[str, Any]:
+    backend = lab_backend(lab, bpf)
     try:
         snapshot, name = snapshot_of(services)
         started = time.perf_counter()

@@ -51,6 +51,12 @@ when a scrape comes (:attr:`Metrics.counter_reader`, set to the backend's ``coun
 ``kubeproxy_iptables_ct_state_invalid_dropped_packets_total``, absent (as upstream's) when
 the node has no nfacct support.
 
+In ebpf mode (ours, read from the backend at scrape time in the same way): the socket
+teardown after syncs, ``kubeproxy_ebpf_sockets_destroyed_total``,
+``kubeproxy_ebpf_socket_teardown_failures_total`` (failed walks, each logged) and
+``kubeproxy_ebpf_socket_teardown_dropped_total`` (removed endpoints whose sockets were
+never looked at: see :mod:`kubeproxy.backends.ebpf.teardown`).
+
 The sync-failure counter is named per mode, as upstream (``..._nftables_sync_failures_total``
 in nftables mode, ``..._iptables_restore_failures_total`` in iptables and ipvs modes);
 the cleanup-failure counter exists in nftables mode only.
@@ -272,7 +278,7 @@ class Metrics:
         self.registry.register(_Goroutines())
         # Kernel counters, read at scrape time (iptables mode's nfacct objects).
         self.counter_reader: Callable[[], Mapping[str, int]] = dict
-        if mode == "iptables":
+        if mode in ("iptables", "ebpf"):
             self.registry.register(_KernelCounters(self))
         # What the nftables backend programmed (ours; other modes count their own way).
         self.nftables_elements: Gauge | None = None
@@ -383,7 +389,8 @@ class Metrics:
         return generate_latest(_WithoutCreated(self.registry))
 
 
-# nfacct counter -> (metric, help), upstream's (pkg/proxy/metrics).
+# The backend's counter -> (metric, help): upstream's nfacct ones (pkg/proxy/metrics),
+# then ebpf mode's socket teardown (ours).
 KERNEL_COUNTERS = {
     "localhost_nps_accepted_pkts": (
         "kubeproxy_iptables_localhost_nodeports_accepted_packets_total",
@@ -392,6 +399,18 @@ KERNEL_COUNTERS = {
     "ct_state_invalid_dropped_pkts": (
         "kubeproxy_iptables_ct_state_invalid_dropped_packets_total",
         "packets dropped by iptables to work around conntrack problems",
+    ),
+    "ebpf_sockets_destroyed": (
+        "kubeproxy_ebpf_sockets_destroyed_total",
+        "Connected UDP sockets destroyed because their endpoint was removed (ebpf mode)",
+    ),
+    "ebpf_socket_teardown_failures": (
+        "kubeproxy_ebpf_socket_teardown_failures_total",
+        "Socket teardowns after a sync that failed (each is logged; ebpf mode)",
+    ),
+    "ebpf_socket_teardown_dropped": (
+        "kubeproxy_ebpf_socket_teardown_dropped_total",
+        "Removed endpoints whose sockets were not torn down: too many waiting, or at stop",
     ),
 }
 

@@ -21,7 +21,7 @@ import pytest
 
 from kubeproxy.dataplane.bpf.libbpf import link_info, obj_get
 from kubeproxy.dataplane.bpf.socklb import MAPS, PROGRAMS, map_pin
-from kubeproxy.lab.cluster import NODE_IP, Lab, stop_process
+from kubeproxy.lab.cluster import CLIENT_IP, NODE_IP, Lab, stop_process
 from kubeproxy.lab.echo import tally, tcp_ask
 from kubeproxy.lab.netns import ns_exec, sh
 from kubeproxy.lab.objects import ManifestDir, endpoint_slice, service
@@ -340,6 +340,51 @@ def test_without_the_fallback_flag_a_node_without_the_hooks_refuses_to_start(
     assert seen["answers"] == {"local-1": 5}
     assert conntrack_to(lab, VIP) != []
     assert not bpf.pin_path.exists()  # the earlier test's hooks were removed
+
+
+def test_explain_says_what_the_hooks_do_and_the_kernel_agrees(
+    lab: Lab, bpf: BpfLab, manifests: ManifestDir
+) -> None:
+    """``explain --live`` in ebpf mode: the pinned map holds the plan's entry (no drift),
+    a hooked client reaches exactly the explained endpoints, and what the hooks leave
+    alone is nftables mode's explanation, still without drift."""
+    web(manifests, "local-1", "remote-1")
+    manifests.write(
+        "none.yaml",
+        service("none", "10.96.7.3", [HTTP]),
+        endpoint_slice("none", [], [TARGET]),
+    )
+    sync(lab, manifests, *bpf.flags())
+
+    def explain(src: str, dst: str) -> Any:
+        return lab.explain(manifests.path, *bpf.flags(), "--src", src, "--dst", dst, "--port", "80")
+
+    hooked = explain(ip("client"), VIP)
+    assert hooked["verdict"] == "SOCKET-LB", hooked["reasons"]
+    assert hooked["drift"] == [], hooked["drift"]
+    assert hooked["masquerade"] is False
+    explained = {e.split(":")[0] for e in hooked["endpoints"]}
+    assert explained == {ip("local-1"), ip("remote-1")}
+    assert any("kp_svc4" in o for o in hooked["kernelObjects"])
+    ns_exec(lab.node_ns, "conntrack", "-F", check=False)
+    answered = set(client(lab, bpf, "tcp")["answers"])
+    assert answered == {"local-1", "remote-1"}
+    assert conntrack_to(lab, VIP) == []  # the hooks did it, as explained
+    # From outside the node: nftables' DNAT, its objects checked live (no drift).
+    outside = explain(CLIENT_IP, VIP)
+    assert outside["verdict"] == "DNAT", outside["reasons"]
+    assert outside["drift"] == [], outside["drift"]
+    # No endpoints: no map entry (checked in the pinned map), nftables REJECTs.
+    refused = explain(ip("client"), "10.96.7.3")
+    assert refused["verdict"] == "REJECT", refused["reasons"]
+    assert refused["drift"] == [], refused["drift"]
+    assert bpf.client(lab.pods["client"].netns, "tcp", "10.96.7.3", 80, 3)["answers"] == {
+        "ECONNREFUSED": 3
+    }
+    # The plan changes but the proxy has not synced it: the map read finds the difference.
+    web(manifests, "local-1", "remote-1", "local-2")
+    stale = explain(ip("client"), VIP)
+    assert f"missing endpoint {ip('local-2')}:8080 in kp_svc4 ({VIP}:80/TCP)" in stale["drift"]
 
 
 HOOKS = sorted(

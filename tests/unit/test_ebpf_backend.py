@@ -4,6 +4,9 @@ syncs (the real EbpfBackend over FakeNftables and a FakeMap)."""
 
 from __future__ import annotations
 
+import errno
+import threading
+import time
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
@@ -13,6 +16,7 @@ import pytest
 from kubeproxy.backends import BackendError
 from kubeproxy.backends.ebpf.proxier import EbpfBackend
 from kubeproxy.backends.ebpf.render import socket_entries
+from kubeproxy.backends.ebpf.teardown import SocketTeardown
 from kubeproxy.backends.nftables.proxier import NftablesBackend
 from kubeproxy.backends.planning import family_plans, service_port_plans
 from kubeproxy.config import ProxyConfig
@@ -28,6 +32,7 @@ from kubeproxy.dataplane.bpf.socklb import (
     mount_type,
 )
 from kubeproxy.dataplane.nftables.fake import FakeNftables
+from kubeproxy.metrics import Metrics
 from kubeproxy.model.plan import ServicePortPlan
 from kubeproxy.model.state import NodeState, Snapshot
 from kubeproxy.model.types import (
@@ -121,6 +126,14 @@ def test_dump_keeps_slots_a_cut_short_write_left() -> None:
     table.write(WEB, targets(1), before=table.dump()[WEB])
     assert table.dump() == {WEB: targets(1)}
     assert len(kv.data) == 2
+
+
+def test_read_gives_one_frontend_as_dump_does() -> None:
+    table = table_of(FakeMap(12, 8))
+    table.write(WEB, targets(3, affinity=30))
+    table.write(Frontend("10.96.0.11", 80, L4Protocol.TCP), targets(1))
+    assert table.read(WEB) == table.dump()[WEB] == targets(3, affinity=30)
+    assert table.read(Frontend("10.96.0.12", 80, L4Protocol.TCP)) == NONE
 
 
 def test_the_fake_map_refuses_what_the_kernel_refuses() -> None:
@@ -381,8 +394,105 @@ def test_udp_endpoints_that_go_away_get_their_sockets_destroyed() -> None:
     b.sync(Snapshot({udp.name: udp}, eps, NODE), None)
     assert fake_lb(b).destroyed == []
     b.sync(Snapshot({udp.name: udp}, {udp.name: EPS[1:]}, NODE), {udp.name})
+    assert b.teardown.wait(5)
     frontend = Frontend("10.96.0.10", 53, L4Protocol.UDP)
     assert fake_lb(b).destroyed == [(frontend, Target("10.244.1.10", 8080))]
+    assert b.counters()["ebpf_sockets_destroyed"] == 1
+
+
+class SlowLB(FakeLB):
+    """A teardown that waits for the test, and sees the map as it is when it runs."""
+
+    def __init__(self, kv: FakeMap, kv6: FakeMap) -> None:
+        super().__init__(kv, kv6)
+        self.go = threading.Event()
+        self.seen: list[dict[Frontend, Backends]] = []
+        self.fail = False
+
+    def destroy_stale(self, stale: Iterable[tuple[Frontend, Target]]) -> int:
+        self.seen.append(self.services.dump())
+        assert self.go.wait(5)
+        if self.fail:
+            raise OSError(errno.EOPNOTSUPP, "SOCK_DESTROY: not supported")
+        return super().destroy_stale(stale)
+
+
+def dns_backend() -> tuple[EbpfBackend, SlowLB, ServicePort]:
+    lb = SlowLB(FakeMap(12, 8), FakeMap(24, 20))
+    b = EbpfBackend(CONFIG, NftablesBackend(CONFIG, FakeNftables()), lambda: lb)
+    b.start()
+    udp = service_port("dns", "dns", L4Protocol.UDP, number=53)
+    b.sync(Snapshot({udp.name: udp}, {udp.name: EPS}, NODE), None)
+    return b, lb, udp
+
+
+DNS = Frontend("10.96.0.10", 53, L4Protocol.UDP)
+
+
+def test_the_sync_does_not_wait_for_the_socket_teardown() -> None:
+    b, lb, udp = dns_backend()
+    # The teardown is stuck (lb.go not set), yet the sync and the next one complete.
+    b.sync(Snapshot({udp.name: udp}, {udp.name: EPS[1:]}, NODE), {udp.name})
+    b.sync(Snapshot({udp.name: udp}, {udp.name: EPS[1:]}, NODE), None)
+    assert not b.teardown.wait(0.05)
+    lb.go.set()
+    assert b.teardown.wait(5)
+    assert lb.destroyed == [(DNS, Target("10.244.1.10", 8080))]
+    # The map was written first: the teardown saw the endpoint gone already.
+    assert lb.seen[0][DNS].targets == (Target("10.244.2.10", 8080),)
+
+
+def test_a_failed_teardown_is_counted_and_the_syncs_go_on() -> None:
+    b, lb, udp = dns_backend()
+    lb.fail = True
+    lb.go.set()
+    b.sync(Snapshot({udp.name: udp}, {udp.name: EPS[1:]}, NODE), {udp.name})
+    assert b.teardown.wait(5)
+    b.sync(Snapshot({udp.name: udp}, {udp.name: EPS}, NODE), {udp.name})
+    counters = b.counters()
+    assert counters["ebpf_socket_teardown_failures"] == 1
+    assert counters["ebpf_sockets_destroyed"] == 0
+    metrics = Metrics("ebpf")
+    metrics.counter_reader = b.counters
+    text = metrics.exposition().decode()
+    assert "kubeproxy_ebpf_socket_teardown_failures_total 1.0" in text
+    assert "kubeproxy_ebpf_sockets_destroyed_total 0.0" in text
+
+
+def test_an_endpoint_back_before_its_teardown_ran_keeps_its_sockets() -> None:
+    b, lb, udp = dns_backend()
+    b.sync(Snapshot({udp.name: udp}, {udp.name: EPS[:1]}, NODE), {udp.name})  # .2.10 gone
+    b.sync(Snapshot({udp.name: udp}, {udp.name: EPS[1:]}, NODE), {udp.name})  # .1.10 gone
+    # The first walk (.2.10) is under way; .1.10 waits for it, and comes back meanwhile.
+    b.sync(Snapshot({udp.name: udp}, {udp.name: EPS}, NODE), {udp.name})
+    lb.go.set()
+    assert b.teardown.wait(5)
+    assert (DNS, Target("10.244.1.10", 8080)) not in lb.destroyed
+
+
+def test_teardowns_waiting_are_merged_and_bounded() -> None:
+    batches: list[list[tuple[Frontend, Target]]] = []
+    go = threading.Event()
+
+    def destroy(pairs: list[tuple[Frontend, Target]]) -> int:
+        go.wait(5)
+        batches.append(pairs)
+        return len(pairs)
+
+    teardown = SocketTeardown(destroy, max_pending=3)
+    pairs = [(DNS, Target(f"10.244.1.{i}", 53)) for i in range(6)]
+    teardown.submit(pairs[:1], {})  # taken by the worker, which waits for go
+    time.sleep(0.05)
+    teardown.submit(pairs[1:3], {})
+    teardown.submit(pairs[3:], {})  # one fits, two are dropped
+    go.set()
+    assert teardown.wait(5)
+    assert batches == [pairs[:1], pairs[1:4]]
+    assert (teardown.stats.destroyed, teardown.stats.dropped) == (4, 2)
+    teardown.close()
+    teardown.submit(pairs[:1], {})  # after close: nothing runs, it is counted
+    assert teardown.wait(0.1)
+    assert (teardown.stats.runs, teardown.stats.dropped) == (2, 3)
 
 
 def test_render_lists_the_socket_entries_after_the_nft_script() -> None:

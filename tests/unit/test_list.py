@@ -119,13 +119,21 @@ def test_readme_shows_real_output(capsys: pytest.CaptureFixture[str]) -> None:
                 assert expected in printed, expected
 
 
-@pytest.mark.parametrize("mode", ["ipvs", "ebpf"])
-def test_explain_refuses_modes_it_does_not_model(
-    capsys: pytest.CaptureFixture[str], mode: str
-) -> None:
-    # Its packet walk is nftables' and iptables'; a wrong answer is worse than none.
+def test_explain_refuses_modes_it_does_not_model(capsys: pytest.CaptureFixture[str]) -> None:
+    # Its packet walk is nftables', iptables' (and ebpf mode's hooks on top of nftables');
+    # a wrong answer is worse than none.
     packet = ["--src", "10.0.0.1", "--dst", "10.96.0.10", "--port", "53"]
     with pytest.raises(SystemExit) as exc:
-        cli.main(["explain", *FLAGS, "--proxy-mode", mode, *packet])
+        cli.main(["explain", *FLAGS, "--proxy-mode", "ipvs", *packet])
     assert exc.value.code == 2
-    assert f"not available in {mode} mode" in capsys.readouterr().err
+    assert "not available in ipvs mode" in capsys.readouterr().err
+
+
+def test_explain_in_ebpf_mode_says_what_the_socket_hooks_do(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    packet = ["--src", "10.244.1.100", "--origin", "node", "--dst", "10.96.0.10", "--port", "80"]
+    assert cli.main(["explain", *FLAGS, "--proxy-mode", "ebpf", *packet, "-o", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["mode"], out["verdict"], out["masquerade"]) == ("ebpf", "SOCKET-LB", False)
+    assert out["kernelObjects"][0].startswith("bpf: kp_svc4 element { 10.96.0.10:80/TCP slot 0")

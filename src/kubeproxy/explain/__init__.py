@@ -5,6 +5,8 @@
   with their probabilities, masquerading, DROP / REJECT and why.
 * :mod:`.objects` (pure) — the nftables elements and chains, or iptables chains and
   rules, that implement it, from the backends' own renderers.
+* :mod:`.socket_hooks` (pure) — ebpf mode: whether its socket hooks take the connection (and
+  their map entries), or the nftables explanation stands.
 * :mod:`.listing` (pure) — every frontend with its policies and endpoint counts.
 * :mod:`.output` (pure) — text and JSON for ``explain``.
 * :mod:`.live` — ``--live``: reads the kernel and compares (the comparison is pure).

@@ -5,21 +5,31 @@ use; here the configuration and the snapshot become the same plans a sync progra
 (:func:`~kubeproxy.backends.planning.family_plans`,
 :func:`~kubeproxy.backends.planning.service_port_plans`), which the pure modules explain
 or list. ``--live`` is the only side effect: it reads the node's addresses and the
-kernel's objects (:mod:`kubeproxy.explain.live`).
+kernel's objects (:mod:`kubeproxy.explain.live`; in ebpf mode also the pinned map of
+the socket hooks, :mod:`kubeproxy.explain.socket_hooks`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from kubeproxy.backends.planning import family_plans, service_port_plans
 from kubeproxy.config import ConfigError, ProxyConfig
+from kubeproxy.dataplane.bpf.socklb import pinned_entry, unlinked_hooks
 from kubeproxy.dataplane.iptables.runner import IptablesCommand, detect_flavor
 from kubeproxy.dataplane.process import ToolError
-from kubeproxy.explain import live
+from kubeproxy.explain import live, socket_hooks
 from kubeproxy.explain.listing import Row, rows
 from kubeproxy.explain.objects import KernelObject, kernel_objects
-from kubeproxy.explain.packet import Explanation, NodeAddresses, Origin, Packet, explain
+from kubeproxy.explain.packet import (
+    Explanation,
+    NodeAddresses,
+    Origin,
+    Outcome,
+    Packet,
+    explain,
+)
 from kubeproxy.model.plan import FamilyPlan, ServicePortPlan
 from kubeproxy.model.state import Snapshot
 from kubeproxy.model.types import IPFamily
@@ -42,6 +52,7 @@ def _plans(snapshot: Snapshot, fam: FamilyPlan) -> list[ServicePortPlan]:
 
 
 def proxy_mode(config: ProxyConfig) -> str:
+    """Whose rules the packet walk models (ebpf mode: nftables', then its hooks)."""
     return "iptables" if config.mode == "iptables" else "nftables"
 
 
@@ -69,11 +80,30 @@ def explain_packet(
         )  # fmt: skip
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    objects = kernel_objects(result, fam)
+    if config.mode == "ebpf":
+        result = socket_hooks.through_hooks(result, fam, snapshot.endpoints)
+    hooks = result.verdict is Outcome.SOCKET_LB
+    objects = socket_hooks.socket_objects(result) if hooks else kernel_objects(result, fam)
     drift: list[str] | None = None
     if live_check:
-        drift = _drift(config, result, fam, objects)
+        drift = [] if hooks else _drift(config, result, fam, objects)
+        if config.mode == "ebpf" and (hooks or result.origin is not Origin.OUTSIDE):
+            drift += _socket_drift(config, result)
     return Explained(result, objects, drift)
+
+
+def _socket_drift(config: ProxyConfig, result: Explanation) -> list[str]:
+    """ebpf mode: the pinned map's entry for the frontend against the plan's (none
+    expected when the hooks leave the frontend to nftables)."""
+    key = socket_hooks.socket_frontend(result)
+    if key is None:
+        return []
+    pin_dir = Path(config.ebpf_pin_path)
+    try:
+        have = pinned_entry(pin_dir, key)
+    except OSError as err:
+        return [f"cannot read the socket hooks' map under {pin_dir}: {err}"]
+    return socket_hooks.socket_drift(result, have, unlinked_hooks(pin_dir))
 
 
 def _drift(

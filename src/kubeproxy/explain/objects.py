@@ -61,18 +61,23 @@ def nft_table(fam: FamilyPlan) -> str:
     return f"{Vocabulary.of(fam.family).table_family} {TABLE}"
 
 
+# Modes whose packets meet nftables mode's rules (ebpf mode: whatever its socket hooks
+# leave alone; their own entries are in kubeproxy.explain.socket_hooks).
+NFT_RULES = ("nftables", "ebpf")
+
+
 def kernel_objects(result: Explanation, fam: FamilyPlan) -> tuple[KernelObject, ...]:
-    """What implements ``result`` in its proxy mode (empty when nothing does)."""
+    """What implements ``result`` in its proxy mode's rules (empty when nothing does)."""
     plan, frontend = result.plan, result.frontend
     if plan is None or frontend is None:
         return _unmatched(result, fam)
-    if result.mode == "nftables":
+    if result.mode in NFT_RULES:
         return _nft(plan, frontend, fam)
     return _iptables(result, plan, frontend, fam)
 
 
 def _unmatched(result: Explanation, fam: FamilyPlan) -> tuple[KernelObject, ...]:
-    if result.mode != "nftables" or result.verdict is Outcome.NONE:
+    if result.mode not in NFT_RULES or result.verdict is Outcome.NONE:
         return ()
     table = nft_table(fam)
     if result.verdict is Outcome.REJECT:

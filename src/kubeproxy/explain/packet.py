@@ -69,6 +69,9 @@ class Outcome(StrEnum):
     REJECT = "REJECT"
     ACCEPT = "ACCEPT"
     NONE = "NONE"
+    # ebpf mode: a socket hook gives the connection its endpoint in connect()/sendmsg()
+    # (:mod:`kubeproxy.explain.socket_hooks`); no packet is DNATed.
+    SOCKET_LB = "SOCKET-LB"
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,7 +264,7 @@ def _why_no_hints(used: tuple[Endpoint, ...], fam: FamilyPlan) -> str:
     return f"no endpoint is hinted for zone {zone} (filtering would leave none)"
 
 
-def _selection_reasons(
+def selection_reasons(
     plan: ServicePortPlan, fam: FamilyPlan, route: Route, used: tuple[Endpoint, ...]
 ) -> list[str]:
     svc = plan.service_port
@@ -306,7 +309,7 @@ def _selection_reasons(
     return out
 
 
-def _excluded(
+def excluded_endpoints(
     plan: ServicePortPlan,
     fam: FamilyPlan,
     family_eps: Sequence[Endpoint],
@@ -428,9 +431,9 @@ def _decide(
             reasons.append(f"{what}: this node's endpoints only")
             masq_why = "not masqueraded: the client's address is kept (Local policy)"
 
-    reasons.extend(_selection_reasons(plan, fam, route, used))
+    reasons.extend(selection_reasons(plan, fam, route, used))
     local_only = route.policy is TrafficPolicy.LOCAL and kind != "short-circuit"
-    excluded = _excluded(plan, fam, family_eps, used, local_only)
+    excluded = excluded_endpoints(plan, fam, family_eps, used, local_only)
     if not used:
         verdict, why = _unreachable(route, what)
         if (

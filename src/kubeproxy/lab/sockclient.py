@@ -97,6 +97,23 @@ def _udp_stay(host: str, port: int, seconds: float) -> list[str]:
     return seen
 
 
+def _udp_hold(host: str, port: int, count: int) -> dict[str, int]:
+    """``count`` connected UDP sockets, held until stdin closes (a line ``ready`` on
+    stdout once they are connected); how many a ``SOCK_DESTROY`` aborted meanwhile."""
+    sockets = []
+    for _ in range(count):
+        s = socket.socket(_family(host), socket.SOCK_DGRAM)
+        s.connect((host, port))
+        sockets.append(s)
+    print("ready", flush=True)
+    sys.stdin.read()
+    aborted = 0
+    for s in sockets:
+        aborted += s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == errno.ECONNABORTED
+        s.close()
+    return {"sockets": count, "aborted": aborted}
+
+
 def _tally(results: list[tuple[str, str]]) -> dict[str, Any]:
     answers: dict[str, int] = {}
     for pod, _ in results:
@@ -131,6 +148,8 @@ def run(action: str, host: str, port: int, count: float) -> dict[str, Any]:
         return {"ns": _latency(host, port, int(count))}
     if action == "udp-stay":
         return {"sequence": _udp_stay(host, port, count)}
+    if action == "udp-hold":
+        return _udp_hold(host, port, int(count))
     raise ValueError(f"unknown action {action!r}")
 
 
@@ -138,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--cgroup", type=Path, help="join this cgroup v2 directory first")
     parser.add_argument(
-        "action", choices=("tcp", "udp", "udp-connected", "loop", "latency", "udp-stay")
+        "action",
+        choices=("tcp", "udp", "udp-connected", "loop", "latency", "udp-stay", "udp-hold"),
     )
     parser.add_argument("host")
     parser.add_argument("port", type=int)

@@ -17,8 +17,10 @@ After a restart with a new map layout, the first sync fills the new maps before 
 hooks are pointed at the new programs (:meth:`SockLB.attach`; otherwise they are
 attached at start, so a refusal stops the start). After each map write, connected UDP
 sockets the hooks had sent to an endpoint no longer in their frontend's list are
-destroyed (``SOCK_DESTROY``), where nftables mode deletes their conntrack entries; TCP
-connections stay, as in nftables mode (upstream clears UDP entries only).
+destroyed (``SOCK_DESTROY``), where nftables mode deletes their conntrack entries, by a
+worker thread (:mod:`.teardown`: the walk over the cgroup's processes costs
+milliseconds, the sync does not wait for it); TCP connections stay, as in nftables mode
+(upstream clears UDP entries only).
 
 When the node cannot run the hooks, start-up fails with the reason, unless the operator
 chose ``--ebpf-fallback nftables`` (ours): then the reason is logged, hooks left by an
@@ -38,6 +40,7 @@ from typing import Protocol
 
 from kubeproxy.backends import Backend, BackendError, SyncResult
 from kubeproxy.backends.ebpf.render import Entries, socket_entries
+from kubeproxy.backends.ebpf.teardown import SocketTeardown
 from kubeproxy.backends.planning import family_plans, service_port_plans
 from kubeproxy.config import ProxyConfig
 from kubeproxy.dataplane.bpf.build import BuildError, build
@@ -54,7 +57,7 @@ from kubeproxy.dataplane.bpf.socklb import (
     cleanup,
 )
 from kubeproxy.model.state import Snapshot
-from kubeproxy.model.types import ServicePortName
+from kubeproxy.model.types import L4Protocol, ServicePortName
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +108,7 @@ class EbpfBackend:
         self.map_cpu_seconds = 0.0
         # Running as nftables mode (--ebpf-fallback nftables, the hooks could not load).
         self.fallback = False
+        self.teardown = SocketTeardown(self.destroy_stale)
 
     # -------------------------------------------------------------- lifecycle
 
@@ -134,6 +138,7 @@ class EbpfBackend:
     def stop(self) -> None:
         """Programs, links and maps stay pinned: sockets are served across a restart."""
         self.nftables.stop()
+        self.teardown.close()
         if self._lb is not None:
             self._lb.close()
             self._lb = None
@@ -158,15 +163,16 @@ class EbpfBackend:
                 self._programmed = lb.services.dump()
             touched = self._plan(snapshot, names)
             stale: list[tuple[Frontend, Target]] = []
-            operations = self._write(lb.services, self._programmed, touched, stale)
+            written: dict[Frontend, tuple[Target, ...]] = {}
+            operations = self._write(lb.services, self._programmed, touched, stale, written)
             lb.attach()
         except Exception:
             self._programmed = None
             raise
         seconds = self.map_seconds = time.perf_counter() - started
         self.map_cpu_seconds = time.thread_time() - cpu
-        if stale:
-            self._destroy(lb, stale)
+        if written:
+            self.teardown.submit(stale, written)
         result = self.nftables.sync(snapshot, changed)
         result.operations += operations
         result.elements += sum(1 + len(b.targets) for b in self._programmed.values())
@@ -207,8 +213,10 @@ class EbpfBackend:
         programmed: Entries,
         touched: set[Frontend],
         stale: list[tuple[Frontend, Target]],
+        written: dict[Frontend, tuple[Target, ...]],
     ) -> int:
-        """Bring ``touched`` frontends in line; add to ``stale`` the targets they lost."""
+        """Bring ``touched`` frontends in line; add to ``stale`` the targets UDP frontends
+        lost, to ``written`` what each frontend written now has."""
         operations = 0
         for frontend in sorted(touched):
             owner = self._owner.get(frontend)
@@ -217,24 +225,20 @@ class EbpfBackend:
             if want == have:
                 continue
             operations += table.write(frontend, want, before=have)
-            kept = set(want.targets)
-            stale.extend((frontend, t) for t in have.targets if t not in kept and t.ip)
+            written[frontend] = want.targets
+            if frontend.protocol is L4Protocol.UDP:  # TCP connections stay, as upstream's
+                kept = set(want.targets)
+                stale.extend((frontend, t) for t in have.targets if t not in kept and t.ip)
             if want.targets:
                 programmed[frontend] = want
             else:
                 programmed.pop(frontend, None)
         return operations
 
-    def _destroy(self, lb: SocketLB, stale: list[tuple[Frontend, Target]]) -> None:
-        """Tear down sockets to removed endpoints; a failure is logged, never fatal
-        (as a failed conntrack deletion in nftables mode)."""
-        try:
-            destroyed = lb.destroy_stale(stale)
-        except OSError as err:
-            log.warning("ebpf mode: destroying sockets to removed endpoints failed: %s", err)
-            return
-        if destroyed:
-            log.info("ebpf mode: destroyed %d UDP sockets to removed endpoints", destroyed)
+    def destroy_stale(self, stale: list[tuple[Frontend, Target]]) -> int:
+        """(On the teardown worker.) Sockets to removed endpoints, destroyed."""
+        lb = self._lb
+        return 0 if lb is None else lb.destroy_stale(stale)
 
     # ---------------------------------------------------------------- others
 
@@ -260,4 +264,11 @@ class EbpfBackend:
         return self.nftables.render(snapshot) + "\n".join(lines) + "\n"
 
     def counters(self) -> dict[str, int]:
-        return self.nftables.counters()
+        """nftables mode's, and the socket teardown's (metrics read them at scrape time)."""
+        out = dict(self.nftables.counters())
+        if not self.fallback:
+            stats = self.teardown.stats
+            out["ebpf_sockets_destroyed"] = stats.destroyed
+            out["ebpf_socket_teardown_failures"] = stats.failures
+            out["ebpf_socket_teardown_dropped"] = stats.dropped
+        return out

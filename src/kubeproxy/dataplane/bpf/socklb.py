@@ -17,6 +17,7 @@
 * :meth:`SockLB.destroy_stale` — destroy the connected UDP sockets the hooks sent to an
   endpoint that is gone (:mod:`kubeproxy.dataplane.sockdiag`): the ones whose socket
   cookie and peer ``kp_rev4/6`` records as rewritten from that frontend.
+* :func:`pinned_entry`, :func:`unlinked_hooks` — read what is pinned (``explain --live``).
 * :func:`cleanup` — detach the pinned links and remove every pin.
 
 Both families: connect, sendmsg, recvmsg and getpeername, each in its 4 and 6 flavour.
@@ -122,6 +123,8 @@ class KVMap(Protocol):
 
     def delete(self, key: bytes) -> bool: ...
 
+    def lookup(self, key: bytes) -> bytes | None: ...
+
     def items(self) -> Iterator[tuple[bytes, bytes]]: ...
 
 
@@ -148,6 +151,11 @@ class FakeMap:
             raise libbpf.BpfError(errno.EINVAL, "delete: wrong key size")
         self.writes += 1
         return self.data.pop(key, None) is not None
+
+    def lookup(self, key: bytes) -> bytes | None:
+        if len(key) != self.key_size:
+            raise libbpf.BpfError(errno.EINVAL, "lookup: wrong key size")
+        return self.data.get(key)
 
     def items(self) -> Iterator[tuple[bytes, bytes]]:
         yield from list(self.data.items())
@@ -198,6 +206,26 @@ class ServiceTable:
             kv.delete(_key(frontend, slot))
             ops += 1
         return ops
+
+    def read(self, frontend: Frontend) -> Backends:
+        """What the map holds for ``frontend`` now (its count's slots; NONE: no entry):
+        a few lookups, where :meth:`dump` walks the whole map."""
+        family = frontend.family
+        kv = self.kv[family]
+        slot0 = kv.lookup(_key(frontend, 0))
+        if slot0 is None:
+            return NONE
+        affinity, count = _SLOT0[family].unpack(slot0)
+        af = _AF[family]
+        targets = []
+        for slot in range(1, count + 1):
+            value = kv.lookup(_key(frontend, slot))
+            if value is None:
+                targets.append(Target("", 0))  # a write cut short (dump shows it too)
+                continue
+            ep_addr, ep_port, _ = _ENDPOINT[family].unpack(value)
+            targets.append(Target(socket.inet_ntop(af, ep_addr), int.from_bytes(ep_port, "big")))
+        return Backends(tuple(targets), affinity)
 
     def dump(self) -> dict[Frontend, Backends]:
         """Everything programmed (what a restart finds in the pinned map): the frontends
@@ -357,9 +385,14 @@ class SockLB:
         hooks sent from each frontend to its (now removed) target; how many."""
         # (family, peer as sock_diag shows it, port) -> (frontend, target)
         wanted: dict[tuple[int, str, int], tuple[Frontend, Target]] = {}
+        current: dict[Frontend, tuple[Target, ...]] = {}
         for frontend, target in stale:
             if frontend.protocol is not L4Protocol.UDP:
                 continue
+            if frontend not in current:
+                current[frontend] = self.services.read(frontend).targets
+            if target in current[frontend]:
+                continue  # back in the map since the sync that removed it
             wanted[(_AF[frontend.family], target.ip, target.port)] = (frontend, target)
             if frontend.family is IPFamily.IPv4:  # dual-stack sockets see ::ffff:a.b.c.d
                 mapped = (socket.AF_INET6, f"::ffff:{target.ip}", target.port)
@@ -370,11 +403,12 @@ class SockLB:
 
         def in_netns() -> None:
             nonlocal destroyed
-            for af in sorted({af for af, _, _ in wanted}):
-                for sock in sockdiag.connected_udp(af):
-                    pair = wanted.get((sock.family, sock.peer, sock.peer_port))
-                    if pair is not None and self._rewritten(sock.cookie, *pair):
-                        destroyed += sockdiag.destroy(sock)
+            with sockdiag.session() as nl:
+                for af in sorted({af for af, _, _ in wanted}):
+                    for sock in sockdiag.connected_udp(af):
+                        pair = wanted.get((sock.family, sock.peer, sock.peer_port))
+                        if pair is not None and self._rewritten(sock.cookie, *pair):
+                            destroyed += sockdiag.destroy(sock, nl)
 
         sockdiag.in_namespaces_of(self.cgroup, in_netns)
         return destroyed
@@ -415,6 +449,24 @@ def _attach(program: int, hook: str, pin: Path, cgroup_fd: int, cgroup_id: int) 
         link.pin(str(pin))
     finally:
         link.close()
+
+
+def pinned_entry(pin_dir: Path, frontend: Frontend) -> Backends:
+    """What the pinned ``kp_svc4/6`` map holds for ``frontend`` now (read only: for
+    ``explain --live``); raises BpfError when the map is not pinned there."""
+    family = frontend.family
+    name = "kp_svc4" if family is IPFamily.IPv4 else "kp_svc6"
+    fd = libbpf.obj_get(str(map_pin(pin_dir, name)))
+    try:
+        kv = libbpf.MapFd(fd, name, _SVC_KEY[family].size, _ENDPOINT[family].size)
+        return ServiceTable(kv, kv).read(frontend)
+    finally:
+        os.close(fd)
+
+
+def unlinked_hooks(pin_dir: Path) -> list[str]:
+    """The hooks without a pinned link under ``pin_dir`` (not attached by us)."""
+    return [hook for hook in PROGRAMS if not (pin_dir / f"link_{hook}").exists()]
 
 
 def cleanup(pin_dir: Path = DEFAULT_PIN_PATH) -> list[str]:
