@@ -444,6 +444,29 @@ def test_watch_yields_initial_state_then_batches_on_edit(tmp_path: Path) -> None
     assert isinstance(new, Service) and new.ports[0].port >= 1000
 
 
+def test_watch_left_running_at_exit_ends_quietly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``asyncio.run`` cancels every task still running when the main coroutine returns
+    (``explain`` and ``list`` return with the source still watching): the file watcher's
+    task is cancelled too, and must end without an error logged at shutdown."""
+    write(tmp_path / "svc.yaml", docs(service_obj()))
+
+    async def main() -> None:
+        batches = ManifestSource(tmp_path, poll_interval=60).watch(asyncio.Event())
+
+        async def consume() -> None:
+            async for _ in batches:
+                pass
+
+        asyncio.create_task(consume())
+        await asyncio.sleep(0.3)  # the initial state consumed, the watcher waiting
+
+    with caplog.at_level(logging.ERROR):
+        asyncio.run(main())
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
 # ==================================================== watching: only what the watcher reports
 
 

@@ -431,6 +431,11 @@ class _Stop:
     def is_set(self) -> bool:
         return self.closed or self.replaced or self.stop.is_set()
 
+    def set(self) -> None:
+        """watchfiles sets its stop event when its task is cancelled (``asyncio.run``
+        cancelling what is left at exit, as ``explain`` and ``list`` do)."""
+        self.closed = True
+
 
 def diff(old: Mapping[ObjectKey, Model], new: Mapping[ObjectKey, Model]) -> list[Event]:
     """Watch-style events turning ``old`` into ``new``: deletes first, then adds/updates."""
