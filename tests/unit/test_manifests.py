@@ -459,8 +459,9 @@ def test_watch_left_running_at_exit_ends_quietly(
             async for _ in batches:
                 pass
 
-        asyncio.create_task(consume())
+        consumer = asyncio.create_task(consume())
         await asyncio.sleep(0.3)  # the initial state consumed, the watcher waiting
+        assert not consumer.done()  # left running: asyncio.run cancels it
 
     with caplog.at_level(logging.ERROR):
         asyncio.run(main())
