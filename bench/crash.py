@@ -387,9 +387,10 @@ class Run:
             kill.longest_gap = round(self.flow.longest_gap(killed, synced), 3)
             if kill.outage_round_trips == 0:
                 raise CrashError("the long-lived connection carried no data across the kill")
+        carried = self.flow.wait_round_trip(synced)
         if self.flow.error is not None:
             raise CrashError(f"the long-lived connection failed: {self.flow.error}")
-        if self.flow.round_trips(synced) == 0:
+        if not carried:
             raise CrashError("the long-lived connection carried no data after the restart")
         self.kills.append(kill)
         return kill

@@ -139,6 +139,18 @@ class LongFlow:
             hi = len(self._times) if end is None else bisect.bisect_right(self._times, end)
         return hi - lo
 
+    def wait_round_trip(self, start: float) -> bool:
+        """Wait for a round trip completed after monotonic time ``start``: True once one
+        has, False when the flow failed or ``stall`` passed without one (a connection
+        that lost its path stalls; a busy test process may just not have run the flow's
+        thread yet)."""
+        deadline = time.monotonic() + self.stall
+        while self.round_trips(start) == 0:
+            if self.error is not None or time.monotonic() >= deadline:
+                return self.round_trips(start) > 0
+            time.sleep(self.interval)
+        return True
+
     def longest_gap(self, start: float, end: float) -> float:
         """The longest time between round trips within the window (seconds)."""
         with self._lock:
