@@ -7,9 +7,12 @@ rules, as upstream kube-proxy's ipvs mode programs them.
    change) read the kernel: virtual servers and their destinations, the addresses on
    ``kube-ipvs0``, the family's sets; otherwise use what the last sync left (it is what
    the kernel holds, unless someone changed it, which the next full sync repairs);
-2. **want** — :func:`.render.desired_state` (pure) from the family's plans;
+2. **want** — on a full sync every plan's :func:`.render.contribution` (pure); on a
+   partial one only the changed ServicePorts are planned and their contributions
+   replaced in the kept :class:`.render.DesiredState` (a change that involves a virtual
+   server two plans claim renders everything);
 3. **diff** — :func:`.diff.diff` (pure): only the changed virtual servers, real servers,
-   addresses and set members;
+   addresses and set members (on a partial sync, looking only at what it touched);
 4. **apply** — the ipsets in one ``ipset restore``; the iptables chains in one
    ``iptables-restore`` (legacy or nft, the flavour chosen as iptables mode chooses it;
    rewritten only when they differ from what was written); then IPVS over netlink, the

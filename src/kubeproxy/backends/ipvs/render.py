@@ -1,10 +1,10 @@
 """Service plans → the IPVS state, ipset members and iptables rules ipvs mode wants (pure).
 
-:func:`desired_state` walks one family's :class:`~kubeproxy.model.plan.ServicePortPlan`
-list as upstream's ipvs proxier walks its service map:
+:func:`contribution` gives one :class:`~kubeproxy.model.plan.ServicePortPlan`'s part, as
+upstream's ipvs proxier walks its service map:
 
 * one virtual server per (address, protocol, port): the ClusterIP, each external IP, each
-  load-balancer IP, and the NodePort on each node address (``node_ips``: the node's
+  load-balancer IP, and the NodePort on each node address (:class:`Context`: the node's
   addresses that ``--nodeport-addresses`` selects, loopback and IPv6 link-local left
   out), with the configured scheduler, ``mh``'s source-port flag, and persistence with
   the affinity timeout for ``sessionAffinity: ClientIP``;
@@ -15,6 +15,11 @@ list as upstream's ipvs proxier walks its service map:
 * the addresses bound to ``kube-ipvs0``: service addresses, except an external or
   load-balancer IP that is already a node address;
 * the members of upstream's ipsets (:mod:`.names`).
+
+:class:`DesiredState` sums the parts (:func:`desired_state`: every plan, by name, the
+first claim of a virtual server winning) and replaces one plan's part in place, counting
+the addresses and set members plans share; what a replacement touched
+(:class:`Touched`) is all a partial sync's diff looks at.
 
 :func:`iptables_rules` gives the ``iptables-restore`` input of the fixed chains, which
 depend only on which sets are empty (and the load balancers the node may not reach), as
