@@ -25,7 +25,7 @@ from kubeproxy.lab.cluster import CLIENT_GW, CLIENT_IP, NODE, NODE_IP, REMOTE_NO
 from kubeproxy.lab.echo import tcp_ask
 from kubeproxy.lab.netns import ns_exec
 from kubeproxy.model.nodeports import NodePortAddresses
-from kubeproxy.model.types import Endpoint, TrafficPolicy
+from kubeproxy.model.types import Endpoint, ServicePort, TrafficPolicy
 from tests.ipvs.conftest import (
     B1,
     B2,
@@ -40,9 +40,16 @@ from tests.ipvs.conftest import (
     until_listening,
     web,
 )
+from tests.unit.conftest import port_name
 
 REMOTE = "10.244.2.10"  # an echo Pod on node-b, which runs no proxy
 KEY = ServiceKey(VIP, "TCP", 80)
+# What upstream's ipvs mode puts in its sets for a Local NodePort with a health check.
+LOCAL_SETS = {
+    "KUBE-NODE-PORT-TCP": "30082",
+    "KUBE-NODE-PORT-LOCAL-TCP": "30082",
+    "KUBE-HEALTH-CHECK-NODE-PORT": "30999",
+}
 
 
 @pytest.fixture(scope="module")
@@ -78,28 +85,44 @@ def test_mh_carries_mh_port_and_not_mh_fallback(lab: Lab, make: Build) -> None:
 def test_local_policies_without_a_local_endpoint_use_the_cluster_wide_ones(
     lab: Lab, make: Build, remote: str
 ) -> None:
-    """upstream's ipvs mode (kubernetes#97081): with Local policies and no local
+    """upstream's ipvs mode (kubernetes#97081): with a Local policy and no local
     endpoint, the virtual servers get the cluster-wide endpoints, so local Pods still
     reach the Service; an outside client's NodePort traffic is not masqueraded (its
-    reply comes back through node-a here, as the lab routes node-b's Pods through it)."""
+    reply comes back through node-a here, as the lab routes node-b's Pods through it).
+    A ClusterIP-only Service with internalTrafficPolicy Local has no cluster-wide set
+    (upstream's CategorizeEndpoints): its virtual server has no real server: refused."""
     backend = make(config())
     svc = web(
         node_port=30082,
         internal_traffic_policy=TrafficPolicy.LOCAL,
         external_traffic_policy=TrafficPolicy.LOCAL,
+        health_check_node_port=30999,
+    )
+    internal = ServicePort(
+        name=port_name("internal"),
+        cluster_ips=("10.96.0.12",),
+        port=80,
+        internal_traffic_policy=TrafficPolicy.LOCAL,
     )
     remote_ep = (Endpoint(remote, 8080, REMOTE_NODE),)
-    result = backend.sync(snap((svc, remote_ep)), None)
-    assert (result.no_local_internal, result.no_local_external) == (1, 1)
+    result = backend.sync(snap((svc, remote_ep), (internal, remote_ep)), None)
+    assert (result.no_local_internal, result.no_local_external) == (2, 1)
     assert real_servers(backend) == {remote}
     assert real_servers(backend, ServiceKey(NODE_IP, "TCP", 30082)) == {remote}
-    assert lab.in_pod("backend-1").call(tcp_ask, VIP, 80).pod == "remote-1"
+    assert backend.ipvs.destinations(ServiceKey("10.96.0.12", "TCP", 80)) == []
+    sets = {s: ns_exec(lab.node_ns, "ipset", "list", s) for s in LOCAL_SETS}
+    assert all(member in sets[s] for s, member in LOCAL_SETS.items()), sets
+    pod = lab.in_pod("backend-1")
+    assert pod.call(tcp_ask, VIP, 80).pod == "remote-1"
+    with pytest.raises(ConnectionRefusedError):
+        pod.call(tcp_ask, "10.96.0.12", 80)
     reply = lab.executor(lab.client_ns).call(tcp_ask, NODE_IP, 30082)
     assert reply.pod == "remote-1" and reply.client_ip == CLIENT_IP
     # With a local endpoint, only local ones serve.
     both = (*remote_ep, *eps(B1))
-    backend.sync(snap((svc, both)), {WEB})
+    backend.sync(snap((svc, both), (internal, both)), {WEB, internal.name})
     assert real_servers(backend) == {B1}
+    assert real_servers(backend, ServiceKey("10.96.0.12", "TCP", 80)) == {B1}
     assert set(asks(lab, lab.client_ns, NODE_IP, 30082, 4)) == {"backend-1"}
 
 

@@ -240,7 +240,10 @@ def test_external_ips_load_balancers_source_ranges_and_udp(lab: Lab, make: Build
         load_balancer_source_ranges=("198.51.100.0/24",),
     )
     dns = ServicePort(
-        name=port_name("dns", "dns", L4Protocol.UDP), cluster_ips=("10.96.0.42",), port=53
+        name=port_name("dns", "dns", L4Protocol.UDP),
+        cluster_ips=("10.96.0.42",),
+        port=53,
+        node_port=30053,
     )
     backend.sync(snap((open_lb, eps(B1)), (closed, eps(B1)), (dns, eps(B2))), None)
     assert not backend.errors, backend.errors
@@ -251,6 +254,9 @@ def test_external_ips_load_balancers_source_ranges_and_udp(lab: Lab, make: Build
     with pytest.raises(TimeoutError):
         client.call(tcp_ask, "203.0.113.21", 80, 1.0)
     assert client.call(udp_ask, "10.96.0.42", 53).pod == "backend-2"
+    # A UDP NodePort: KUBE-NODE-PORT-UDP marks it for masquerade.
+    reply = client.call(udp_ask, NODE_IP, 30053)
+    assert reply.pod == "backend-2" and reply.client_ip != CLIENT_IP
 
 
 def test_local_policy_node_port_keeps_the_client_address(lab: Lab, make: Build) -> None:
@@ -301,11 +307,19 @@ def test_sctp_virtual_server_carries_an_association(lab: Lab, make: Build) -> No
     """The guest kernel has the sctp module: a real association through IPVS."""
     backend = make(config())
     svc = ServicePort(
-        name=port_name("assoc", "sctp", L4Protocol.SCTP), cluster_ips=("10.96.0.50",), port=132
+        name=port_name("assoc", "sctp", L4Protocol.SCTP),
+        cluster_ips=("10.96.0.50",),
+        port=132,
+        node_port=30132,
     )
     backend.sync(snap((svc, eps(B2, port=9132))), None)
     assert not backend.errors, backend.errors
-    assert VirtualServer(ServiceKey("10.96.0.50", "SCTP", 132)) in backend.ipvs.services()
+    listed = backend.ipvs.services()
+    assert VirtualServer(ServiceKey("10.96.0.50", "SCTP", 132)) in listed
+    # An SCTP NodePort: its own virtual server, and (ip, port) in KUBE-NODE-PORT-SCTP.
+    assert VirtualServer(ServiceKey(NODE_IP, "SCTP", 30132)) in listed
+    members = ns_exec(lab.node_ns, "ipset", "list", "KUBE-NODE-PORT-SCTP")
+    assert f"{NODE_IP},sctp:30132" in members, members
     serving = lab.in_pod("backend-2").submit(_sctp_serve, 9132, b"backend-2")
     reply = until_listening(lambda: lab.executor(lab.client_ns).call(_sctp_ask, "10.96.0.50", 132))
     assert reply == b"backend-2"
