@@ -577,9 +577,8 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(_render(config, source, args.format or "nft"))
     if args.command in ("explain", "list"):
         try:
-            if args.command == "explain" and config.mode in ("ipvs", "ebpf"):
-                # Its packet walk models the nftables and iptables layouts only (ebpf
-                # mode's socket hooks rewrite a connection before any packet exists).
+            if args.command == "explain" and config.mode == "ebpf":
+                # ebpf mode's socket hooks rewrite a connection before any packet exists.
                 raise ConfigError(f"explain: not available in {config.mode} mode (use render)")
             snapshot = asyncio.run(_snapshot(config, source))
             if args.command == "list":

@@ -188,3 +188,15 @@ def hold(port: int) -> None:
         with conn:
             conn.settimeout(30)
             conn.sendall(conn.recv(16).upper())
+
+
+def cleanup_ns(ns: str) -> None:
+    ipvs = NetlinkIpvs(ns)
+    links = NetlinkLinks(ns)
+    try:
+        # kubeproxy run serves both families here: ip6tables rules use the KUBE-6- sets.
+        runners = [IptablesCommand(f, "legacy", netns=ns) for f in IPFamily]
+        ipvs_cleanup(ipvs, links, IpsetCommand(ns), list(runners))
+    finally:
+        ipvs.close()
+        links.close()

@@ -2,13 +2,17 @@
 endpoint selection (traffic policies, terminating fallback, topology) reaching real
 servers, wrr and mh as the kernel reads them back, ``--ipvs-exclude-cidrs``,
 masquerading without a cluster CIDR or with ``--masquerade-all``, ``--nodeport-addresses``,
-and KUBE-IPVS-FILTER's REJECT. docs/ipvs-layout.md maps each feature to its test.
+KUBE-IPVS-FILTER's REJECT, and ``kubeproxy explain --live`` in ipvs mode.
+docs/ipvs-layout.md maps each feature to its test.
 """
 
 from __future__ import annotations
 
+import json
 import socket
 from collections import Counter
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,9 +25,19 @@ from kubeproxy.dataplane.ipvs import (
     ServiceKey,
     VirtualServer,
 )
-from kubeproxy.lab.cluster import CLIENT_GW, CLIENT_IP, NODE, NODE_IP, REMOTE_NODE, Lab
+from kubeproxy.lab.cluster import (
+    CLIENT_GW,
+    CLIENT_IP,
+    CLUSTER_CIDRS,
+    NODE,
+    NODE_IP,
+    REMOTE_NODE,
+    Lab,
+)
 from kubeproxy.lab.echo import tcp_ask
 from kubeproxy.lab.netns import ns_exec
+from kubeproxy.lab.netns import sysctls as set_sysctls
+from kubeproxy.lab.objects import Ep, ManifestDir, endpoint_slice, service
 from kubeproxy.model.nodeports import NodePortAddresses
 from kubeproxy.model.types import Endpoint, ServicePort, TrafficPolicy
 from tests.ipvs.conftest import (
@@ -33,6 +47,7 @@ from tests.ipvs.conftest import (
     WEB,
     Build,
     asks,
+    cleanup_ns,
     config,
     eps,
     hold,
@@ -78,8 +93,8 @@ def test_mh_carries_mh_port_and_not_mh_fallback(lab: Lab, make: Build) -> None:
     backend.sync(snap((web(), eps(B1, B2))), None)
     (vs,) = [vs for vs in backend.ipvs.services() if vs.key == KEY]
     assert vs.scheduler == "mh" and vs.flags & FLAG_SCHED2 and not vs.flags & FLAG_SCHED1
-    listing = ns_exec(lab.node_ns, "ipvsadm", "-Ln", "-t", f"{VIP}:80")
-    assert "mh-port" in listing and "mh-fallback" not in listing, listing
+    (line,) = [x for x in ns_exec(lab.node_ns, "ipvsadm", "-Sn").splitlines() if "-A" in x]
+    assert "mh-port" in line and "mh-fallback" not in line, line
 
 
 def test_local_policies_without_a_local_endpoint_use_the_cluster_wide_ones(
@@ -220,3 +235,46 @@ def test_a_service_address_rejects_ports_that_are_no_service(lab: Lab, make: Bui
         conn.sendall(b"ping")
         assert conn.recv(16) == b"PING"
     listening.result(10)
+
+
+def test_explain_agrees_with_the_ipvs_kernel(lab: Lab, tmp_path: Path) -> None:
+    """``kubeproxy explain --live`` in ipvs mode after ``kubeproxy run --once``: the
+    virtual server and real servers it names are the kernel's (no drift), connections
+    reach exactly the explained endpoints, masqueraded as explained; a real server
+    deleted by hand is reported."""
+    mdir = ManifestDir(tmp_path / "manifests")
+    mdir.path.mkdir()
+    mdir.write(
+        "web.yaml",
+        service("web", "10.96.0.31", ports=[{"name": "http", "port": 80}]),
+        endpoint_slice("web", [Ep(B1, node=NODE), Ep(B2, node=NODE)]),
+    )
+    flags = (
+        "--manifests", str(mdir.path), "--hostname-override", NODE,
+        "--cluster-cidr", ",".join(CLUSTER_CIDRS), "--proxy-mode", "ipvs",
+        "--iptables-backend", "legacy",
+    )  # fmt: skip
+    packet = ("--src", CLIENT_IP, "--dst", "10.96.0.31", "--port", "80", "--live", "-o", "json")
+    try:
+        done = lab.run(lab.kubeproxy_command("run", *flags, "--once"))
+        assert done.returncode == 0, done.stderr
+        said = explain_json(lab, *flags, *packet)
+        assert said["verdict"] == "DNAT" and said["drift"] == [], said
+        assert set(said["endpoints"]) == {f"{B1}:8080", f"{B2}:8080"}
+        assert said["masquerade"] is True
+        replies = [lab.executor(lab.client_ns).call(tcp_ask, "10.96.0.31", 80) for _ in range(4)]
+        assert {r.pod for r in replies} == {"backend-1", "backend-2"}
+        assert CLIENT_IP not in {r.client_ip for r in replies}
+        ns_exec(lab.node_ns, "ipvsadm", "-d", "-t", "10.96.0.31:80", "-r", f"{B2}:8080")
+        drift = explain_json(lab, *flags, *packet)["drift"]
+        assert drift == [f"missing ipvs: TCP/10.96.0.31:80 -> {B2}:8080 weight 1"], drift
+    finally:
+        set_sysctls(lab.node_ns, {"net.ipv4.ip_forward": "1"})
+        cleanup_ns(lab.node_ns)
+
+
+def explain_json(lab: Lab, *args: str) -> dict[str, Any]:
+    done = lab.run(lab.kubeproxy_command("explain", *args))
+    assert done.returncode in (0, 1), done.stderr  # 1: drift found
+    data: dict[str, Any] = json.loads(done.stdout)
+    return data

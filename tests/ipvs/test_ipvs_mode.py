@@ -17,7 +17,7 @@ from kubeproxy.backends.ipvs.proxier import IpvsBackend, cleanup
 from kubeproxy.dataplane.ipset import IpsetCommand
 from kubeproxy.dataplane.iptables.runner import IptablesCommand
 from kubeproxy.dataplane.ipvs import Destination, ServiceKey, VirtualServer
-from kubeproxy.dataplane.ipvs.netlink import NetlinkIpvs, NetlinkLinks
+from kubeproxy.dataplane.ipvs.netlink import NetlinkLinks
 from kubeproxy.lab.cluster import CLIENT_IP, CLUSTER_CIDRS, NODE, NODE_IP, NODE_IP6, Lab
 from kubeproxy.lab.echo import tcp_ask, udp_ask
 from kubeproxy.lab.netns import ns_exec
@@ -32,6 +32,7 @@ from tests.ipvs.conftest import (
     WEB,
     Build,
     asks,
+    cleanup_ns,
     config,
     eps,
     hold,
@@ -211,18 +212,6 @@ CONN_REUSE = "net.ipv4.vs.conn_reuse_mode"
 
 def read_sysctl(ns: str, name: str) -> str:
     return ns_exec(ns, "cat", "/proc/sys/" + name.replace(".", "/")).strip()
-
-
-def cleanup_ns(ns: str) -> None:
-    ipvs = NetlinkIpvs(ns)
-    links = NetlinkLinks(ns)
-    try:
-        # kubeproxy run serves both families here: ip6tables rules use the KUBE-6- sets.
-        runners = [IptablesCommand(f, "legacy", netns=ns) for f in IPFamily]
-        cleanup(ipvs, links, IpsetCommand(ns), list(runners))
-    finally:
-        ipvs.close()
-        links.close()
 
 
 def test_external_ips_load_balancers_source_ranges_and_udp(lab: Lab, make: Build) -> None:

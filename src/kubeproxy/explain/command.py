@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from kubeproxy.backends.ipvs.names import DUMMY_DEVICE
 from kubeproxy.backends.planning import family_plans, service_port_plans
 from kubeproxy.config import ConfigError, ProxyConfig
+from kubeproxy.dataplane.ipset import IpsetError
 from kubeproxy.dataplane.iptables.runner import IptablesCommand, detect_flavor
+from kubeproxy.dataplane.ipvs import IpvsError
 from kubeproxy.dataplane.process import ToolError
 from kubeproxy.explain import live
 from kubeproxy.explain.listing import Row, rows
@@ -42,7 +45,7 @@ def _plans(snapshot: Snapshot, fam: FamilyPlan) -> list[ServicePortPlan]:
 
 
 def proxy_mode(config: ProxyConfig) -> str:
-    return "iptables" if config.mode == "iptables" else "nftables"
+    return config.mode if config.mode in ("iptables", "ipvs") else "nftables"
 
 
 def explain_packet(
@@ -56,20 +59,23 @@ def explain_packet(
     fam = _family(config, snapshot, packet.family)
     known = frozenset(ip for ip in snapshot.node.primary_ips.values())
     node = NodeAddresses(known)
+    mode = proxy_mode(config)
     if live_check:
+        # ipvs mode's kube-ipvs0 holds Service addresses, not the node's.
+        skip = DUMMY_DEVICE if mode == "ipvs" else None
         try:
-            node = NodeAddresses(known | live.node_addresses(), complete=True)
+            node = NodeAddresses(known | live.node_addresses(skip=skip), complete=True)
         except (ToolError, ValueError) as err:
             raise ConfigError(f"--live: cannot read this node's addresses: {err}") from None
-    mode = proxy_mode(config)
+    scheduler = config.ipvs.scheduler
     try:
         result = explain(
             packet, fam, _plans(snapshot, fam), snapshot.endpoints, mode=mode, node=node,
-            origin=origin,
+            origin=origin, scheduler=scheduler,
         )  # fmt: skip
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    objects = kernel_objects(result, fam)
+    objects = kernel_objects(result, fam, scheduler)
     drift: list[str] | None = None
     if live_check:
         drift = _drift(config, result, fam, objects)
@@ -80,6 +86,8 @@ def _drift(
     config: ProxyConfig, result: Explanation, fam: FamilyPlan, objects: tuple[KernelObject, ...]
 ) -> list[str]:
     try:
+        if proxy_mode(config) == "ipvs":
+            return live.ipvs_drift(objects, live.read_ipvs(objects))
         if proxy_mode(config) == "nftables":
             chains, elements = live.read_nft(result, fam, objects)
             if not chains:
@@ -91,7 +99,7 @@ def _drift(
         )
         save = IptablesCommand(fam.family, chosen).save("nat")
         return live.iptables_drift(result, objects, save)
-    except (ToolError, RuntimeError) as err:
+    except (ToolError, RuntimeError, IpvsError, IpsetError) as err:
         return [f"cannot read the kernel's rules: {err}"]
 
 
