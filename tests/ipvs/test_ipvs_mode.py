@@ -305,9 +305,9 @@ def test_sctp_virtual_server_carries_an_association(lab: Lab, make: Build) -> No
     assert not backend.errors, backend.errors
     listed = backend.ipvs.services()
     assert VirtualServer(ServiceKey("10.96.0.50", "SCTP", 132)) in listed
-    # An SCTP NodePort: its own virtual server, and (ip, port) in KUBE-NODE-PORT-SCTP.
+    # An SCTP NodePort: its own virtual server, and (ip, port) in KUBE-NODE-PORT-SCTP-HASH.
     assert VirtualServer(ServiceKey(NODE_IP, "SCTP", 30132)) in listed
-    members = ns_exec(lab.node_ns, "ipset", "list", "KUBE-NODE-PORT-SCTP")
+    members = ns_exec(lab.node_ns, "ipset", "list", "KUBE-NODE-PORT-SCTP-HASH")
     assert f"{NODE_IP},sctp:30132" in members, members
     serving = lab.in_pod("backend-2").submit(_sctp_serve, 9132, b"backend-2")
     reply = until_listening(lambda: lab.executor(lab.client_ns).call(_sctp_ask, "10.96.0.50", 132))
