@@ -126,8 +126,9 @@ def diff(
         out.bind = sorted(desired.bind - observed.bound)
         out.unbind = sorted(observed.bound - desired.bind)
     else:
-        out.bind = sorted(a for a in scope.addresses if a in desired.bind - observed.bound)
-        out.unbind = sorted(a for a in scope.addresses if a in observed.bound - desired.bind)
+        want, have = desired.bind, observed.bound
+        out.bind = sorted(a for a in scope.addresses if a in want and a not in have)
+        out.unbind = sorted(a for a in scope.addresses if a in have and a not in want)
     for spec in specs:
         have_members = observed.members.get(spec.name)
         if have_members is None:
