@@ -126,9 +126,9 @@ def diff(
         out.bind = sorted(desired.bind - observed.bound)
         out.unbind = sorted(observed.bound - desired.bind)
     else:
-        want, have = desired.bind, observed.bound
-        out.bind = sorted(a for a in scope.addresses if a in want and a not in have)
-        out.unbind = sorted(a for a in scope.addresses if a in have and a not in want)
+        bind, bound = desired.bind, observed.bound
+        out.bind = sorted(a for a in scope.addresses if a in bind and a not in bound)
+        out.unbind = sorted(a for a in scope.addresses if a in bound and a not in bind)
     for spec in specs:
         have_members = observed.members.get(spec.name)
         if have_members is None:
