@@ -6,8 +6,9 @@ the host). For each size (ClusterIP Services x 10 endpoints, TCP) in a fresh net
 namespace: the cold full sync of :class:`~kubeproxy.backends.ipvs.proxier.IpvsBackend`
 (IPVS and the ``kube-ipvs0`` addresses over netlink, batched; one ``ipset restore``, one
 ``iptables-legacy-restore``), a full sync over the programmed state (reads the kernel
-back, writes nothing), a partial sync of one Service whose endpoints all changed, and a
-partial sync adding one Service. Each figure is wall-clock, with the CPU time (user +
+back, writes nothing; ``--no-resync`` leaves it out), a partial sync of one endpoint
+replaced in one Service, one of a Service whose endpoints all changed, and one adding a
+Service. Each figure is wall-clock, with the CPU time (user +
 system of this process and its children: ipset, iptables-restore) beside it, and the
 number of netlink ``send`` calls to IPVS. Compare with ``bench.ipvs_floor`` (the raw
 IPVS programming floor). Prints a Markdown table.
@@ -53,14 +54,15 @@ CONFIG = ProxyConfig(
 )
 
 
-def snapshot(services: int, shift: int = 0, changed: int = -1) -> Snapshot:
+def snapshot(services: int, shift: int = 0, changed: int = -1, count: int = ENDPOINTS) -> Snapshot:
+    """``changed``'s first ``count`` endpoints are moved by ``shift`` addresses."""
     ports, eps = {}, {}
     for i in range(services):
         name = ServicePortName(NamespacedName("default", f"s{i}"), "p", L4Protocol.TCP)
         ports[name] = ServicePort(name=name, cluster_ips=(f"10.96.{i >> 8}.{i & 255}",), port=80)
-        base = 1 + (shift if i == changed else 0)
+        moved = [shift if i == changed and j < count else 0 for j in range(ENDPOINTS)]
         eps[name] = tuple(
-            Endpoint(f"10.{244 + (j % 4)}.{i >> 8}.{(i + base + j) & 255}", 8080, "node-b")
+            Endpoint(f"10.{244 + (j % 4)}.{i >> 8}.{(i + 1 + j + moved[j]) & 255}", 8080, "node-b")
             for j in range(ENDPOINTS)
         )
     return Snapshot(ports, eps, NodeState("node-a", None, {IPFamily.IPv4: "192.168.50.1"}))
@@ -90,7 +92,7 @@ def timed(ipvs: NetlinkIpvs, fn: Callable[[], object]) -> Figure:
     return Figure(time.perf_counter() - started, _cpu() - cpu, ipvs.batch.sends - sends)
 
 
-def measure(size: int, proc: Path) -> list[Figure]:
+def measure(size: int, proc: Path, resync: bool = True) -> list[Figure]:
     ns = f"kpbench{size}"
     add_netns(ns)
     ipvs = NetlinkIpvs(ns)
@@ -108,9 +110,12 @@ def measure(size: int, proc: Path) -> list[Figure]:
         backend.start()
         snap = snapshot(size)
         figures = [timed(ipvs, lambda: backend.sync(snap, None))]
-        figures.append(timed(ipvs, lambda: backend.sync(snap, None)))
+        if resync:
+            figures.append(timed(ipvs, lambda: backend.sync(snap, None)))
+        one = snapshot(size, shift=100, changed=size // 2, count=1)
+        name = next(n for i, n in enumerate(one.services) if i == size // 2)
+        figures.append(timed(ipvs, lambda: backend.sync(one, {name})))
         changed = snapshot(size, shift=100, changed=size // 2)
-        name = next(n for i, n in enumerate(changed.services) if i == size // 2)
         figures.append(timed(ipvs, lambda: backend.sync(changed, {name})))
         more = snapshot(size + 1, shift=100, changed=size // 2)
         added = next(n for i, n in enumerate(more.services) if i == size)
@@ -127,6 +132,9 @@ def measure(size: int, proc: Path) -> list[Figure]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--sizes", default="1000", help="Services, comma-separated")
+    parser.add_argument(
+        "--no-resync", action="store_true", help="leave out the full sync with no change"
+    )
     args = parser.parse_args(argv)
     if not uml.in_guest():
         command = [sys.executable, "-m", "bench.ipvs_backend", *(argv or sys.argv[1:])]
@@ -140,11 +148,14 @@ def main(argv: list[str] | None = None) -> int:
         for path, _ in sysctls(CONFIG, (6, 1)):
             (proc / "sys" / path).parent.mkdir(parents=True, exist_ok=True)
             (proc / "sys" / path).write_text("1\n")
-        print("| Services x 10 endpoints | cold full sync | full sync, no change | "
-              "one Service's endpoints changed (partial) | +1 Service (partial) |")  # fmt: skip
-        print("| --- | --- | --- | --- | --- |")
+        resync = " full sync, no change |" if not args.no_resync else ""
+        print(
+            f"| Services x 10 endpoints | cold full sync |{resync} one endpoint changed "
+            "(partial) | one Service's endpoints changed (partial) | +1 Service (partial) |"
+        )
+        print("| --- " * (5 if args.no_resync else 6) + "|")
         for size in (int(s) for s in args.sizes.split(",")):
-            cells = " | ".join(f.cell() for f in measure(size, proc))
+            cells = " | ".join(f.cell() for f in measure(size, proc, not args.no_resync))
             print(f"| {size:,} | {cells} |", flush=True)
     return 0
 

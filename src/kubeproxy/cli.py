@@ -577,10 +577,6 @@ def main(argv: list[str] | None = None) -> int:
         return asyncio.run(_render(config, source, args.format or "nft"))
     if args.command in ("explain", "list"):
         try:
-            if args.command == "explain" and config.mode == "ipvs":
-                # Its packet walk models the nftables and iptables layouts (and ebpf
-                # mode's hooks on top of nftables') only.
-                raise ConfigError(f"explain: not available in {config.mode} mode (use render)")
             snapshot = asyncio.run(_snapshot(config, source))
             if args.command == "list":
                 return _list(config, snapshot, args.output)

@@ -12,15 +12,30 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterator
+import socket
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
+from kubeproxy.backends.ipvs.proxier import IpvsBackend, sysctls
+from kubeproxy.backends.ipvs.proxier import cleanup as ipvs_cleanup
+from kubeproxy.config import IpvsSettings, ProxyConfig
+from kubeproxy.dataplane.ipset import IpsetCommand
+from kubeproxy.dataplane.iptables.runner import IptablesCommand
+from kubeproxy.dataplane.ipvs.netlink import NetlinkIpvs, NetlinkLinks
 from kubeproxy.lab import uml
-from kubeproxy.lab.cluster import NODE, Lab
+from kubeproxy.lab.cluster import CLUSTER_CIDRS, NODE, NODE_IP, NODE_IP6, Lab
+from kubeproxy.lab.echo import tcp_ask
 from kubeproxy.lab.netns import list_netns, temporary_netns
+from kubeproxy.lab.netns import sysctls as set_sysctls
+from kubeproxy.model.nodeports import NodePortAddresses
+from kubeproxy.model.state import NodeState, Snapshot
+from kubeproxy.model.types import Endpoint, IPFamily, ServicePort
 from tests.ipvs import guest_session
+from tests.unit.conftest import port_name
 
 HERE = Path(__file__).parent
 # The guest's kernel has no nf_tables ip/ip6/inet tables: iptables-nft fails there.
@@ -63,3 +78,125 @@ def netns() -> Iterator[str]:
     """One empty namespace (loopback up), deleted by name afterwards."""
     with temporary_netns(f"kpv{os.getpid() % 100000}n{next(_LABS)}") as name:
         yield name
+
+
+# ---------------------------------------------------- ipvs mode's backend, in node-a
+
+Build = Callable[..., IpvsBackend]
+T = TypeVar("T")
+WEB = port_name("web")
+VIP = "10.96.0.10"
+B1, B2 = BACKENDS["backend-1"], BACKENDS["backend-2"]
+
+
+def config(
+    scheduler: str = "rr",
+    family: IPFamily = IPFamily.IPv4,
+    exclude_cidrs: tuple[str, ...] = (),
+    **fields: object,
+) -> ProxyConfig:
+    """node-a's ipvs mode; ``fields`` override other ProxyConfig fields."""
+    settings: dict[str, object] = {
+        "hostname": NODE,
+        "mode": "ipvs",
+        "families": (family,),
+        "cluster_cidrs": CLUSTER_CIDRS,
+        "nodeport_addresses": NodePortAddresses((), primary=False),
+        "ipvs": IpvsSettings(scheduler=scheduler, exclude_cidrs=exclude_cidrs),
+    }
+    settings.update(fields)
+    return ProxyConfig(**settings)  # type: ignore[arg-type]
+
+
+def snap(*ports: tuple[ServicePort, tuple[Endpoint, ...]], zone: str | None = None) -> Snapshot:
+    node = NodeState(NODE, zone, {IPFamily.IPv4: NODE_IP, IPFamily.IPv6: NODE_IP6})
+    return Snapshot({p.name: p for p, _ in ports}, {p.name: e for p, e in ports}, node)
+
+
+def web(**kw: object) -> ServicePort:
+    fields: dict[str, object] = {"name": WEB, "cluster_ips": (VIP,), "port": 80}
+    fields.update(kw)
+    return ServicePort(**fields)  # type: ignore[arg-type]
+
+
+def eps(*ips: str, port: int = 8080) -> tuple[Endpoint, ...]:
+    return tuple(Endpoint(ip, port, NODE) for ip in ips)
+
+
+@pytest.fixture
+def make(lab: Lab, tmp_path: Path) -> Iterator[Build]:
+    """A factory of backends for node-a; what they programmed is cleaned up after."""
+    # The namespace's own sysctls (the backend's /proc is the guest's root namespace).
+    set_sysctls(
+        lab.node_ns,
+        {
+            "net.ipv4.vs.conntrack": "1",
+            "net.ipv4.vs.expire_nodest_conn": "1",
+            "net.ipv4.vs.expire_quiescent_template": "1",
+        },
+    )
+    for path, _ in sysctls(config(), (6, 1)):
+        (tmp_path / "sys" / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "sys" / path).write_text("1\n")
+    ns = lab.node_ns
+    ipvs = NetlinkIpvs(ns)
+    links = NetlinkLinks(ns)
+    runners = {f: IptablesCommand(f, "legacy", netns=ns) for f in IPFamily}
+
+    def build(cfg: ProxyConfig, clock: Callable[[], float] = time.monotonic) -> IpvsBackend:
+        backend = IpvsBackend(
+            cfg,
+            open_ipvs=lambda: ipvs,
+            links=links,
+            ipset=IpsetCommand(ns),
+            runners={f: runners[f] for f in cfg.families},
+            proc=tmp_path,
+            clock=clock,
+        )
+        backend.start()
+        return backend
+
+    yield build
+    ipvs_cleanup(ipvs, links, IpsetCommand(ns), list(runners.values()))
+    ipvs.close()
+    links.close()
+
+
+def asks(lab: Lab, ns: str, ip: str, port: int, count: int) -> list[str]:
+    ex = lab.executor(ns)
+    return [ex.call(tcp_ask, ip, port).pod for _ in range(count)]
+
+
+def until_listening(connect: Callable[[], T], seconds: float = 20) -> T:
+    """``connect`` again while the server a Pod thread is starting refuses (the guest
+    can take seconds to schedule it when the machine is busy)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return connect()
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def hold(port: int) -> None:
+    """In a Pod: accept one connection, answer what it sends, upper-cased."""
+    with socket.create_server(("0.0.0.0", port)) as server:
+        server.settimeout(30)
+        conn, _ = server.accept()
+        with conn:
+            conn.settimeout(30)
+            conn.sendall(conn.recv(16).upper())
+
+
+def cleanup_ns(ns: str) -> None:
+    ipvs = NetlinkIpvs(ns)
+    links = NetlinkLinks(ns)
+    try:
+        # kubeproxy run serves both families here: ip6tables rules use the KUBE-6- sets.
+        runners = [IptablesCommand(f, "legacy", netns=ns) for f in IPFamily]
+        ipvs_cleanup(ipvs, links, IpsetCommand(ns), list(runners))
+    finally:
+        ipvs.close()
+        links.close()

@@ -9,104 +9,38 @@ import socket
 import struct
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
-from kubeproxy.backends.ipvs.proxier import IpvsBackend, cleanup, sysctls
-from kubeproxy.config import IpvsSettings, ProxyConfig
+from kubeproxy.backends.ipvs.proxier import IpvsBackend, cleanup
 from kubeproxy.dataplane.ipset import IpsetCommand
 from kubeproxy.dataplane.iptables.runner import IptablesCommand
-from kubeproxy.dataplane.ipvs import Destination, ServiceKey, VirtualServer
-from kubeproxy.dataplane.ipvs.netlink import NetlinkIpvs, NetlinkLinks
+from kubeproxy.dataplane.ipvs import ServiceKey, VirtualServer
+from kubeproxy.dataplane.ipvs.netlink import NetlinkLinks
 from kubeproxy.lab.cluster import CLIENT_IP, CLUSTER_CIDRS, NODE, NODE_IP, NODE_IP6, Lab
 from kubeproxy.lab.echo import tcp_ask, udp_ask
 from kubeproxy.lab.netns import ns_exec
 from kubeproxy.lab.netns import sysctls as set_sysctls
 from kubeproxy.lab.objects import Ep, ManifestDir, endpoint_slice, service
-from kubeproxy.model.nodeports import NodePortAddresses
-from kubeproxy.model.state import NodeState, Snapshot
-from kubeproxy.model.types import Endpoint, IPFamily, L4Protocol, ServicePort, TrafficPolicy
-from tests.ipvs.conftest import BACKENDS
+from kubeproxy.model.types import IPFamily, L4Protocol, ServicePort, TrafficPolicy
+from tests.ipvs.conftest import (
+    B1,
+    B2,
+    BACKENDS,
+    VIP,
+    WEB,
+    Build,
+    asks,
+    cleanup_ns,
+    config,
+    eps,
+    hold,
+    snap,
+    until_listening,
+    web,
+)
 from tests.unit.conftest import port_name
-
-Build = Callable[..., IpvsBackend]
-T = TypeVar("T")
-WEB = port_name("web")
-VIP = "10.96.0.10"
-B1, B2 = BACKENDS["backend-1"], BACKENDS["backend-2"]
-
-
-def config(scheduler: str = "rr", family: IPFamily = IPFamily.IPv4) -> ProxyConfig:
-    return ProxyConfig(
-        hostname=NODE,
-        mode="ipvs",
-        families=(family,),
-        cluster_cidrs=CLUSTER_CIDRS,
-        nodeport_addresses=NodePortAddresses((), primary=False),
-        ipvs=IpvsSettings(scheduler=scheduler),
-    )
-
-
-def snap(*ports: tuple[ServicePort, tuple[Endpoint, ...]]) -> Snapshot:
-    node = NodeState(NODE, None, {IPFamily.IPv4: NODE_IP, IPFamily.IPv6: NODE_IP6})
-    return Snapshot({p.name: p for p, _ in ports}, {p.name: e for p, e in ports}, node)
-
-
-def web(**kw: object) -> ServicePort:
-    fields: dict[str, object] = {"name": WEB, "cluster_ips": (VIP,), "port": 80}
-    fields.update(kw)
-    return ServicePort(**fields)  # type: ignore[arg-type]
-
-
-def eps(*ips: str, port: int = 8080) -> tuple[Endpoint, ...]:
-    return tuple(Endpoint(ip, port, NODE) for ip in ips)
-
-
-@pytest.fixture
-def make(lab: Lab, tmp_path: Path) -> Iterator[Build]:
-    """A factory of backends for node-a; what they programmed is cleaned up after."""
-    # The namespace's own sysctls (the backend's /proc is the guest's root namespace).
-    set_sysctls(
-        lab.node_ns,
-        {
-            "net.ipv4.vs.conntrack": "1",
-            "net.ipv4.vs.expire_nodest_conn": "1",
-            "net.ipv4.vs.expire_quiescent_template": "1",
-        },
-    )
-    for path, _ in sysctls(config(), (6, 1)):
-        (tmp_path / "sys" / path).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / "sys" / path).write_text("1\n")
-    ns = lab.node_ns
-    ipvs = NetlinkIpvs(ns)
-    links = NetlinkLinks(ns)
-    runners = {f: IptablesCommand(f, "legacy", netns=ns) for f in IPFamily}
-
-    def build(cfg: ProxyConfig, clock: Callable[[], float] = time.monotonic) -> IpvsBackend:
-        backend = IpvsBackend(
-            cfg,
-            open_ipvs=lambda: ipvs,
-            links=links,
-            ipset=IpsetCommand(ns),
-            runners={f: runners[f] for f in cfg.families},
-            proc=tmp_path,
-            clock=clock,
-        )
-        backend.start()
-        return backend
-
-    yield build
-    cleanup(ipvs, links, IpsetCommand(ns), list(runners.values()))
-    ipvs.close()
-    links.close()
-
-
-def asks(lab: Lab, ns: str, ip: str, port: int, count: int) -> list[str]:
-    ex = lab.executor(ns)
-    return [ex.call(tcp_ask, ip, port).pod for _ in range(count)]
 
 
 def test_cluster_ip_round_robin_and_off_cluster_clients_are_masqueraded(
@@ -177,22 +111,12 @@ def test_session_affinity_is_ipvs_persistence(lab: Lab, make: Build) -> None:
     assert len(set(asks(lab, lab.client_ns, VIP, 80, 6))) == 1
 
 
-def _hold(port: int) -> None:
-    """In a Pod: accept one connection, answer what it sends, upper-cased."""
-    with socket.create_server(("0.0.0.0", port)) as server:
-        server.settimeout(30)
-        conn, _ = server.accept()
-        with conn:
-            conn.settimeout(30)
-            conn.sendall(conn.recv(16).upper())
-
-
 def test_graceful_termination_keeps_established_and_steers_new(lab: Lab, make: Build) -> None:
     backend = make(config())
     held = ServicePort(name=port_name("held"), cluster_ips=("10.96.0.20",), port=90)
     both = (web(), eps(B1, B2))
     backend.sync(snap(both, (held, eps(B2, port=9090))), None)
-    serving = lab.in_pod("backend-2").submit(_hold, 9090)
+    serving = lab.in_pod("backend-2").submit(hold, 9090)
     outside = lab.executor(lab.client_ns)
     client = until_listening(lambda: outside.call(socket.create_connection, ("10.96.0.20", 90), 5))
     # backend-2 goes away from both Services.
@@ -234,7 +158,8 @@ def test_cleanup_removes_only_ours(lab: Lab, make: Build) -> None:
 
 def test_kubeproxy_run_programs_ipvs_mode(lab: Lab, tmp_path: Path) -> None:
     """The whole program: ``kubeproxy run --proxy-mode ipvs --once`` over manifests, in
-    node-a's namespace, with iptables-legacy (the guest has no iptables-nft)."""
+    node-a's namespace, with iptables-legacy (the guest has no iptables-nft): upstream's
+    sysctls (per namespace, so the namespace's own), strict ARP, the IPVS timeouts."""
     mdir = ManifestDir(tmp_path / "manifests")
     mdir.path.mkdir()
     mdir.write(
@@ -243,11 +168,14 @@ def test_kubeproxy_run_programs_ipvs_mode(lab: Lab, tmp_path: Path) -> None:
                 ports=[{"name": "http", "port": 80, "nodePort": 30090}]),
         endpoint_slice("web", [Ep(B1, node=NODE), Ep(B2, node=NODE)]),
     )  # fmt: skip
+    # Undo what earlier tests' fixtures set, so that the run has to set each one.
+    set_sysctls(lab.node_ns, dict.fromkeys(UPSTREAM_SYSCTLS, "0"))
     command = lab.kubeproxy_command(
         "run", "--manifests", str(mdir.path), "--hostname-override", NODE,
         "--cluster-cidr", ",".join(CLUSTER_CIDRS), "--proxy-mode", "ipvs",
         "--iptables-backend", "legacy", "--ipvs-scheduler", "wrr", "--once",
-        "--ipvs-tcp-timeout", "15m", "--ipvs-udp-timeout", "45s",
+        "--ipvs-tcp-timeout", "15m", "--ipvs-tcpfin-timeout", "30s",
+        "--ipvs-udp-timeout", "45s", "--ipvs-strict-arp",
     )  # fmt: skip
     try:
         result = lab.run(command)
@@ -255,28 +183,35 @@ def test_kubeproxy_run_programs_ipvs_mode(lab: Lab, tmp_path: Path) -> None:
         replies = asks(lab, lab.client_ns, "10.96.0.30", 80, 4)
         assert Counter(replies) == {"backend-1": 2, "backend-2": 2}
         assert asks(lab, lab.client_ns, NODE_IP, 30090, 1)[0] in BACKENDS
-        assert ns_exec(lab.node_ns, "cat", "/proc/sys/net/ipv4/vs/conntrack").strip() == "1"
+        got = {k: read_sysctl(lab.node_ns, k) for k in (*UPSTREAM_SYSCTLS, CONN_REUSE)}
+        # conn_reuse_mode is upstream's only on kernels 4.1-5.8: left at 6.1's default.
+        assert got == {**UPSTREAM_SYSCTLS, CONN_REUSE: "1"}
         table = ns_exec(lab.node_ns, "ipvsadm", "-Ln")
         assert "10.96.0.30:80 wrr" in table
-        # The timeouts went in over netlink (IPVS_CMD_SET_CONFIG); tcpfin left alone.
+        # The timeouts went in over netlink (IPVS_CMD_SET_CONFIG).
         timeouts = ns_exec(lab.node_ns, "ipvsadm", "-L", "--timeout")
-        assert "900 120 45" in timeouts, timeouts
+        assert "900 30 45" in timeouts, timeouts
         # IPv6 too (the guest has it): the sets of that family are upstream's KUBE-6- ones.
         assert "KUBE-6-CLUSTER-IP" in ns_exec(lab.node_ns, "ipset", "list", "-n")
     finally:
+        set_sysctls(lab.node_ns, {"net.ipv4.ip_forward": "1"})  # the lab routes through it
         cleanup_ns(lab.node_ns)
 
 
-def cleanup_ns(ns: str) -> None:
-    ipvs = NetlinkIpvs(ns)
-    links = NetlinkLinks(ns)
-    try:
-        # kubeproxy run serves both families here: ip6tables rules use the KUBE-6- sets.
-        runners = [IptablesCommand(f, "legacy", netns=ns) for f in IPFamily]
-        cleanup(ipvs, links, IpsetCommand(ns), list(runners))
-    finally:
-        ipvs.close()
-        links.close()
+# What upstream's ipvs mode sets (net.ipv4.conf.all.* with --ipvs-strict-arp).
+UPSTREAM_SYSCTLS = {
+    "net.ipv4.vs.conntrack": "1",
+    "net.ipv4.vs.expire_nodest_conn": "1",
+    "net.ipv4.vs.expire_quiescent_template": "1",
+    "net.ipv4.ip_forward": "1",
+    "net.ipv4.conf.all.arp_ignore": "1",
+    "net.ipv4.conf.all.arp_announce": "2",
+}
+CONN_REUSE = "net.ipv4.vs.conn_reuse_mode"
+
+
+def read_sysctl(ns: str, name: str) -> str:
+    return ns_exec(ns, "cat", "/proc/sys/" + name.replace(".", "/")).strip()
 
 
 def test_external_ips_load_balancers_source_ranges_and_udp(lab: Lab, make: Build) -> None:
@@ -294,7 +229,10 @@ def test_external_ips_load_balancers_source_ranges_and_udp(lab: Lab, make: Build
         load_balancer_source_ranges=("198.51.100.0/24",),
     )
     dns = ServicePort(
-        name=port_name("dns", "dns", L4Protocol.UDP), cluster_ips=("10.96.0.42",), port=53
+        name=port_name("dns", "dns", L4Protocol.UDP),
+        cluster_ips=("10.96.0.42",),
+        port=53,
+        node_port=30053,
     )
     backend.sync(snap((open_lb, eps(B1)), (closed, eps(B1)), (dns, eps(B2))), None)
     assert not backend.errors, backend.errors
@@ -305,6 +243,9 @@ def test_external_ips_load_balancers_source_ranges_and_udp(lab: Lab, make: Build
     with pytest.raises(TimeoutError):
         client.call(tcp_ask, "203.0.113.21", 80, 1.0)
     assert client.call(udp_ask, "10.96.0.42", 53).pod == "backend-2"
+    # A UDP NodePort: KUBE-NODE-PORT-UDP marks it for masquerade.
+    reply = client.call(udp_ask, NODE_IP, 30053)
+    assert reply.pod == "backend-2" and reply.client_ip != CLIENT_IP
 
 
 def test_local_policy_node_port_keeps_the_client_address(lab: Lab, make: Build) -> None:
@@ -331,19 +272,6 @@ def test_ipv6_virtual_servers_serve_real_traffic(lab: Lab, make: Build) -> None:
     assert client.call(tcp_ask, NODE_IP6, 30086).pod == "backend-6"
 
 
-def until_listening(connect: Callable[[], T], seconds: float = 20) -> T:
-    """``connect`` again while the server a Pod thread is starting refuses (the guest
-    can take seconds to schedule it when the machine is busy)."""
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            return connect()
-        except ConnectionRefusedError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
-
-
 def _sctp_serve(port: int, name: bytes) -> str:
     """In a Pod: accept one SCTP association, send ``name``; the peer's address."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_SCTP) as server:
@@ -368,11 +296,19 @@ def test_sctp_virtual_server_carries_an_association(lab: Lab, make: Build) -> No
     """The guest kernel has the sctp module: a real association through IPVS."""
     backend = make(config())
     svc = ServicePort(
-        name=port_name("assoc", "sctp", L4Protocol.SCTP), cluster_ips=("10.96.0.50",), port=132
+        name=port_name("assoc", "sctp", L4Protocol.SCTP),
+        cluster_ips=("10.96.0.50",),
+        port=132,
+        node_port=30132,
     )
     backend.sync(snap((svc, eps(B2, port=9132))), None)
     assert not backend.errors, backend.errors
-    assert VirtualServer(ServiceKey("10.96.0.50", "SCTP", 132)) in backend.ipvs.services()
+    listed = backend.ipvs.services()
+    assert VirtualServer(ServiceKey("10.96.0.50", "SCTP", 132)) in listed
+    # An SCTP NodePort: its own virtual server, and (ip, port) in KUBE-NODE-PORT-SCTP-HASH.
+    assert VirtualServer(ServiceKey(NODE_IP, "SCTP", 30132)) in listed
+    members = ns_exec(lab.node_ns, "ipset", "list", "KUBE-NODE-PORT-SCTP-HASH")
+    assert f"{NODE_IP},sctp:30132" in members, members
     serving = lab.in_pod("backend-2").submit(_sctp_serve, 9132, b"backend-2")
     reply = until_listening(lambda: lab.executor(lab.client_ns).call(_sctp_ask, "10.96.0.50", 132))
     assert reply == b"backend-2"
@@ -392,8 +328,9 @@ def test_partial_sync_touches_only_the_changed_real_server(lab: Lab, make: Build
     backend.sync(snap((web(), eps(B1, B2)), (other, eps(B1, B2))), None)
     batch = backend.ipvs.batch  # type: ignore[attr-defined]
     before, messages = table(backend), batch.messages
-    backend.sync(snap((web(), eps(B1)), (other, eps(B1, B2))), {WEB})
+    result = backend.sync(snap((web(), eps(B1)), (other, eps(B1, B2))), {WEB})
     after = table(backend)
+    assert result.rendered == 1  # only the changed ServicePort was planned and rendered
     assert batch.messages - messages == 1  # one IPVS_CMD_DEL_DEST, nothing else
     changed = {vs for vs in before if before[vs] != after[vs]}
     assert [vs.key for vs in changed] == [ServiceKey(VIP, "TCP", 80)]
@@ -421,12 +358,14 @@ def test_drained_real_server_is_deleted_once_its_connection_ends(lab: Lab, make:
     held = ServicePort(name=port_name("held"), cluster_ips=("10.96.0.70",), port=90)
     key = ServiceKey("10.96.0.70", "TCP", 90)
     backend.sync(snap((held, eps(B2, port=9090))), None)
-    serving = lab.in_pod("backend-2").submit(_hold, 9090)
+    serving = lab.in_pod("backend-2").submit(hold, 9090)
     client = lab.executor(lab.client_ns)
     conn = until_listening(lambda: client.call(socket.create_connection, ("10.96.0.70", 90), 5))
     # backend-2 goes; backend-1's echo server takes over.
     backend.sync(snap((held, eps(B1))), {held.name})
-    assert Destination(B2, 9090, 0, 1, 0) in backend.ipvs.destinations(key)
+    # Weight 0, the held connection active (a retried connect may add an inactive one).
+    drained = {d.endpoint: d for d in backend.ipvs.destinations(key)}[(B2, 9090)]
+    assert (drained.weight, drained.active) == (0, 1)
     now[0] += 61
     assert backend.flush_terminated() == 0  # still connected: kept
     with conn:

@@ -189,6 +189,40 @@ CASES = [
     Case("lb-source-range-no-endpoints-nftables-drops",
          svc(load_balancer_ips=("198.51.100.20",), load_balancer_source_ranges=("10.0.0.0/8",)),
          (), tcp(CLIENT, "198.51.100.20"), Outcome.DROP),
+    # ---------------------------------------------------------- ipvs mode (upstream's)
+    Case("ipvs-clusterip-from-pod", svc(), (L1, R1), tcp(POD, "10.96.0.10"), Outcome.DNAT,
+         {"10.244.1.10:8080", "10.244.2.10:8080"}, False, "IPVS rr", mode="ipvs"),
+    Case("ipvs-clusterip-from-outside", svc(), (R1,), tcp(CLIENT, "10.96.0.10"), Outcome.DNAT,
+         {"10.244.2.10:8080"}, True, "KUBE-CLUSTER-IP", mode="ipvs"),
+    Case("ipvs-no-endpoints-refuses", svc(), (), tcp(POD, "10.96.0.10"), Outcome.REJECT,
+         reason="no real server", mode="ipvs"),
+    Case("ipvs-itp-local-no-local-clusterip-only-refuses", svc(itp=LOCAL), (R1,),
+         tcp(POD, "10.96.0.10"), Outcome.REJECT, reason="ClusterIP-only", mode="ipvs"),
+    Case("ipvs-itp-local-no-local-falls-back", svc(itp=LOCAL, **NP), (R1,),
+         tcp(POD, "10.96.0.10"), Outcome.DNAT, {"10.244.2.10:8080"}, False,
+         "kubernetes#97081", mode="ipvs"),
+    Case("ipvs-etp-local-nodeport-keeps-client", svc(etp=LOCAL, **NP), (L1, R1),
+         tcp(CLIENT, NODE_IP, 30080), Outcome.DNAT, {"10.244.1.10:8080"}, False,
+         "KUBE-NODE-PORT-LOCAL", mode="ipvs"),
+    Case("ipvs-etp-local-no-local-nodeport-falls-back", svc(etp=LOCAL, **NP), (R1,),
+         tcp(CLIENT, NODE_IP, 30080), Outcome.DNAT, {"10.244.2.10:8080"}, False,
+         "kubernetes#97081", mode="ipvs"),
+    Case("ipvs-nodeport-cluster-masquerades", svc(**NP), (R1,), tcp(CLIENT, NODE_IP, 30080),
+         Outcome.DNAT, {"10.244.2.10:8080"}, True, "KUBE-NODE-PORT", mode="ipvs"),
+    Case("ipvs-hairpin", svc(), (L1,), tcp("10.244.1.10", "10.96.0.10"), Outcome.DNAT,
+         {"10.244.1.10:8080"}, True, "KUBE-LOOP-BACK", mode="ipvs"),
+    Case("ipvs-no-cluster-cidr-node-masquerades", svc(), (R1,), tcp(NODE_IP, "10.96.0.10"),
+         Outcome.DNAT, {"10.244.2.10:8080"}, True, "src,dst", mode="ipvs",
+         fam={"cluster_cidrs": ()}),
+    Case("ipvs-other-port-of-a-service-ip-rejects", svc(), (L1,), tcp(POD, "10.96.0.10", 22),
+         Outcome.REJECT, reason="KUBE-IPVS-FILTER", mode="ipvs"),
+    Case("ipvs-unallocated-service-range-untouched", svc(), (L1,), tcp(POD, "10.96.9.9"),
+         Outcome.NONE, reason="ipvs mode (as upstream) leaves it", mode="ipvs",
+         fam={"service_cidrs": ("10.96.0.0/16",)}),
+    Case("ipvs-lb-source-range-drops", svc(load_balancer_ips=("198.51.100.20",),
+                                            load_balancer_source_ranges=("10.0.0.0/8",)),
+         (), tcp(CLIENT, "198.51.100.20"), Outcome.DROP, reason="KUBE-SOURCE-RANGES-FIREWALL",
+         mode="ipvs"),
     # ---------------------------------------------------------------------- origin
     Case("origin-given", svc(), (R1,), tcp(CLIENT, "10.96.0.10"), Outcome.DNAT,
          {"10.244.2.10:8080"}, False, "origin pod (given)", origin=Origin.POD),
@@ -260,4 +294,4 @@ def test_families_must_agree() -> None:
     with pytest.raises(ValueError, match="IPv4"):
         explain(tcp("fd00::1", "10.96.0.10"), fam, [], {})
     with pytest.raises(ValueError, match="mode"):
-        explain(tcp(POD, "10.96.0.10"), fam, [], {}, mode="ipvs")
+        explain(tcp(POD, "10.96.0.10"), fam, [], {}, mode="userspace")

@@ -179,3 +179,50 @@ def test_affinity_chains_are_listed() -> None:
     chains = [o.name for o in kernel_objects(result, fam) if o.kind == "chain"]
     assert any(c.startswith("aff-") for c in chains)
     assert any(c.startswith("affep-") for c in chains)
+
+
+def test_ipvs_objects_are_the_virtual_server_its_real_servers_and_sets() -> None:
+    sticky = replace(service_port(), affinity_timeout=60)
+    result, fam = run(sticky, Packet(POD, "10.96.0.10", 80), "ipvs")
+    assert [str(o) for o in kernel_objects(result, fam, "mh")] == [
+        "ipvs: virtual server TCP/10.96.0.10:80 mh persistent 60 flags 0x10",
+        "ipvs: TCP/10.96.0.10:80 -> 10.244.1.10:8080 weight 1",
+        "ipvs: TCP/10.96.0.10:80 -> 10.244.2.10:8080 weight 1",
+        "kube-ipvs0: address 10.96.0.10",
+        "ipset: KUBE-CLUSTER-IP element { 10.96.0.10,tcp:80 }",
+    ]
+    node_port = service_port(node_port=30080)
+    result, fam = run(node_port, Packet(CLIENT, NODE_IP, 30080), "ipvs")
+    objects = [str(o) for o in kernel_objects(result, fam)]
+    assert objects[0] == f"ipvs: virtual server TCP/{NODE_IP}:30080 rr"
+    assert "ipset: KUBE-NODE-PORT-TCP element { 30080 }" in objects
+    assert not any("kube-ipvs0" in o for o in objects)  # a node address is not bound
+
+
+def test_ipvs_drift_finds_missing_changed_and_extra_real_servers() -> None:
+    result, fam = run(service_port(), Packet(POD, "10.96.0.10", 80), "ipvs")
+    objects = kernel_objects(result, fam)
+    vs = "TCP/10.96.0.10:80"
+    same = live.IpvsView(
+        {vs: "rr"},
+        {vs: {"10.244.1.10:8080": "weight 1", "10.244.2.10:8080": "weight 1"}},
+        frozenset({"10.96.0.10"}),
+        {"KUBE-CLUSTER-IP": frozenset({"10.96.0.10,tcp:80"})},
+    )
+    assert live.ipvs_drift(objects, same) == []
+    drifted = replace(
+        same,
+        services={vs: "wlc"},
+        real_servers={vs: {"10.244.1.10:8080": "weight 0", "10.244.9.9:8080": "weight 1"}},
+        addresses=frozenset(),
+    )
+    assert live.ipvs_drift(objects, drifted) == [
+        f"ipvs: virtual server {vs} rr: the kernel has 'wlc'",
+        f"ipvs: {vs} -> 10.244.1.10:8080 weight 1: the kernel has weight 0",
+        f"missing ipvs: {vs} -> 10.244.2.10:8080 weight 1",
+        "missing kube-ipvs0: address 10.96.0.10",
+        f"extra real server 10.244.9.9:8080 (weight 1) of {vs}",
+    ]
+    assert live.ipvs_drift(objects, replace(same, services={}, real_servers={})) == [
+        f"missing ipvs: virtual server {vs} rr"
+    ]

@@ -187,6 +187,7 @@ def test_address_messages_read_back_by_pyroute2(add: bool, index: int, address: 
     assert same_ip(msg.get_attr("IFA_ADDRESS"), address)
     assert same_ip(msg.get_attr("IFA_LOCAL"), address)
     assert wire.parse_address(packed(message)[16:]) == (index, address)
+    assert wire.address_index(packed(message)[16:]) == index
 
 
 class KernelStandIn:

@@ -119,16 +119,6 @@ def test_readme_shows_real_output(capsys: pytest.CaptureFixture[str]) -> None:
                 assert expected in printed, expected
 
 
-def test_explain_refuses_modes_it_does_not_model(capsys: pytest.CaptureFixture[str]) -> None:
-    # Its packet walk is nftables', iptables' (and ebpf mode's hooks on top of nftables');
-    # a wrong answer is worse than none.
-    packet = ["--src", "10.0.0.1", "--dst", "10.96.0.10", "--port", "53"]
-    with pytest.raises(SystemExit) as exc:
-        cli.main(["explain", *FLAGS, "--proxy-mode", "ipvs", *packet])
-    assert exc.value.code == 2
-    assert "not available in ipvs mode" in capsys.readouterr().err
-
-
 def test_explain_in_ebpf_mode_says_what_the_socket_hooks_do(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -14,10 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from kubeproxy.backends.ipvs.names import DUMMY_DEVICE
 from kubeproxy.backends.planning import family_plans, service_port_plans
 from kubeproxy.config import ConfigError, ProxyConfig
 from kubeproxy.dataplane.bpf.socklb import pinned_entry, unlinked_hooks
+from kubeproxy.dataplane.ipset import IpsetError
 from kubeproxy.dataplane.iptables.runner import IptablesCommand, detect_flavor
+from kubeproxy.dataplane.ipvs import IpvsError
 from kubeproxy.dataplane.process import ToolError
 from kubeproxy.explain import live, socket_hooks
 from kubeproxy.explain.listing import Row, rows
@@ -53,7 +56,7 @@ def _plans(snapshot: Snapshot, fam: FamilyPlan) -> list[ServicePortPlan]:
 
 def proxy_mode(config: ProxyConfig) -> str:
     """Whose rules the packet walk models (ebpf mode: nftables', then its hooks)."""
-    return "iptables" if config.mode == "iptables" else "nftables"
+    return config.mode if config.mode in ("iptables", "ipvs") else "nftables"
 
 
 def explain_packet(
@@ -67,23 +70,28 @@ def explain_packet(
     fam = _family(config, snapshot, packet.family)
     known = frozenset(ip for ip in snapshot.node.primary_ips.values())
     node = NodeAddresses(known)
+    mode = proxy_mode(config)
     if live_check:
+        # ipvs mode's kube-ipvs0 holds Service addresses, not the node's.
+        skip = DUMMY_DEVICE if mode == "ipvs" else None
         try:
-            node = NodeAddresses(known | live.node_addresses(), complete=True)
+            node = NodeAddresses(known | live.node_addresses(skip=skip), complete=True)
         except (ToolError, ValueError) as err:
             raise ConfigError(f"--live: cannot read this node's addresses: {err}") from None
-    mode = proxy_mode(config)
+    scheduler = config.ipvs.scheduler
     try:
         result = explain(
             packet, fam, _plans(snapshot, fam), snapshot.endpoints, mode=mode, node=node,
-            origin=origin,
+            origin=origin, scheduler=scheduler,
         )  # fmt: skip
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if config.mode == "ebpf":
         result = socket_hooks.through_hooks(result, fam, snapshot.endpoints)
     hooks = result.verdict is Outcome.SOCKET_LB
-    objects = socket_hooks.socket_objects(result) if hooks else kernel_objects(result, fam)
+    objects = (
+        socket_hooks.socket_objects(result) if hooks else kernel_objects(result, fam, scheduler)
+    )
     drift: list[str] | None = None
     if live_check:
         drift = [] if hooks else _drift(config, result, fam, objects)
@@ -110,6 +118,8 @@ def _drift(
     config: ProxyConfig, result: Explanation, fam: FamilyPlan, objects: tuple[KernelObject, ...]
 ) -> list[str]:
     try:
+        if proxy_mode(config) == "ipvs":
+            return live.ipvs_drift(objects, live.read_ipvs(objects))
         if proxy_mode(config) == "nftables":
             chains, elements = live.read_nft(result, fam, objects)
             if not chains:
@@ -121,7 +131,7 @@ def _drift(
         )
         save = IptablesCommand(fam.family, chosen).save("nat")
         return live.iptables_drift(result, objects, save)
-    except (ToolError, RuntimeError) as err:
+    except (ToolError, RuntimeError, IpvsError, IpsetError) as err:
         return [f"cannot read the kernel's rules: {err}"]
 
 

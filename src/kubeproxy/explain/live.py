@@ -2,15 +2,18 @@
 
 Reads, never writes: the node's addresses (``ip -j addr``), and in nftables mode the
 table's chains and the elements of the maps and sets the explanation names (``nft list
-map|set``), in iptables mode ``iptables-save`` of the nat table. The comparison itself is
-pure (:func:`nft_drift`, :func:`iptables_drift`) and unit-tested on text:
+map|set``), in iptables mode ``iptables-save`` of the nat table, in ipvs mode the virtual
+server and its real servers (netlink), ``kube-ipvs0``'s addresses and the ipsets
+(``ipset save``). The comparison itself is pure (:func:`nft_drift`,
+:func:`iptables_drift`, :func:`ipvs_drift`) and unit-tested:
 
 * every expected chain exists;
 * every expected element exists with the expected value;
 * the endpoints the kernel would DNAT this frontend to are exactly the plan's: an
   element of the backends map under the frontend's key that the plan does not have is an
   extra endpoint (nftables); the ``KUBE-SEP-`` chains the Service chain jumps to and their
-  ``--to-destination`` are compared with the candidates (iptables).
+  ``--to-destination`` are compared with the candidates (iptables); the virtual
+  server's real servers and weights with the plan's (ipvs).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import re
 import shlex
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from kubeproxy.backends.nftables.table import (
     DESTS_SUFFIX,
@@ -48,10 +52,13 @@ def read_command(binary: str, args: list[str]) -> str:
 _PACKAGES = {"ip": "iproute2", "nft": "nftables"}
 
 
-def node_addresses(read: Reader = read_command) -> frozenset[str]:
-    """Every address of this network namespace (``ip -j addr``)."""
+def node_addresses(read: Reader = read_command, skip: str | None = None) -> frozenset[str]:
+    """Every address of this network namespace (``ip -j addr``), but ``skip``'s (ipvs
+    mode's ``kube-ipvs0`` holds Service addresses, not the node's)."""
     out: set[str] = set()
     for link in json.loads(read("ip", ["-j", "addr"]) or "[]"):
+        if skip is not None and link.get("ifname") == skip:
+            continue
         for info in link.get("addr_info", []):
             local = info.get("local")
             if isinstance(local, str):
@@ -238,3 +245,80 @@ def iptables_drift(result: Explanation, objects: Sequence[KernelObject], save: s
     drift.extend(f"missing endpoint {e} in {route[-1]}" for e in sorted(expected - kernel))
     drift.extend(f"extra endpoint {e} in {route[-1]}" for e in sorted(kernel - expected))
     return drift
+
+
+# --------------------------------------------------------------------------- ipvs
+
+
+@dataclass(frozen=True)
+class IpvsView:
+    """What the kernel has for one explained packet (ipvs mode)."""
+
+    services: Mapping[str, str]  # virtual server (str of its key) -> scheduler, flags...
+    real_servers: Mapping[str, Mapping[str, str]]  # virtual server -> ip:port -> weight
+    addresses: frozenset[str]  # on kube-ipvs0
+    members: Mapping[str, frozenset[str]]  # set -> members
+
+
+def ipvs_drift(objects: Sequence[KernelObject], view: IpvsView) -> list[str]:
+    """Missing or different objects, and real servers the plan does not have."""
+    drift: list[str] = []
+    for obj in objects:
+        if obj.kind == "virtual-server":
+            have = view.services.get(obj.name)
+            if have is None:
+                drift.append(f"missing {obj}")
+            elif have != obj.key:
+                drift.append(f"{obj}: the kernel has {have!r}")
+        elif obj.kind == "real-server":
+            weight = view.real_servers.get(obj.name, {}).get(obj.key)
+            if weight is None and obj.name in view.services:
+                drift.append(f"missing {obj}")
+            elif weight is not None and weight != obj.value:
+                drift.append(f"{obj}: the kernel has {weight}")
+        elif (obj.kind == "address" and obj.name not in view.addresses) or (
+            obj.kind == "element" and obj.key not in view.members.get(obj.name, frozenset())
+        ):
+            drift.append(f"missing {obj}")
+    expected = {(o.name, o.key) for o in objects if o.kind == "real-server"}
+    for vs in sorted({o.name for o in objects if o.kind == "virtual-server"}):
+        for endpoint, weight in sorted(view.real_servers.get(vs, {}).items()):
+            if (vs, endpoint) not in expected:
+                drift.append(f"extra real server {endpoint} ({weight}) of {vs}")
+    return drift
+
+
+def read_ipvs(objects: Sequence[KernelObject], read: Reader = read_command) -> IpvsView:
+    """The kernel's side of ``objects``: this namespace's IPVS table over netlink."""
+    from kubeproxy.backends.ipvs.names import DUMMY_DEVICE
+    from kubeproxy.dataplane.ipset import IpsetCommand
+    from kubeproxy.dataplane.ipvs.netlink import NetlinkIpvs
+
+    wanted = {o.name for o in objects if o.kind == "virtual-server"}
+    services: dict[str, str] = {}
+    real: dict[str, dict[str, str]] = {}
+    ipvs = NetlinkIpvs()
+    try:
+        for vs in ipvs.services():
+            name = str(vs.key)
+            if name not in wanted:
+                continue
+            services[name] = str(vs).removeprefix(f"{name} ")
+            real[name] = {
+                (f"[{d.address}]:{d.port}" if ":" in d.address else f"{d.address}:{d.port}"): (
+                    f"weight {d.weight}"
+                )
+                for d in ipvs.destinations(vs.key)
+            }
+    finally:
+        ipvs.close()
+    addresses: set[str] = set()
+    for link in json.loads(read("ip", ["-j", "addr", "show", "dev", DUMMY_DEVICE]) or "[]"):
+        addresses.update(str(i.get("local")) for i in link.get("addr_info", []))
+    sets = {o.name for o in objects if o.kind == "element"}
+    members = {
+        name: frozenset(state.members)
+        for name, state in IpsetCommand().sets().items()
+        if name in sets
+    }
+    return IpvsView(services, real, frozenset(addresses), members)

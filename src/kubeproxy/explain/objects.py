@@ -9,7 +9,10 @@ the names are exactly those a sync programs:
   ``no-endpoint-*`` and firewall elements, and session-affinity chains;
 * iptables: upstream's chains of the ServicePort (``KUBE-SVC-``, ``KUBE-SVL-``,
   ``KUBE-EXT-``, ``KUBE-FW-``, one ``KUBE-SEP-`` per candidate endpoint) and the
-  frontend's entries in the top-level chains.
+  frontend's entries in the top-level chains;
+* ipvs: the virtual server the packet hits (scheduler, flags, persistence), its real
+  servers with their weights, the address on ``kube-ipvs0`` and the frontend's ipset
+  members, from :func:`kubeproxy.backends.ipvs.render.contribution`.
 
 :class:`KernelObject` is what ``--live`` looks up (:mod:`kubeproxy.explain.live`).
 """
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 
 from kubeproxy.backends.iptables import render as ipt
 from kubeproxy.backends.iptables.names import ServicePortChains
+from kubeproxy.backends.ipvs import render as ipvs
 from kubeproxy.backends.nftables import render as nft
 from kubeproxy.backends.nftables.table import (
     CLUSTER_IPS,
@@ -29,6 +33,7 @@ from kubeproxy.backends.nftables.table import (
     TABLE,
     Vocabulary,
 )
+from kubeproxy.dataplane.ipvs import VirtualServer
 from kubeproxy.explain.packet import Explanation, Outcome
 from kubeproxy.model.plan import FamilyPlan, Frontend, FrontendKind, ServicePortPlan
 
@@ -49,6 +54,12 @@ class KernelObject:
     value: str | None = None
 
     def __str__(self) -> str:
+        if self.kind == "virtual-server":
+            return f"ipvs: virtual server {self.name} {self.key}"
+        if self.kind == "real-server":
+            return f"ipvs: {self.name} -> {self.key} {self.value}"
+        if self.kind == "address":
+            return f"{self.table}: address {self.name}"
         if self.kind == "chain":
             return f"{self.table}: chain {self.name}"
         if self.kind == "rule":
@@ -66,13 +77,18 @@ def nft_table(fam: FamilyPlan) -> str:
 NFT_RULES = ("nftables", "ebpf")
 
 
-def kernel_objects(result: Explanation, fam: FamilyPlan) -> tuple[KernelObject, ...]:
-    """What implements ``result`` in its proxy mode's rules (empty when nothing does)."""
+def kernel_objects(
+    result: Explanation, fam: FamilyPlan, scheduler: str = "rr"
+) -> tuple[KernelObject, ...]:
+    """What implements ``result`` in its proxy mode's rules (empty when nothing does);
+    ``scheduler``: ipvs mode's."""
     plan, frontend = result.plan, result.frontend
     if plan is None or frontend is None:
         return _unmatched(result, fam)
     if result.mode in NFT_RULES:
         return _nft(plan, frontend, fam)
+    if result.mode == "ipvs":
+        return _ipvs(result, plan, frontend, fam, scheduler)
     return _iptables(result, plan, frontend, fam)
 
 
@@ -151,3 +167,42 @@ def _iptables(
     path.extend(names.sep(str(c.endpoint)) for c in result.candidates)
     out.extend(KernelObject("chain", "nat", c) for c in dict.fromkeys(path) if c in programmed)
     return tuple(out)
+
+
+def _ipvs(
+    result: Explanation, plan: ServicePortPlan, frontend: Frontend, fam: FamilyPlan, scheduler: str
+) -> tuple[KernelObject, ...]:
+    if result.verdict is Outcome.DROP:  # a source-range firewall, before IPVS
+        return ()
+    node_port = frontend.kind is FrontendKind.NODE_PORT
+    ip = result.packet.dst if node_port else frontend.ip
+    assert ip is not None
+    # Only the frontend's own claim matters; a NodePort is claimed on the packet's address.
+    ctx = ipvs.Context(fam, scheduler, frozenset(), (ip,) if node_port else ())
+    part = ipvs.contribution(ctx, plan)
+    proto = plan.service_port.protocol.value.lower()
+    entry = f"{ip},{proto}:{frontend.port}"
+    out: list[KernelObject] = []
+    for key, vs, dests, bind in part.claims:
+        if key.address != ip or key.port != frontend.port:
+            continue
+        out.append(KernelObject("virtual-server", "ipvs", str(key), _describe(vs)))
+        out.extend(
+            KernelObject("real-server", "ipvs", str(key), _host_port(a, port), f"weight {w}")
+            for (a, port), w in sorted(dests.items())
+        )
+        if bind:
+            out.append(KernelObject("address", "kube-ipvs0", ip))
+    for set_name, member in part.members:
+        if member.startswith(entry) or (node_port and member == str(frontend.port)):
+            out.append(KernelObject("element", "ipset", set_name, member))
+    return tuple(out)
+
+
+def _describe(vs: VirtualServer) -> str:
+    """The scheduler, flags and persistence as the ``virtual-server`` object's key."""
+    return str(vs).removeprefix(f"{vs.key} ")
+
+
+def _host_port(ip: str, port: int) -> str:
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"

@@ -20,8 +20,13 @@ walks the same decisions the rules make, in the same order:
 5. **Nothing matched** — why not (a near miss: other port, not a NodePort address...),
    and in nftables mode the ClusterIP and service-range checks (REJECT / DROP).
 
-Where the two proxy modes differ (``mode``: ``nftables`` or ``iptables``), the difference
-is upstream's, and the reason says so. The result is an :class:`Explanation`: data for
+Where the proxy modes differ (``mode``: ``nftables``, ``iptables`` or ``ipvs``), the
+difference is upstream's, and the reason says so. ipvs mode (:func:`_decide_ipvs`) has
+no short-circuit and no DROP for Local policies: a virtual server's real servers are the
+route's endpoints, or the cluster-wide ones when a Local policy has none on this node
+(kubernetes#97081); without any it refuses; its masquerading follows its ipsets.
+
+The result is an :class:`Explanation`: data for
 the text and JSON printers (:mod:`kubeproxy.explain.output`) and for the kernel objects
 (:mod:`kubeproxy.explain.objects`).
 """
@@ -52,7 +57,7 @@ from kubeproxy.model.types import (
     family_of,
 )
 
-MODES = ("nftables", "iptables")
+MODES = ("nftables", "iptables", "ipvs")
 
 
 class Origin(StrEnum):
@@ -215,8 +220,8 @@ def _nodeport_address(dst: str, fam: FamilyPlan, node: NodeAddresses) -> tuple[b
         if fam.localhost_nodeports:
             return True, f"{dst} is loopback and localhost NodePorts are on (iptables mode)"
         return False, (
-            f"{dst} is loopback: NodePorts are never served there in nftables mode, nor in "
-            "iptables mode with --iptables-localhost-nodeports=false or IPv6"
+            f"{dst} is loopback: NodePorts are never served there in nftables or ipvs mode, "
+            "nor in iptables mode with --iptables-localhost-nodeports=false or IPv6"
         )
     if ports.match_all:
         if node.owns(dst):
@@ -355,6 +360,7 @@ class _Context:
     mode: str
     src: _Source
     node: NodeAddresses
+    scheduler: str = "rr"
 
 
 def _decide(
@@ -478,6 +484,106 @@ def _decide(
     )
 
 
+def _ipvs_masquerade(ctx: _Context, plan: ServicePortPlan, frontend: Frontend) -> tuple[bool, str]:
+    """ipvs mode's masquerade decision, as its ipsets make it (before hairpin)."""
+    fam, src = ctx.fam, ctx.src
+    if frontend.kind is FrontendKind.CLUSTER_IP:
+        if fam.masquerade_all:
+            return True, "masqueraded: --masquerade-all (KUBE-CLUSTER-IP)"
+        if fam.local.implemented:
+            if src.pod_rule:
+                return False, "not masqueraded: from a local Pod"
+            return True, "masqueraded: not from a local Pod (KUBE-CLUSTER-IP)"
+        if src.node_rule:
+            return True, (
+                "masqueraded: the node's own connection (without a local-traffic detector "
+                "KUBE-CLUSTER-IP matches src,dst: its source is the Service IP)"
+            )
+        return False, f"not masqueraded: local Pod traffic is {fam.local.describe()}"
+    ext = plan.external
+    assert ext is not None
+    sets = {
+        FrontendKind.EXTERNAL_IP: ("KUBE-EXTERNAL-IP", "KUBE-EXTERNAL-IP-LOCAL"),
+        FrontendKind.LOAD_BALANCER: ("KUBE-LOAD-BALANCER", "KUBE-LOAD-BALANCER-LOCAL"),
+        FrontendKind.NODE_PORT: ("KUBE-NODE-PORT-*", "KUBE-NODE-PORT-LOCAL-*"),
+    }[frontend.kind]
+    if ext.policy is TrafficPolicy.LOCAL:
+        return False, f"not masqueraded: the client's address is kept ({sets[1]}, Local policy)"
+    return True, f"masqueraded: external traffic with Cluster policy ({sets[0]})"
+
+
+def _scheduling(scheduler: str, count: int) -> str:
+    if scheduler in ("rr", "wrr"):
+        return f"IPVS {scheduler}: the {count} real server(s) in turn (weight 1 each)"
+    if scheduler in ("sh", "mh"):
+        what = "source address" if scheduler == "sh" else "source address and port (mh-port)"
+        return f"IPVS {scheduler}: one of {count} real server(s) by a hash of the {what}"
+    return f"IPVS {scheduler}: one of {count} real server(s) by its connection counts"
+
+
+def _decide_ipvs(
+    ctx: _Context, plan: ServicePortPlan, frontend: Frontend, family_eps: Sequence[Endpoint]
+) -> Explanation:
+    """ipvs mode: the virtual server ``frontend`` is, and its real servers."""
+    packet, fam, src = ctx.packet, ctx.fam, ctx.src
+    reasons = [src.reason, f"matches virtual server {frontend} of {plan.name}"]
+    if frontend.kind is FrontendKind.LOAD_BALANCER and frontend.source_ranges:
+        ranges = ", ".join(frontend.source_ranges)
+        if not _in_cidrs(packet.src, frontend.source_ranges):
+            reasons.append(
+                f"loadBalancerSourceRanges ({ranges}) do not include {packet.src}: DROP "
+                "(KUBE-SOURCE-RANGES-FIREWALL)"
+            )
+            return Explanation(
+                packet, ctx.mode, src.origin, Outcome.DROP, tuple(reasons), plan, frontend,
+                "external",
+            )  # fmt: skip
+        reasons.append(f"{packet.src} is in loadBalancerSourceRanges ({ranges})")
+    internal = frontend.kind is FrontendKind.CLUSTER_IP
+    route = plan.internal if internal else plan.external
+    assert route is not None
+    kind = "internal" if internal else "external"
+    what = f"{'internal' if internal else 'external'}TrafficPolicy {route.policy.value}"
+    used = route.endpoints
+    local_only = route.policy is TrafficPolicy.LOCAL
+    if local_only and used:
+        reasons.append(f"{what}: this node's endpoints only")
+    elif local_only:
+        used, local_only = plan.selection.cluster, False
+        reasons.append(
+            f"{what}, but no endpoint on this node: the endpoints cluster-wide, as "
+            "upstream's ipvs mode (kubernetes#97081)"
+            + ("" if used else "; this Service uses none (a ClusterIP-only Local policy)")
+        )
+    else:
+        reasons.append(f"{what}: endpoints cluster-wide")
+    reasons.extend(selection_reasons(plan, fam, route, used))
+    excluded = excluded_endpoints(plan, fam, family_eps, used, local_only)
+    if not used:
+        reasons.append(
+            "the virtual server has no real server: IPVS answers a new connection with "
+            "ICMP port unreachable: REJECT"
+        )
+        return Explanation(
+            packet, ctx.mode, src.origin, Outcome.REJECT, tuple(reasons), plan, frontend, kind,
+            (), excluded,
+        )  # fmt: skip
+    masq, masq_why = _ipvs_masquerade(ctx, plan, frontend)
+    hairpin = set(plan.hairpin)
+    candidates = tuple(
+        Candidate(ep, 1 / len(used), masq or (packet.src == ep.ip and ep.ip in hairpin))
+        for ep in used
+    )
+    reasons.append(_scheduling(ctx.scheduler, len(used)))
+    reasons.append(masq_why)
+    if any(c.masquerade and not masq for c in candidates):
+        reasons.append(f"masqueraded when sent to {packet.src} itself (hairpin: KUBE-LOOP-BACK)")
+    return Explanation(
+        packet, ctx.mode, src.origin, Outcome.DNAT, tuple(reasons), plan, frontend, kind,
+        candidates, excluded, all(c.masquerade for c in candidates),
+    )  # fmt: skip
+
+
 # -------------------------------------------------------------------- no match
 
 
@@ -512,11 +618,24 @@ def _no_match(
     cluster_ips = {p.cluster_ip for p in plans}
     verdict = Outcome.NONE
     health = [p for p in plans if p.service_port.health_check_node_port == port]
-    if health and proto is L4Protocol.TCP and nodeport[0]:
+    bound = {
+        f.ip
+        for p in plans
+        for f in p.frontends
+        if f.kind is not FrontendKind.NODE_PORT and f.ip and not ctx.node.owns(f.ip)
+    }
+    if mode == "ipvs" and dst in bound and not (health and nodeport[0]):
+        verdict = Outcome.REJECT
+        reasons.append(
+            f"{dst} is on kube-ipvs0: new connections to a port no Service uses are rejected "
+            "(KUBE-IPVS-FILTER, kubernetes#72236): REJECT"
+        )
+    elif health and proto is L4Protocol.TCP and nodeport[0]:
         reasons.append(f"{port} is the healthCheckNodePort of {health[0].name.service}")
-        if mode == "iptables":
+        if mode in ("iptables", "ipvs"):
             verdict = Outcome.ACCEPT
-            reasons.append("accepted for kubeproxy's health server (filter KUBE-NODEPORTS): ACCEPT")
+            chain = "KUBE-NODE-PORT" if mode == "ipvs" else "KUBE-NODEPORTS"
+            reasons.append(f"accepted for kubeproxy's health server (filter {chain}): ACCEPT")
         else:
             reasons.append("kubeproxy's health server answers it; no rule is needed")
     elif dst in cluster_ips:
@@ -528,7 +647,7 @@ def _no_match(
             )
         else:
             reasons.append(
-                f"{dst} is an allocated ClusterIP, but iptables mode (as upstream) leaves "
+                f"{dst} is an allocated ClusterIP, but {mode} mode (as upstream) leaves "
                 "other ports alone: not touched"
             )
     elif fam.service_cidrs and _in_cidrs(dst, fam.service_cidrs):
@@ -540,7 +659,7 @@ def _no_match(
             )
         else:
             reasons.append(
-                f"{dst} is in a service IP range, but iptables mode (as upstream) leaves it "
+                f"{dst} is in a service IP range, but {mode} mode (as upstream) leaves it "
                 "alone: not touched"
             )
     else:
@@ -560,8 +679,10 @@ def explain(
     mode: str = "nftables",
     node: NodeAddresses = NodeAddresses(),
     origin: Origin | None = None,
+    scheduler: str = "rr",
 ) -> Explanation:
-    """The fate of ``packet``. ``plans``: every ServicePort's plan in ``fam.family``."""
+    """The fate of ``packet``. ``plans``: every ServicePort's plan in ``fam.family``;
+    ``scheduler``: ipvs mode's ``--ipvs-scheduler``."""
     if mode not in MODES:
         raise ValueError(f"unknown proxy mode {mode!r}")
     if family_of(packet.src) is not packet.family or fam.family is not packet.family:
@@ -570,13 +691,14 @@ def explain(
     src = _classify(packet, fam, node, origin)
     nodeport = _nodeport_address(packet.dst, fam, node)
     matches = _matches(packet, ordered, nodeport[0])
-    ctx = _Context(packet, fam, mode, src, node)
+    ctx = _Context(packet, fam, mode, src, node, scheduler)
     if not matches:
         return _no_match(ctx, ordered, nodeport)
     plan, frontend = matches[0]
     want_v6 = fam.family is IPFamily.IPv6
     family_eps = [ep for ep in endpoints.get(plan.name, ()) if (":" in ep.ip) is want_v6]
-    result = _decide(ctx, plan, frontend, family_eps)
+    decide = _decide_ipvs if mode == "ipvs" else _decide
+    result = decide(ctx, plan, frontend, family_eps)
     extra: list[str] = []
     if frontend.kind is FrontendKind.NODE_PORT:
         extra.append(nodeport[1])

@@ -2,7 +2,9 @@
 
 :class:`Observed` is the kernel as last read or written: virtual servers with their
 destinations, the addresses on ``kube-ipvs0`` and the members of the family's sets.
-:func:`diff` returns a :class:`Changes` holding only the differences:
+:func:`diff` returns a :class:`Changes` holding only the differences — everywhere (a
+full sync), or only among the virtual servers, addresses and set members a partial sync
+touched (:class:`~.render.Touched`), so that its cost follows the change:
 
 * virtual servers to add, to change in place (scheduler, flags, timeout) and to delete —
   of this family, and never one whose address is in ``--ipvs-exclude-cidrs`` (upstream:
@@ -19,7 +21,7 @@ import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from kubeproxy.backends.ipvs.render import DesiredState
+from kubeproxy.backends.ipvs.render import DesiredState, Touched
 from kubeproxy.dataplane.ipset import SetSpec
 from kubeproxy.dataplane.ipvs import Destination, ServiceKey, VirtualServer
 
@@ -86,10 +88,17 @@ def diff(
     v6: bool,
     specs: Iterable[SetSpec],
     exclude: Iterable[Network] = (),
+    scope: Touched | None = None,
 ) -> Changes:
+    """Everything that differs, or (``scope``) only among what a partial sync touched:
+    its virtual servers, addresses and set members."""
     out = Changes()
     nets = list(exclude)
-    for key, vs in sorted(desired.services.items()):
+    keys = sorted(desired.services) if scope is None else sorted(scope.keys)
+    for key in keys:
+        vs = desired.services.get(key)
+        if vs is None:
+            continue
         old = observed.services.get(key)
         if old is None:
             out.add_services.append(vs)
@@ -106,20 +115,33 @@ def diff(
         for endpoint, dest in sorted(have.items()):
             if endpoint not in want:
                 out.remove_dests.append((key, dest))
-    for key in sorted(observed.services):
-        if key in desired.services or key.v6 != v6 or excluded(key.address, nets):
+    stale = sorted(observed.services) if scope is None else keys
+    for key in stale:
+        if key in desired.services or key not in observed.services:
+            continue
+        if key.v6 != v6 or excluded(key.address, nets):
             continue
         out.delete_services.append(key)
-    out.bind = sorted(desired.bind - observed.bound)
-    out.unbind = sorted(observed.bound - desired.bind)
+    if scope is None:
+        out.bind = sorted(desired.bind - observed.bound)
+        out.unbind = sorted(observed.bound - desired.bind)
+    else:
+        bind, bound = desired.bind, observed.bound
+        out.bind = sorted(a for a in scope.addresses if a in bind and a not in bound)
+        out.unbind = sorted(a for a in scope.addresses if a in bound and a not in bind)
     for spec in specs:
         have_members = observed.members.get(spec.name)
         if have_members is None:
             out.create_sets.append(spec)
             have_members = set()
         want_members = desired.members.get(spec.name, set())
-        adds = sorted(want_members - have_members)
-        dels = sorted(have_members - want_members)
+        if scope is None:
+            adds = sorted(want_members - have_members)
+            dels = sorted(have_members - want_members)
+        else:
+            touched = scope.members.get(spec.name, set())
+            adds = sorted(m for m in touched if m in want_members and m not in have_members)
+            dels = sorted(m for m in touched if m in have_members and m not in want_members)
         if adds:
             out.set_adds[spec.name] = adds
         if dels:

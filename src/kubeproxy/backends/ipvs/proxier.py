@@ -7,9 +7,12 @@ rules, as upstream kube-proxy's ipvs mode programs them.
    change) read the kernel: virtual servers and their destinations, the addresses on
    ``kube-ipvs0``, the family's sets; otherwise use what the last sync left (it is what
    the kernel holds, unless someone changed it, which the next full sync repairs);
-2. **want** — :func:`.render.desired_state` (pure) from the family's plans;
+2. **want** — on a full sync every plan's :func:`.render.contribution` (pure); on a
+   partial one only the changed ServicePorts are planned and their contributions
+   replaced in the kept :class:`.render.DesiredState` (a change that involves a virtual
+   server two plans claim renders everything);
 3. **diff** — :func:`.diff.diff` (pure): only the changed virtual servers, real servers,
-   addresses and set members;
+   addresses and set members (on a partial sync, looking only at what it touched);
 4. **apply** — the ipsets in one ``ipset restore``; the iptables chains in one
    ``iptables-restore`` (legacy or nft, the flavour chosen as iptables mode chooses it;
    rewritten only when they differ from what was written); then IPVS over netlink, the
@@ -43,9 +46,12 @@ from kubeproxy.backends.ipvs import names as n
 from kubeproxy.backends.ipvs.diff import Changes, Network, Observed, diff
 from kubeproxy.backends.ipvs.graceful import Action, GracefulTermination, needs_grace
 from kubeproxy.backends.ipvs.render import (
+    Context,
     DesiredState,
     RuleSettings,
-    desired_state,
+    Touched,
+    contribution,
+    empty_state,
     iptables_rules,
 )
 from kubeproxy.backends.planning import family_plans, service_port_plans
@@ -87,6 +93,7 @@ class _Family:
     rules_text: str = ""
     valid: bool = True
     desired: DesiredState = field(default_factory=DesiredState)
+    context: Context | None = None  # what ``desired`` was rendered with
 
 
 def kernel_version(release: str | None = None) -> tuple[int, ...]:
@@ -233,9 +240,33 @@ class IpvsBackend:
         warned = self._warned if not self._families else None
         return [f for f in family_plans(self.config, snapshot, warned) if f.family in self.runners]
 
-    def _desired(self, snapshot: Snapshot, fam: FamilyPlan, node_addrs: set[str]) -> DesiredState:
-        plans = [p for p in service_port_plans(snapshot, fam).values() if p is not None]
-        return desired_state(fam, plans, scheduler=self.scheduler, node_addresses=node_addrs)
+    def _desired(self, snapshot: Snapshot, ctx: Context) -> DesiredState:
+        """Every plan's contribution, in name order (the first claim of a key wins)."""
+        out = empty_state(ctx.fam)
+        for name, plan in sorted(service_port_plans(snapshot, ctx.fam).items()):
+            if plan is not None:
+                out.add(name, contribution(ctx, plan))
+        return out
+
+    @staticmethod
+    def _update(
+        snapshot: Snapshot, ctx: Context, desired: DesiredState, changed: set[ServicePortName]
+    ) -> Touched | None:
+        """Replace the changed plans' contributions in ``desired``; what that touched,
+        or None (``desired`` unchanged) when a changed plan shares a virtual server with
+        another plan: then the conflict's winner is decided by a whole render."""
+        plans = service_port_plans(snapshot, ctx.fam, changed)
+        parts = {
+            name: None if plan is None else contribution(ctx, plan) for name, plan in plans.items()
+        }
+        if any(desired.shares_keys(name, part) for name, part in parts.items()):
+            return None
+        touched = Touched()
+        for name, part in sorted(parts.items()):
+            touched.update(desired.remove(name))
+            if part is not None:
+                touched.update(desired.add(name, part))
+        return touched
 
     def _observe(self, fam: FamilyPlan) -> Observed:
         v6 = fam.family is IPFamily.IPv6
@@ -424,23 +455,33 @@ class IpvsBackend:
                     state = _Family(fam, self._observe(fam))
                     self._families[fam.family] = state
                     result.full = True
-                desired = self._desired(snapshot, fam, node_addrs)
+                ctx = Context.of(fam, self.scheduler, node_addrs)
+                scope: Touched | None = None
+                if not full and state.context == ctx:
+                    assert changed is not None
+                    scope = self._update(snapshot, ctx, state.desired, changed)
+                if scope is None:
+                    state.desired = self._desired(snapshot, ctx)
+                    state.context = ctx
+                    result.rendered += len(state.desired.contributions)
+                else:
+                    result.rendered += len(changed or ())
+                desired = state.desired
                 changes = diff(
                     desired,
                     state.observed,
                     v6=v6,
                     specs=n.FamilySets(v6).specs(),
                     exclude=self.exclude,
+                    scope=scope,
                 )
                 result.operations += self._apply(state, desired, changes, full)
-                state.desired = desired
                 state.valid = not self.errors
             except (IptablesError, IpsetError, IpvsError):
                 if state is not None:
                     state.valid = False
                 raise
-            result.rendered += len(desired.owners)
-            result.elements += len(desired.services) + sum(map(len, desired.dests.values()))
+            result.elements += len(desired.services) + desired.dest_count
             result.conflicts.extend(desired.conflicts)
             result.no_local_internal += desired.no_local_internal
             result.no_local_external += desired.no_local_external
@@ -480,7 +521,7 @@ class IpvsBackend:
         out: list[str] = []
         for fam in self._plans(snapshot):
             v6 = fam.family is IPFamily.IPv6
-            desired = self._desired(snapshot, fam, node_addrs)
+            desired = self._desired(snapshot, Context.of(fam, self.scheduler, node_addrs))
             out.append(f"# IPVS ({fam.family.value}), as ipvsadm --save -n\n")
             for key, vs in sorted(desired.services.items()):
                 out.append(_ipvsadm_service(vs) + "\n")

@@ -1,10 +1,10 @@
 """Service plans → the IPVS state, ipset members and iptables rules ipvs mode wants (pure).
 
-:func:`desired_state` walks one family's :class:`~kubeproxy.model.plan.ServicePortPlan`
-list as upstream's ipvs proxier walks its service map:
+:func:`contribution` gives one :class:`~kubeproxy.model.plan.ServicePortPlan`'s part, as
+upstream's ipvs proxier walks its service map:
 
 * one virtual server per (address, protocol, port): the ClusterIP, each external IP, each
-  load-balancer IP, and the NodePort on each node address (``node_ips``: the node's
+  load-balancer IP, and the NodePort on each node address (:class:`Context`: the node's
   addresses that ``--nodeport-addresses`` selects, loopback and IPv6 link-local left
   out), with the configured scheduler, ``mh``'s source-port flag, and persistence with
   the affinity timeout for ``sessionAffinity: ClientIP``;
@@ -16,6 +16,11 @@ list as upstream's ipvs proxier walks its service map:
   load-balancer IP that is already a node address;
 * the members of upstream's ipsets (:mod:`.names`).
 
+:class:`DesiredState` sums the parts (:func:`desired_state`: every plan, by name, the
+first claim of a virtual server winning) and replaces one plan's part in place, counting
+the addresses and set members plans share; what a replacement touched
+(:class:`Touched`) is all a partial sync's diff looks at.
+
 :func:`iptables_rules` gives the ``iptables-restore`` input of the fixed chains, which
 depend only on which sets are empty (and the load balancers the node may not reach), as
 upstream's ``writeIptablesRules``.
@@ -24,6 +29,7 @@ upstream's ``writeIptablesRules``.
 from __future__ import annotations
 
 import ipaddress
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -48,9 +54,26 @@ Args = tuple[str, ...]
 Endpoints = dict[tuple[str, int], int]  # (address, port) -> weight
 
 
+Claim = tuple[ServiceKey, VirtualServer, Endpoints, bool]  # ..., bind to kube-ipvs0
+
+
+@dataclass
+class Contribution:
+    """What one ServicePort plan wants: its virtual servers (a key two plans claim goes
+    to the first by name), set members and the rest. Kept per plan, so that a partial
+    sync replaces only the changed plans' part of :class:`DesiredState`."""
+
+    claims: list[Claim] = field(default_factory=list)
+    members: list[tuple[str, str]] = field(default_factory=list)  # (set, member)
+    lb_no_node_access: list[tuple[str, str, int]] = field(default_factory=list)
+    no_local_internal: int = 0
+    no_local_external: int = 0
+
+
 @dataclass
 class DesiredState:
-    """What one family wants in the kernel."""
+    """What one family wants in the kernel: the sum of every plan's
+    :class:`Contribution` (members and addresses counted, as plans share them)."""
 
     services: dict[ServiceKey, VirtualServer] = field(default_factory=dict)
     dests: dict[ServiceKey, Endpoints] = field(default_factory=dict)
@@ -59,10 +82,112 @@ class DesiredState:
     members: dict[str, set[str]] = field(default_factory=dict)
     owners: dict[ServiceKey, ServicePortName] = field(default_factory=dict)
     conflicts: list[str] = field(default_factory=list)
-    # Load-balancer (ip, protocol, port) whose source ranges leave the node out.
-    lb_no_node_access: list[tuple[str, str, int]] = field(default_factory=list)
     no_local_internal: int = 0
     no_local_external: int = 0
+    dest_count: int = 0
+    _ipvs_ips: str = n.IPVS_IPS  # the family's name of the set of bound addresses
+    contributions: dict[ServicePortName, Contribution] = field(default_factory=dict)
+    # Keys more than one plan claims: a partial sync touching one re-renders everything.
+    contested: set[ServiceKey] = field(default_factory=set)
+    _refs: Counter[tuple[str, str]] = field(default_factory=Counter)
+    _bind_refs: Counter[str] = field(default_factory=Counter)
+    _no_access: dict[ServicePortName, list[tuple[str, str, int]]] = field(default_factory=dict)
+
+    @property
+    def lb_no_node_access(self) -> list[tuple[str, str, int]]:
+        """Load-balancer (ip, protocol, port) whose source ranges leave the node out."""
+        return [t for name in sorted(self._no_access) for t in self._no_access[name]]
+
+    def add(self, name: ServicePortName, part: Contribution) -> Touched:
+        """Add ``name``'s part (a claimed key already owned is a conflict: the owner
+        keeps it, so plans must come sorted by name)."""
+        touched = Touched()
+        self.contributions[name] = part
+        for key, vs, dests, bind in part.claims:
+            touched.keys.add(key)
+            owner = self.owners.get(key)
+            if owner is not None:
+                self.contested.add(key)
+                self.conflicts.append(f"{key}: claimed by {owner} and {name}; {owner} keeps it")
+                continue
+            self.owners[key] = name
+            self.services[key] = vs
+            self.dests[key] = dests
+            self.dest_count += len(dests)
+            if bind:
+                self._bind_refs[key.address] += 1
+                if self._bind_refs[key.address] == 1:
+                    self.bind.add(key.address)
+                    touched.addresses.add(key.address)
+                    touched.member(self._ipvs_ips, key.address)
+                    self.members[self._ipvs_ips].add(key.address)
+        for item in part.members:
+            self._refs[item] += 1
+            if self._refs[item] == 1:
+                self.members[item[0]].add(item[1])
+                touched.member(*item)
+        if part.lb_no_node_access:
+            self._no_access[name] = part.lb_no_node_access
+        self.no_local_internal += part.no_local_internal
+        self.no_local_external += part.no_local_external
+        return touched
+
+    def remove(self, name: ServicePortName) -> Touched:
+        """Take ``name``'s part out (it must own every key it claimed: see
+        :attr:`contested`)."""
+        touched = Touched()
+        part = self.contributions.pop(name, None)
+        if part is None:
+            return touched
+        for key, _, dests, bind in part.claims:
+            touched.keys.add(key)
+            del self.owners[key], self.services[key], self.dests[key]
+            self.dest_count -= len(dests)
+            if bind:
+                self._bind_refs[key.address] -= 1
+                if not self._bind_refs[key.address]:
+                    del self._bind_refs[key.address]
+                    self.bind.discard(key.address)
+                    self.members[self._ipvs_ips].discard(key.address)
+                    touched.addresses.add(key.address)
+                    touched.member(self._ipvs_ips, key.address)
+        for item in part.members:
+            self._refs[item] -= 1
+            if not self._refs[item]:
+                del self._refs[item]
+                self.members[item[0]].discard(item[1])
+                touched.member(*item)
+        self._no_access.pop(name, None)
+        self.no_local_internal -= part.no_local_internal
+        self.no_local_external -= part.no_local_external
+        return touched
+
+    def shares_keys(self, name: ServicePortName, part: Contribution | None) -> bool:
+        """Whether replacing ``name``'s part touches a key another plan claims too."""
+        old = self.contributions.get(name)
+        if old is not None and any(key in self.contested for key, *_ in old.claims):
+            return True
+        return part is not None and any(
+            self.owners.get(key, name) != name for key, *_ in part.claims
+        )
+
+
+@dataclass
+class Touched:
+    """What a change of contributions may have changed: the diff looks only here."""
+
+    keys: set[ServiceKey] = field(default_factory=set)
+    addresses: set[str] = field(default_factory=set)
+    members: dict[str, set[str]] = field(default_factory=dict)
+
+    def member(self, set_name: str, value: str) -> None:
+        self.members.setdefault(set_name, set()).add(value)
+
+    def update(self, other: Touched) -> None:
+        self.keys |= other.keys
+        self.addresses |= other.addresses
+        for name, values in other.members.items():
+            self.members.setdefault(name, set()).update(values)
 
 
 def virtual_server(key: ServiceKey, scheduler: str, affinity: int | None) -> VirtualServer:
@@ -100,6 +225,29 @@ def node_port_addresses(fam: FamilyPlan, node_addresses: Iterable[str]) -> list[
     return sorted(out)
 
 
+@dataclass(frozen=True)
+class Context:
+    """What every plan's contribution depends on besides the plan: one per sync."""
+
+    fam: FamilyPlan
+    scheduler: str
+    local_addrs: frozenset[str]
+    node_ips: tuple[str, ...]
+
+    @classmethod
+    def of(cls, fam: FamilyPlan, scheduler: str, node_addresses: Iterable[str]) -> Context:
+        """``node_addresses``: every local address not on ``kube-ipvs0``."""
+        local = frozenset(str(ipaddress.ip_address(a)) for a in node_addresses)
+        node_ips = node_port_addresses(fam, local) if fam.node_ports.enabled else []
+        return cls(fam, scheduler, local, tuple(node_ips))
+
+
+def empty_state(fam: FamilyPlan) -> DesiredState:
+    sets = n.FamilySets(fam.family is IPFamily.IPv6)
+    members: dict[str, set[str]] = {spec.name: set() for spec in sets.specs()}
+    return DesiredState(members=members, _ipvs_ips=sets.name(n.IPVS_IPS))
+
+
 def desired_state(
     fam: FamilyPlan,
     plans: Iterable[ServicePortPlan],
@@ -108,100 +256,98 @@ def desired_state(
     node_addresses: Iterable[str],
 ) -> DesiredState:
     """``node_addresses``: every local address not on ``kube-ipvs0``."""
+    ctx = Context.of(fam, scheduler, node_addresses)
+    out = empty_state(fam)
+    for plan in sorted(plans, key=lambda p: p.name):
+        out.add(plan.name, contribution(ctx, plan))
+    return out
+
+
+def contribution(ctx: Context, plan: ServicePortPlan) -> Contribution:
+    """One plan's virtual servers, real servers, addresses and set members."""
+    fam = ctx.fam
     v6 = fam.family is IPFamily.IPv6
     sets = n.FamilySets(v6)
-    out = DesiredState(members={spec.name: set() for spec in sets.specs()})
-    local_addrs = {str(ipaddress.ip_address(a)) for a in node_addresses}
-    node_ips = node_port_addresses(fam, local_addrs) if fam.node_ports.enabled else []
+    out = Contribution(
+        no_local_internal=plan.no_local_internal, no_local_external=plan.no_local_external
+    )
+    scheduler = ctx.scheduler
 
     def add(name: str, value: str) -> None:
-        out.members[sets.name(name)].add(value)
+        out.members.append((sets.name(name), value))
 
-    def claim(key: ServiceKey, dests: Endpoints, bind: bool, plan: ServicePortPlan) -> None:
-        owner = out.owners.get(key)
-        if owner is not None:
-            out.conflicts.append(f"{key}: claimed by {owner} and {plan.name}; {owner} keeps it")
-            return
-        out.owners[key] = plan.name
-        out.services[key] = virtual_server(key, scheduler, plan.affinity_timeout)
-        out.dests[key] = dests
-        if bind:
-            out.bind.add(key.address)
+    def claim(key: ServiceKey, dests: Endpoints, bind: bool) -> None:
+        vs = virtual_server(key, scheduler, plan.affinity_timeout)
+        out.claims.append((key, vs, dests, bind))
 
-    for plan in sorted(plans, key=lambda p: p.name):
-        svc = plan.service_port
-        proto = svc.protocol.value.upper()
-        lower = proto.lower()
-        sel = plan.selection
+    svc = plan.service_port
+    proto = svc.protocol.value.upper()
+    lower = proto.lower()
+    sel = plan.selection
 
-        for ep in sel.all_reachable:
-            # upstream: endpoints on this node (one without a nodeName is not).
-            if ep.is_local(fam.node.name):
-                add(n.LOOP_BACK, member(ep.ip, ep.port, ep.ip, protocol=lower))
-        cluster_ip = plan.cluster_ip
-        add(n.CLUSTER_IP, member(cluster_ip, svc.port, protocol=lower))
-        internal = real_servers(plan.internal, sel.cluster)
-        claim(ServiceKey(cluster_ip, proto, svc.port), internal, True, plan)
-        out.no_local_internal += plan.no_local_internal
-        out.no_local_external += plan.no_local_external
+    for ep in sel.all_reachable:
+        # upstream: endpoints on this node (one without a nodeName is not).
+        if ep.is_local(fam.node.name):
+            add(n.LOOP_BACK, member(ep.ip, ep.port, ep.ip, protocol=lower))
+    cluster_ip = plan.cluster_ip
+    add(n.CLUSTER_IP, member(cluster_ip, svc.port, protocol=lower))
+    internal = real_servers(plan.internal, sel.cluster)
+    claim(ServiceKey(cluster_ip, proto, svc.port), internal, True)
 
-        external: Endpoints = {}
-        local_policy = False
-        if plan.external is not None:
-            external = real_servers(plan.external, sel.cluster)
-            local_policy = plan.external.policy is TrafficPolicy.LOCAL
-        ranges = [
-            ipaddress.ip_network(c, strict=False)
-            for c in svc.load_balancer_source_ranges
-            if (":" in c) == v6
-        ]
-        for frontend in plan.external_frontends:
-            if frontend.kind is FrontendKind.EXTERNAL_IP:
-                assert frontend.ip is not None
-                ip = str(ipaddress.ip_address(frontend.ip))
-                entry = member(ip, svc.port, protocol=lower)
-                add(n.EXTERNAL_IP_LOCAL if local_policy else n.EXTERNAL_IP, entry)
-                claim(ServiceKey(ip, proto, svc.port), external, ip not in local_addrs, plan)
-            elif frontend.kind is FrontendKind.LOAD_BALANCER:
-                assert frontend.ip is not None
-                ip = str(ipaddress.ip_address(frontend.ip))
-                entry = member(ip, svc.port, protocol=lower)
-                add(n.LOAD_BALANCER, entry)
-                if local_policy:
-                    add(n.LOAD_BALANCER_LOCAL, entry)
-                if ranges:
-                    add(n.LOAD_BALANCER_FW, entry)
-                    for net in ranges:
-                        add(
-                            n.LOAD_BALANCER_SOURCE_CIDR,
-                            member(ip, svc.port, str(net), protocol=lower),
-                        )
-                    node_ip = fam.node_ip
-                    if node_ip is not None and any(
-                        ipaddress.ip_address(node_ip) in net for net in ranges
-                    ):
-                        add(n.LOAD_BALANCER_SOURCE_IP, member(ip, svc.port, ip, protocol=lower))
-                    else:
-                        out.lb_no_node_access.append((ip, lower, svc.port))
-                claim(ServiceKey(ip, proto, svc.port), external, ip not in local_addrs, plan)
-            elif frontend.kind is FrontendKind.NODE_PORT and node_ips:
-                port = frontend.port
-                if proto == "SCTP":
-                    base = n.NODE_PORT_LOCAL_SCTP if local_policy else None
-                    for ip in node_ips:
-                        add(n.NODE_PORT_SCTP, member(ip, port, protocol="sctp"))
-                        if base:
-                            add(base, member(ip, port, protocol="sctp"))
+    external: Endpoints = {}
+    local_policy = False
+    if plan.external is not None:
+        external = real_servers(plan.external, sel.cluster)
+        local_policy = plan.external.policy is TrafficPolicy.LOCAL
+    ranges = [
+        ipaddress.ip_network(c, strict=False)
+        for c in svc.load_balancer_source_ranges
+        if (":" in c) == v6
+    ]
+    local_addrs = ctx.local_addrs
+    for frontend in plan.external_frontends:
+        if frontend.kind is FrontendKind.EXTERNAL_IP:
+            assert frontend.ip is not None
+            ip = str(ipaddress.ip_address(frontend.ip))
+            entry = member(ip, svc.port, protocol=lower)
+            add(n.EXTERNAL_IP_LOCAL if local_policy else n.EXTERNAL_IP, entry)
+            claim(ServiceKey(ip, proto, svc.port), external, ip not in local_addrs)
+        elif frontend.kind is FrontendKind.LOAD_BALANCER:
+            assert frontend.ip is not None
+            ip = str(ipaddress.ip_address(frontend.ip))
+            entry = member(ip, svc.port, protocol=lower)
+            add(n.LOAD_BALANCER, entry)
+            if local_policy:
+                add(n.LOAD_BALANCER_LOCAL, entry)
+            if ranges:
+                add(n.LOAD_BALANCER_FW, entry)
+                for net in ranges:
+                    add(n.LOAD_BALANCER_SOURCE_CIDR, member(ip, svc.port, str(net), protocol=lower))
+                node_ip = fam.node_ip
+                if node_ip is not None and any(
+                    ipaddress.ip_address(node_ip) in net for net in ranges
+                ):
+                    add(n.LOAD_BALANCER_SOURCE_IP, member(ip, svc.port, ip, protocol=lower))
                 else:
-                    add(n.NODE_PORT_TCP if proto == "TCP" else n.NODE_PORT_UDP, str(port))
-                    if local_policy:
-                        local = n.NODE_PORT_LOCAL_TCP if proto == "TCP" else n.NODE_PORT_LOCAL_UDP
-                        add(local, str(port))
-                for ip in node_ips:
-                    claim(ServiceKey(ip, proto, port), dict(external), False, plan)
-        if svc.health_check_node_port:
-            add(n.HEALTH_CHECK_NODE_PORT, str(svc.health_check_node_port))
-    out.members[sets.name(n.IPVS_IPS)] = set(out.bind)
+                    out.lb_no_node_access.append((ip, lower, svc.port))
+            claim(ServiceKey(ip, proto, svc.port), external, ip not in local_addrs)
+        elif frontend.kind is FrontendKind.NODE_PORT and ctx.node_ips:
+            port = frontend.port
+            if proto == "SCTP":
+                base = n.NODE_PORT_LOCAL_SCTP if local_policy else None
+                for ip in ctx.node_ips:
+                    add(n.NODE_PORT_SCTP, member(ip, port, protocol="sctp"))
+                    if base:
+                        add(base, member(ip, port, protocol="sctp"))
+            else:
+                add(n.NODE_PORT_TCP if proto == "TCP" else n.NODE_PORT_UDP, str(port))
+                if local_policy:
+                    local = n.NODE_PORT_LOCAL_TCP if proto == "TCP" else n.NODE_PORT_LOCAL_UDP
+                    add(local, str(port))
+            for ip in ctx.node_ips:
+                claim(ServiceKey(ip, proto, port), dict(external), False)
+    if svc.health_check_node_port:
+        add(n.HEALTH_CHECK_NODE_PORT, str(svc.health_check_node_port))
     return out
 
 

@@ -186,11 +186,15 @@ class NetlinkLinks(_Confined):
             raise _error(err, f"create dummy link {name}") from None
         return False
 
-    def _all_addresses(self) -> list[tuple[int, str]]:
+    def _all_addresses(self, skip: int | None = None) -> list[tuple[int, str]]:
+        """Every address, but those of interface ``skip`` (left unparsed: kube-ipvs0
+        holds one per Service address)."""
         try:
             answers = self._call(self.batch.ask, wire.dump_addresses_message(), True)
         except OSError as err:
             raise _error(err, "list addresses") from None
+        if skip is not None:
+            answers = [a for a in answers if wire.address_index(a) != skip]
         return [a for a in map(wire.parse_address, answers) if a is not None]
 
     def addresses(self, name: str) -> set[str]:
@@ -224,7 +228,7 @@ class NetlinkLinks(_Confined):
 
     def node_addresses(self, exclude: str) -> set[str]:
         skip = self._index(exclude)
-        return {addr for i, addr in self._all_addresses() if i != skip}
+        return {addr for _, addr in self._all_addresses(skip)}
 
     def delete_link(self, name: str) -> bool:
         index = self._index(name)

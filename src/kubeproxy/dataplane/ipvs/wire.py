@@ -286,6 +286,11 @@ def dump_addresses_message() -> Message:
     return Message(RTM_GETADDR, NLM_F_REQUEST, struct.pack("=BBBBI", 0, 0, 0, 0, 0))
 
 
+def address_index(payload: bytes | memoryview) -> int | None:
+    """The interface index of an ``RTM_NEWADDR`` answer, without parsing the rest."""
+    return int(struct.unpack_from("=I", payload, 4)[0]) if len(payload) >= 8 else None
+
+
 def parse_address(payload: bytes | memoryview) -> tuple[int, str] | None:
     """An ``RTM_NEWADDR`` dump answer: (interface index, address)."""
     if len(payload) < 8:
