@@ -168,7 +168,10 @@ def test_kubeproxy_run_programs_ipvs_mode(lab: Lab, tmp_path: Path) -> None:
                 ports=[{"name": "http", "port": 80, "nodePort": 30090}]),
         endpoint_slice("web", [Ep(B1, node=NODE), Ep(B2, node=NODE)]),
     )  # fmt: skip
-    # Undo what earlier tests' fixtures set, so that the run has to set each one.
+    # Undo what earlier tests' fixtures set, so that the run has to set each one; the
+    # namespace is shared with later tests, so everything is put back afterwards (strict
+    # ARP left on makes their connections time out).
+    before = {k: read_sysctl(lab.node_ns, k) for k in UPSTREAM_SYSCTLS}
     set_sysctls(lab.node_ns, dict.fromkeys(UPSTREAM_SYSCTLS, "0"))
     command = lab.kubeproxy_command(
         "run", "--manifests", str(mdir.path), "--hostname-override", NODE,
@@ -194,7 +197,7 @@ def test_kubeproxy_run_programs_ipvs_mode(lab: Lab, tmp_path: Path) -> None:
         # IPv6 too (the guest has it): the sets of that family are upstream's KUBE-6- ones.
         assert "KUBE-6-CLUSTER-IP" in ns_exec(lab.node_ns, "ipset", "list", "-n")
     finally:
-        set_sysctls(lab.node_ns, {"net.ipv4.ip_forward": "1"})  # the lab routes through it
+        set_sysctls(lab.node_ns, before)
         cleanup_ns(lab.node_ns)
 
 
