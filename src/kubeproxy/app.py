@@ -26,7 +26,7 @@ import gc
 import logging
 import signal
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from kubeproxy.backends import Backend, SyncResult
@@ -131,6 +131,7 @@ class Proxy:
         self._conntrack_retries = 0
         self.runner: BoundedFrequencyRunner | None = None
         self._conflicts: set[str] = set()
+        self._before_first_sync: Awaitable[object] | None = None
         self._health_checked: set[ServicePortName] = set()
         self._started = wall()
         self.syncs = 0
@@ -395,7 +396,18 @@ class Proxy:
             await server.stop()
         self.servers = Servers()
 
-    async def run(self, source: Source, stop: asyncio.Event, *, once: bool = False) -> int:
+    async def run(
+        self,
+        source: Source,
+        stop: asyncio.Event,
+        *,
+        once: bool = False,
+        before_first_sync: Awaitable[object] | None = None,
+    ) -> int:
+        """Program the rules until ``stop``. ``before_first_sync`` (the start's cleanup of
+        other proxy modes' rules, run meanwhile in a thread) is awaited before the first
+        sync touches the kernel, so it overlaps the source's initial list."""
+        self._before_first_sync = before_first_sync
         # Raises BackendError (a missing tool, say) before anything is touched.
         self.backend.start()
         # Garbage is collected once per sync instead of by the collector's own schedule
@@ -449,9 +461,15 @@ class Proxy:
         gc.collect()
         gc.freeze()
 
+    async def _ready_for_first_sync(self) -> None:
+        waiting, self._before_first_sync = self._before_first_sync, None
+        if waiting is not None:
+            await waiting
+
     async def _run(self, source: Source, stop: asyncio.Event, *, once: bool) -> int:
         if once:
             self.on_events(await initial_state(source))
+            await self._ready_for_first_sync()
             return 0 if await self.sync() else 1
 
         await self.start_servers()
@@ -483,6 +501,7 @@ class Proxy:
                 # syncs never succeed does become unhealthy.
                 self.health.updated()
                 self.metrics.queued(self.wall())
+                await self._ready_for_first_sync()
                 await runner.loop(stop)
         finally:
             consumer.cancel()

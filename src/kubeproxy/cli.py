@@ -22,7 +22,7 @@ import json
 import logging
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import yaml
@@ -49,8 +49,6 @@ from kubeproxy.config import (
 )
 from kubeproxy.dataplane.conntrack import ConntrackCommand
 from kubeproxy.dataplane.sysctl import apply_conntrack_sysctls
-from kubeproxy.explain import listing, output
-from kubeproxy.explain.command import explain_packet, list_frontends
 from kubeproxy.explain.packet import Origin, Packet
 from kubeproxy.metrics import Metrics
 from kubeproxy.model.nodeports import NodePortAddresses
@@ -445,6 +443,10 @@ def _packet(args: argparse.Namespace) -> Packet:
 
 
 def _explain(config: ProxyConfig, snapshot: Snapshot, args: argparse.Namespace) -> int:
+    # Imported here: `run` does not need them (about 0.1 s of its start).
+    from kubeproxy.explain import output
+    from kubeproxy.explain.command import explain_packet
+
     origin = Origin(args.origin) if args.origin else None
     done = explain_packet(config, snapshot, _packet(args), origin=origin, live_check=args.live)
     if args.output == "json":
@@ -456,6 +458,9 @@ def _explain(config: ProxyConfig, snapshot: Snapshot, args: argparse.Namespace) 
 
 
 def _list(config: ProxyConfig, snapshot: Snapshot, fmt: str) -> int:
+    from kubeproxy.explain import listing
+    from kubeproxy.explain.command import list_frontends
+
     listed = list_frontends(config, snapshot)
     if fmt == "json":
         sys.stdout.write(json.dumps([r.as_dict() for r in listed], indent=2) + "\n")
@@ -508,7 +513,27 @@ async def _run(
     # Each setting that cannot be applied (e.g. read-only in a network namespace) is
     # logged by apply_conntrack_sysctls; none of them stops the proxy, as upstream.
     apply_conntrack_sysctls(cfg.conntrack)
-    cleanup_other_modes(config.mode, ebpf_pin_path=config.ebpf_pin_path)
+    # In a thread, while the source lists its initial state (mostly waiting for
+    # iptables-save and friends, ~0.3 s); awaited before the first sync.
+    cleaned = asyncio.create_task(
+        asyncio.to_thread(cleanup_other_modes, config.mode, ebpf_pin_path=config.ebpf_pin_path)
+    )
+    try:
+        return await _start(cfg, config, source, once, metrics, stop=stop, cleaned=cleaned)
+    finally:
+        await cleaned  # not left running when the proxy stops before its first sync
+
+
+async def _start(
+    cfg: configfile.KubeProxyConfiguration,
+    config: ProxyConfig,
+    source: Source,
+    once: bool,
+    metrics: Metrics,
+    *,
+    stop: asyncio.Event,
+    cleaned: Awaitable[object],
+) -> int:
     if config.enable_profiling and not once:
         # From the start, so /debug/pprof/heap sees every allocation still alive.
         start_heap_tracing()
@@ -528,7 +553,7 @@ async def _run(
         type(source).__name__,
     )
     try:
-        return await proxy.run(source, stop, once=once)
+        return await proxy.run(source, stop, once=once, before_first_sync=cleaned)
     except BackendError as err:
         log.error("%s", err)
         return 1

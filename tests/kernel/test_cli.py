@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -137,6 +138,43 @@ def test_cleanup_removes_kubeproxy_tables_and_nothing_else(
     finally:
         for table in ("ip other", "inet filter", "inet kube-proxy"):
             ns_exec(ns, "nft", "delete", "table", *table.split(), check=False)
+
+
+@pytest.mark.parametrize("flavor", ["nft", "legacy"])
+def test_switching_modes_removes_what_the_other_mode_left(
+    lab: Lab, manifests: ManifestDir, flavor: str
+) -> None:
+    # As upstream's platformCleanup at start. The cleanup runs in a thread while the
+    # source lists; the first sync waits for it.
+    ns = lab.node_ns
+    manifests.write(
+        "web.yaml", service("web", "10.96.0.10"), endpoint_slice("web", [Ep("10.244.1.10")])
+    )
+    common = ["--once", "--manifests", str(manifests.path), "--hostname-override", NODE]
+    save = f"iptables-{flavor}-save"
+    try:
+        iptables = kubeproxy(
+            "run", "--proxy-mode", "iptables", "--iptables-backend", flavor, *common, ns=ns
+        )
+        assert iptables.returncode == 0, iptables.stderr
+        assert "KUBE-SERVICES" in ns_exec(ns, save)
+
+        nftables = kubeproxy("run", "--proxy-mode", "nftables", *common, ns=ns)
+        assert nftables.returncode == 0, nftables.stderr
+        assert "Removed what other proxy modes left" in nftables.stderr
+        left = ns_exec(ns, save)
+        # Only kubelet's KUBE-FIREWALL stays, as upstream's cleanup leaves it.
+        assert set(re.findall(r"KUBE-[A-Z0-9-]+", left)) == {"KUBE-FIREWALL"}
+        assert "table ip kube-proxy" in ns_exec(ns, "nft", "list", "tables")
+
+        back = kubeproxy(
+            "run", "--proxy-mode", "iptables", "--iptables-backend", flavor, *common, ns=ns
+        )
+        assert back.returncode == 0, back.stderr
+        assert "kube-proxy" not in ns_exec(ns, "nft", "list", "tables")
+        assert "KUBE-SERVICES" in ns_exec(ns, save)
+    finally:
+        kubeproxy("cleanup", ns=ns)
 
 
 def test_readme_demo_shows_the_expected_pods() -> None:

@@ -280,3 +280,37 @@ def test_run_collects_garbage_once_per_sync_and_gives_the_collector_back() -> No
     }
     assert isinstance(seen["frozen"], int) and seen["frozen"] > 0
     assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+@pytest.mark.parametrize("once", [True, False])
+def test_the_first_sync_waits_for_the_cleanup_of_other_modes(once: bool) -> None:
+    # The start's cleanup of other modes' rules runs in a thread while the source lists;
+    # the first sync must not touch the kernel before it is done (in ipvs mode it
+    # removes iptables chains of the names ipvs mode then creates).
+    backend = FakeBackend()
+    proxy = Proxy(config(min_sync_period=0.0), backend)
+    syncs_while_cleaning: list[int] = []
+
+    class Source:
+        async def watch(self, stop: asyncio.Event) -> AsyncGenerator[list[Event], None]:
+            yield [Event.added(service("web", service_port()))]  # the initial state
+            while backend.syncs < 1:
+                await asyncio.sleep(0.01)
+            stop.set()
+
+    async def cleanup() -> None:
+        for _ in range(5):
+            await asyncio.sleep(0.02)
+            syncs_while_cleaning.append(backend.syncs)
+
+    async def scenario() -> int:
+        cleaning = asyncio.create_task(cleanup())  # runs meanwhile, as cli's thread does
+        return await proxy.run(Source(), asyncio.Event(), once=once, before_first_sync=cleaning)
+
+    try:
+        assert asyncio.run(scenario()) == 0
+    finally:
+        gc.enable()
+        gc.unfreeze()
+    assert syncs_while_cleaning == [0] * 5
+    assert backend.syncs == 1
