@@ -252,10 +252,17 @@ def test_full_sync_keeps_session_affinity_memory(lab: Lab, scratch: str) -> None
         assert seen == {first}
 
 
-def test_a_new_table_loaded_in_pieces_is_the_one_transaction_table(lab: Lab, scratch: str) -> None:
+@pytest.mark.parametrize("runner", ["tee", "concurrent"])
+def test_a_new_table_loaded_in_pieces_is_the_one_transaction_table(
+    lab: Lab, scratch: str, runner: str
+) -> None:
     """Pieces of 7 elements (the backend's pieces for a big cluster) into an empty
-    kernel give the table one transaction gives, and a partial sync then applies."""
-    pieces = NftablesBackend(CONFIG, TeeRunner(scratch))
+    kernel give the table one transaction gives, and a partial sync then applies; also
+    with the pieces of a stage applied two at a time (nft processes, as in production;
+    the strict fake of the "tee" runner takes one at a time)."""
+    pieces = NftablesBackend(
+        CONFIG, TeeRunner(scratch) if runner == "tee" else NftCommand(netns=scratch)
+    )
     pieces.new_table_piece = 7
     pieces.sync(snapshot(12), None)
     assert "add element ip kube-proxy cluster-ip-3-dests" in pieces.last_transaction

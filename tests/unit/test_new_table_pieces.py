@@ -4,6 +4,10 @@ come after everything else, and an existing table is never changed in pieces."""
 
 from __future__ import annotations
 
+import itertools
+import threading
+import time
+
 from kubeproxy.backends.nftables.proxier import NftablesBackend
 from kubeproxy.backends.nftables.table import is_entry
 from kubeproxy.dataplane.nftables.fake import FakeNftables
@@ -116,3 +120,50 @@ def test_a_piece_failing_in_nft_is_retried_whole() -> None:
     fake.apply = flaky  # type: ignore[method-assign]
     b.sync(snap, None)
     assert fake.dump() == fresh_dump(snap)
+
+
+class Concurrent(Recording):
+    """Takes transactions from several threads, as the nft process runner does; records
+    how many were in flight at once and when each began and was committed."""
+
+    concurrent_applies = 2
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+        self.active = 0
+        self.most = 0
+        self.spans: list[tuple[float, float, Transaction]] = []
+
+    def apply(self, tx: Transaction) -> None:
+        with self.lock:
+            self.active += 1
+            self.most = max(self.most, self.active)
+        began = time.monotonic()
+        time.sleep(0.01)  # "parsing": the other thread's transaction overlaps
+        with self.lock:
+            try:
+                super().apply(tx)
+            finally:
+                self.active -= 1
+                self.spans.append((began, time.monotonic(), tx))
+
+
+def test_the_pieces_go_two_at_once_and_the_entry_elements_after_all_others_in_order() -> None:
+    fake = Concurrent()
+    snap = cluster(10)
+    backend(fake, piece=4).sync(snap, None)
+    assert fake.dump() == fresh_dump(snap)
+    assert fake.most == 2
+
+    def entry(tx: Transaction) -> bool:
+        return any(isinstance(op, AddElements) and is_entry(op.set_name) for op in tx)
+
+    (_, table_done, first), *pieces = sorted(fake.spans, key=lambda span: span[0])
+    assert any(isinstance(op, DefineTable) for op in first)
+    assert all(began >= table_done for began, _, _ in pieces)
+    others_done = max(done for _, done, tx in pieces if not entry(tx))
+    late = [(began, done) for began, done, tx in pieces if entry(tx)]
+    assert len(late) > 1 and min(late)[0] >= others_done
+    # One at a time, so the Services become reachable in order.
+    assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(late))

@@ -500,10 +500,13 @@ def full_table(fam: FamilyPlan, contents: Contents) -> Table:
     return table
 
 
-def split_elements(table: Table, piece: int) -> list[tuple[str, list[Element]]]:
+def split_elements(
+    table: Table, piece: int
+) -> tuple[list[tuple[str, list[Element]]], list[tuple[str, list[Element]]]]:
     """Take the elements out of ``table`` that can be added after it, in pieces of at
-    most ``piece`` elements, in the order to add them: every big set's and map's first,
-    the entry sets' (the ``-dests`` sets, ``service-ips``, ``service-nodeports``) last,
+    most ``piece`` elements, in two groups to add in order: every big set's and map's
+    first, the entry sets' (the ``-dests`` sets, ``service-ips``, ``service-nodeports``)
+    after all of those (the pieces within a group may go in any order),
     so a ServicePort becomes reachable only once its backends, firewall and hairpin
     elements are there (the same all-or-nothing a ServicePort gets from one
     transaction). Interval sets keep their elements (hold configuration, and nft
@@ -517,4 +520,4 @@ def split_elements(table: Table, piece: int) -> list[tuple[str, list[Element]]]:
         out = late if entry else early
         out.extend((s.name, s.elements[i : i + piece]) for i in range(0, len(s.elements), piece))
         s.elements = []
-    return early + late
+    return early, late

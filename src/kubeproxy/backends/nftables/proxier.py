@@ -45,6 +45,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from kubeproxy.backends import BackendError, SyncResult
@@ -75,7 +76,8 @@ log = logging.getLogger(__name__)
 
 Key = tuple[IPFamily, ServicePortName]
 LAST_TRANSACTION_LIMIT = 64 * 1024
-# Elements per transaction when a new table is loaded in pieces (see _new_table_pieces).
+# Elements in flight (in nft processes at once) when a new table is loaded in pieces
+# (see _new_table_pieces).
 NEW_TABLE_PIECE = 10_000
 Updates = dict[IPFamily, dict[ServicePortName, PortRules | None]]
 
@@ -215,6 +217,16 @@ class NftablesBackend:
         return tx
 
     def _apply(self, *txs: Transaction) -> None:
+        self._record(txs)
+        started = time.perf_counter()
+        try:
+            for tx in txs:
+                if tx:
+                    self.runner.apply(tx)
+        finally:
+            self._kernel_seconds += time.perf_counter() - started
+
+    def _record(self, txs: Iterable[Transaction]) -> None:
         # What a sync applied (several transactions when a partial sync adds a shared
         # chain, or when the kernel refused one), for tests and debugging; only the
         # start of a big one (a full sync of a large cluster is tens of MB of text).
@@ -225,13 +237,6 @@ class NftablesBackend:
             if len(text) > LAST_TRANSACTION_LIMIT:
                 text = text[:LAST_TRANSACTION_LIMIT] + f"\n... ({len(text)} bytes in all)\n"
             self.last_transaction = text
-        started = time.perf_counter()
-        try:
-            for tx in txs:
-                if tx:
-                    self.runner.apply(tx)
-        finally:
-            self._kernel_seconds += time.perf_counter() - started
 
     def _check(self, tx: Transaction) -> str | None:
         started = time.perf_counter()
@@ -297,10 +302,10 @@ class NftablesBackend:
         """Apply a full sync (flush and re-add; replace if refused); the operation count."""
         existing = {family: self._list(table_ref(family)) for family in built}
         try:
-            pieces = self._new_table_pieces(built, existing)
-            if pieces:
-                self._apply(*pieces)
-                return sum(len(tx) for tx in pieces)
+            stages = self._new_table_pieces(built, existing)
+            if stages:
+                self._apply_stages(stages)
+                return sum(len(tx) for stage in stages for tx in stage)
             tx = self._full_tx(built, existing)
             self._apply(tx)
         except NftError as err:
@@ -317,16 +322,17 @@ class NftablesBackend:
 
     def _new_table_pieces(
         self, built: Mapping[IPFamily, _Built], existing: Mapping[IPFamily, dict[str, set[str]]]
-    ) -> list[Transaction]:
+    ) -> list[list[Transaction]]:
         """A full sync into tables that do not exist yet, as several transactions when
-        it is big: empty if it is not.
+        it is big, in stages to apply one after the other (the transactions of a stage
+        in any order, or at once): empty if it is not big.
 
         ``nft`` holds its whole input's parse (and the kernel batch) at once: 285 MB for
         10,000 Services in one piece, about 30 MB per piece of 10,000 elements. Pieces
         are only safe when nothing exists yet: a ServicePort then goes from absent to
-        complete in the transaction that adds its entry elements (split_elements puts
-        them last), exactly as in one transaction, while an existing table must change
-        atomically. If a piece is refused, the caller replaces the tables in one
+        complete in the transaction that adds its entry elements (the last stage: see
+        split_elements), exactly as in one transaction, while an existing table must
+        change atomically. If a piece is refused, the caller replaces the tables in one
         transaction, as for any refused full sync.
         """
         if any(objects["chain"] for objects in existing.values()):
@@ -334,16 +340,44 @@ class NftablesBackend:
         tables = [full_table(index.fam, contents) for index, contents in built.values()]
         if sum(len(s.elements) for table in tables for s in table.sets) <= self.new_table_piece:
             return []
+        # new_table_piece elements in flight at most, however many nft processes.
+        piece = max(1, self.new_table_piece // getattr(self.runner, "concurrent_applies", 1))
         first = Transaction()
-        rest: list[Transaction] = []
+        early: list[Transaction] = []
+        late: list[Transaction] = []
         for table in tables:
-            split = split_elements(table, self.new_table_piece)
+            before, after = split_elements(table, piece)
             first.add_table(table.ref, TABLE_COMMENT)
             first.define_table(table)
-            for name, elements in split:
-                rest.append(Transaction())
-                rest[-1].add_elements(table.ref, name, elements)
-        return [first, *rest]
+            for stage, split in ((early, before), (late, after)):
+                for name, elements in split:
+                    stage.append(Transaction())
+                    stage[-1].add_elements(table.ref, name, elements)
+        # The entry pieces one at a time, in order: Services become reachable in the
+        # order of their names, the last one last (one at a time costs little: there
+        # are few of them, and they are small).
+        return [stage for stage in ([first], early, *([tx] for tx in late)) if stage]
+
+    def _apply_stages(self, stages: list[list[Transaction]]) -> None:
+        """Each stage's transactions, ``concurrent_applies`` at a time where the runner
+        allows it (``nft`` processes: most of a piece's time is nft parsing it, so two
+        at once halve the load of a new table on a 2-CPU node, for a second piece's
+        memory); a stage starts when the previous one is committed. The first refusal
+        is raised once the stage's others have finished."""
+        workers = getattr(self.runner, "concurrent_applies", 1)
+        for stage in stages:
+            if workers < 2 or len(stage) < 2:
+                self._apply(*stage)
+                continue
+            self._record(stage)
+            started = time.perf_counter()
+            try:
+                with ThreadPoolExecutor(min(workers, len(stage)), "nft-piece") as pool:
+                    done = [pool.submit(self.runner.apply, tx) for tx in stage if tx]
+            finally:
+                self._kernel_seconds += time.perf_counter() - started
+            for future in done:
+                future.result()
 
     # ---------------------------------------------------------- partial sync
 

@@ -108,6 +108,10 @@ class NftCommand(_ScriptRunner):
     ``nft`` cannot stall syncing forever.
     """
 
+    # Transactions the caller may apply at once (from threads): each is a process of
+    # its own, and the kernel commits them one at a time.
+    concurrent_applies = 2
+
     def __init__(
         self, binary: str | None = None, netns: str | None = None, timeout: float = DEFAULT_TIMEOUT
     ) -> None:
@@ -246,23 +250,29 @@ class HybridRunner:
     partial syncs are small and stay in-process, where they are fastest.
     """
 
+    concurrent_applies = NftCommand.concurrent_applies
+
     def __init__(
         self, library: LibNftables, command: NftCommand, threshold: int = 256 * 1024
     ) -> None:
         self.library = library
         self.command = command
         self.threshold = threshold
-
-    def _pick(self, script: str) -> LibNftables | NftCommand:
-        return self.command if len(script) > self.threshold else self.library
+        # One libnftables context: concurrent callers take turns on it.
+        self._library_lock = threading.Lock()
 
     def apply(self, tx: Transaction) -> None:
-        script = str(tx)
-        self._pick(script).apply_script(script)
+        self._run(str(tx), check=False)
 
     def check(self, tx: Transaction) -> None:
-        script = str(tx)
-        self._pick(script).check_script(script)
+        self._run(str(tx), check=True)
+
+    def _run(self, script: str, *, check: bool) -> None:
+        if len(script) > self.threshold:
+            (self.command.check_script if check else self.command.apply_script)(script)
+            return
+        with self._library_lock:
+            (self.library.check_script if check else self.library.apply_script)(script)
 
     def available(self) -> str | None:
         return self.command.available()
