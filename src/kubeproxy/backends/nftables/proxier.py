@@ -362,18 +362,22 @@ class NftablesBackend:
         """Each stage's transactions, ``concurrent_applies`` at a time where the runner
         allows it (``nft`` processes: most of a piece's time is nft parsing it, so two
         at once halve the load of a new table on a 2-CPU node, for a second piece's
-        memory); a stage starts when the previous one is committed. The first refusal
-        is raised once the stage's others have finished."""
+        memory); a stage starts when the previous one is committed. Every piece goes
+        to the runner's ``apply_separately`` where it has one (an ``nft`` process,
+        however small the piece). The first refusal is raised once the stage's others
+        have finished."""
         workers = getattr(self.runner, "concurrent_applies", 1)
+        apply = getattr(self.runner, "apply_separately", self.runner.apply)
         for stage in stages:
-            if workers < 2 or len(stage) < 2:
-                self._apply(*stage)
-                continue
             self._record(stage)
             started = time.perf_counter()
             try:
+                if workers < 2 or len(stage) < 2:
+                    for tx in stage:
+                        apply(tx)
+                    continue
                 with ThreadPoolExecutor(min(workers, len(stage)), "nft-piece") as pool:
-                    done = [pool.submit(self.runner.apply, tx) for tx in stage if tx]
+                    done = [pool.submit(apply, tx) for tx in stage]
             finally:
                 self._kernel_seconds += time.perf_counter() - started
             for future in done:

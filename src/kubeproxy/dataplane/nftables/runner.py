@@ -264,6 +264,12 @@ class HybridRunner:
     def apply(self, tx: Transaction) -> None:
         self._run(str(tx), check=False)
 
+    def apply_separately(self, tx: Transaction) -> None:
+        """In an ``nft`` process whatever its size: the pieces of a new table, applied
+        two at a time (the library would take them one at a time) and whose parse
+        should not stay in this process's heap."""
+        self.command.apply_script(str(tx))
+
     def check(self, tx: Transaction) -> None:
         self._run(str(tx), check=True)
 
