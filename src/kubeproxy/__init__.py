@@ -12,8 +12,6 @@ Map of the package:
 * :mod:`kubeproxy.backends` — one package per proxy mode (``nftables``) behind one interface.
 * :mod:`kubeproxy.dataplane` — thin wrappers over kernel tools (``nft``).
 * :mod:`kubeproxy.lab` — network-namespace lab: the demo and the real-kernel tests.
-* :mod:`kubeproxy.oom`, :mod:`kubeproxy.malloc` — the process itself: the OOM score
-  upstream sets, one malloc arena for all of its threads.
 """
 
 __version__ = "0.1.0"

@@ -50,7 +50,6 @@ from kubeproxy.config import (
 from kubeproxy.dataplane.conntrack import ConntrackCommand
 from kubeproxy.dataplane.sysctl import apply_conntrack_sysctls
 from kubeproxy.explain.packet import Origin, Packet
-from kubeproxy.malloc import limit_malloc_arenas
 from kubeproxy.metrics import Metrics
 from kubeproxy.model.nodeports import NodePortAddresses
 from kubeproxy.model.plan import DetectLocal, LocalMode
@@ -611,7 +610,6 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(err))
     if getattr(args, "init_only", False):
         return _init_only(cfg, config)
-    limit_malloc_arenas()  # before the proxy's threads start
     try:
         return asyncio.run(_run(cfg, config, source, args.once, metrics))
     except ServerBindError as err:
