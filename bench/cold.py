@@ -93,6 +93,17 @@ def write_directory(directory: Path, services: int, endpoints: int) -> None:
         (directory / f"svc-{i}.yaml").write_text(text)
 
 
+def ipv4_config() -> ProxyConfig:
+    """node-a, IPv4 only, the synthetic cluster's Pod CIDR; no servers."""
+    return ProxyConfig(
+        hostname="node-a",
+        families=(IPFamily.IPv4,),
+        cluster_cidrs=("10.128.0.0/9",),
+        healthz_bind_address="",
+        metrics_bind_address="",
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.cold", description=__doc__)
     parser.add_argument("--services", type=int, default=10_000)
@@ -109,13 +120,7 @@ def main() -> int:
     events = timed(results, "manifests: read, YAML, parse", source.reload)
     state = ProxyState("node-a")
     timed(results, "trackers: fold the events", lambda: dispatch(state, events))
-    config = ProxyConfig(
-        hostname="node-a",
-        families=(IPFamily.IPv4,),
-        cluster_cidrs=("10.128.0.0/9",),
-        healthz_bind_address="",
-        metrics_bind_address="",
-    )
+    config = ipv4_config()
     runner = PrintOnly()
     backend = NftablesBackend(config, runner)
 

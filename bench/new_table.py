@@ -20,13 +20,12 @@ import sys
 import time
 
 from bench.cluster import cluster
+from bench.cold import ipv4_config
 from kubeproxy.backends.nftables.proxier import NftablesBackend
-from kubeproxy.config import ProxyConfig
 from kubeproxy.dataplane.nftables import runner as nft_runner
 from kubeproxy.lab.netns import temporary_netns
 from kubeproxy.model.parse import parse_endpoint_slice, parse_service
 from kubeproxy.model.state import ProxyState
-from kubeproxy.model.types import IPFamily
 from kubeproxy.sources.events import Event, dispatch
 
 
@@ -37,13 +36,7 @@ def measure(services: int, endpoints: int, rounds: int) -> None:
         parse_service(o) if o["kind"] == "Service" else parse_endpoint_slice(o) for o in objects
     ]
     dispatch(state, [Event.added(m) for m in models if m is not None])
-    config = ProxyConfig(
-        hostname="node-a",
-        families=(IPFamily.IPv4,),
-        cluster_cidrs=("10.128.0.0/9",),
-        healthz_bind_address="",
-        metrics_bind_address="",
-    )
+    config = ipv4_config()
     snapshot, _ = state.collect()
     print("| concurrent applies | full sync (wall) | applying the pieces (wall) |")
     print("|---|---|---|")
