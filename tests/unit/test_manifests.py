@@ -661,8 +661,13 @@ def test_watch_directory_gone_keeps_the_state_until_it_is_back(
                 root.rename(tmp_path / "away")
             await asyncio.sleep(1.0)  # several re-scans find nothing
             assert batches[1:] == []
-            replace(root / "web.yaml", docs(service_obj(), slice_obj()))
-            replace(root / "db.yaml", docs(service_obj("db", ports=[{"port": 81}])))
+            # Back whole, as a volume or a `mv` brings it: a directory that reappears
+            # empty is an empty source (a re-scan between a mkdir and its files would
+            # rightly delete; seen once under load).
+            staged = tmp_path / "staged"
+            replace(staged / "web.yaml", docs(service_obj(), slice_obj()))
+            replace(staged / "db.yaml", docs(service_obj("db", ports=[{"port": 81}])))
+            staged.rename(root)
             # The first batch after the outage is the one difference, no deletions.
             await eventually(lambda: len(batches) == 2)
             assert batches[1] == [("MODIFIED", "Service", "default/db")]
