@@ -131,7 +131,6 @@ class Proxy:
         self._conntrack_retries = 0
         self.runner: BoundedFrequencyRunner | None = None
         self._conflicts: set[str] = set()
-        self._before_first_sync: Awaitable[object] | None = None
         self._health_checked: set[ServicePortName] = set()
         self._started = wall()
         self.syncs = 0
@@ -407,7 +406,6 @@ class Proxy:
         """Program the rules until ``stop``. ``before_first_sync`` (the start's cleanup of
         other proxy modes' rules, run meanwhile in a thread) is awaited before the first
         sync touches the kernel, so it overlaps the source's initial list."""
-        self._before_first_sync = before_first_sync
         # Raises BackendError (a missing tool, say) before anything is touched.
         self.backend.start()
         # Garbage is collected once per sync instead of by the collector's own schedule
@@ -418,7 +416,7 @@ class Proxy:
         gc.disable()
         limit = asyncio.get_running_loop().call_later(self.gc_pause_limit, self._gc_pause_over)
         try:
-            return await self._run(source, stop, once=once)
+            return await self._run(source, stop, once=once, before_first_sync=before_first_sync)
         finally:
             limit.cancel()
             if self._gc_managed:
@@ -461,15 +459,18 @@ class Proxy:
         gc.collect()
         gc.freeze()
 
-    async def _ready_for_first_sync(self) -> None:
-        waiting, self._before_first_sync = self._before_first_sync, None
-        if waiting is not None:
-            await waiting
-
-    async def _run(self, source: Source, stop: asyncio.Event, *, once: bool) -> int:
+    async def _run(
+        self,
+        source: Source,
+        stop: asyncio.Event,
+        *,
+        once: bool,
+        before_first_sync: Awaitable[object] | None,
+    ) -> int:
         if once:
             self.on_events(await initial_state(source))
-            await self._ready_for_first_sync()
+            if before_first_sync is not None:
+                await before_first_sync
             return 0 if await self.sync() else 1
 
         await self.start_servers()
@@ -501,7 +502,8 @@ class Proxy:
                 # syncs never succeed does become unhealthy.
                 self.health.updated()
                 self.metrics.queued(self.wall())
-                await self._ready_for_first_sync()
+                if before_first_sync is not None:
+                    await before_first_sync
                 await runner.loop(stop)
         finally:
             consumer.cancel()

@@ -258,27 +258,23 @@ class HybridRunner:
         self.library = library
         self.command = command
         self.threshold = threshold
-        # One libnftables context: concurrent callers take turns on it.
-        self._library_lock = threading.Lock()
+
+    def _pick(self, script: str) -> LibNftables | NftCommand:
+        return self.command if len(script) > self.threshold else self.library
 
     def apply(self, tx: Transaction) -> None:
-        self._run(str(tx), check=False)
+        script = str(tx)
+        self._pick(script).apply_script(script)
 
     def apply_separately(self, tx: Transaction) -> None:
         """In an ``nft`` process whatever its size: the pieces of a new table, applied
-        two at a time (the library would take them one at a time) and whose parse
+        two at a time from threads (never the one library context) and whose parse
         should not stay in this process's heap."""
         self.command.apply_script(str(tx))
 
     def check(self, tx: Transaction) -> None:
-        self._run(str(tx), check=True)
-
-    def _run(self, script: str, *, check: bool) -> None:
-        if len(script) > self.threshold:
-            (self.command.check_script if check else self.command.apply_script)(script)
-            return
-        with self._library_lock:
-            (self.library.check_script if check else self.library.apply_script)(script)
+        script = str(tx)
+        self._pick(script).check_script(script)
 
     def available(self) -> str | None:
         return self.command.available()
