@@ -58,9 +58,9 @@ PROXY_HEALTHZ_PORT = 10256
 PROXY_STATUS_PORT = 10249
 # qos.KubeProxyOOMScoreAdj upstream.
 KUBE_PROXY_OOM_SCORE_ADJ = -999
-# Upstream resolves a blank mode to iptables; kubeproxy keeps nftables, its fastest and
-# most tested mode, as the default (documented in the README); iptables is explicit.
-DEFAULT_MODE = "nftables"
+# A blank mode is iptables on Linux, as upstream (kubeadm's ConfigMap says ``mode: ""``):
+# a drop-in must program what the node had. The start recommends nftables (cli).
+DEFAULT_MODE = "iptables"
 LINUX_PROXY_MODES = ("iptables", "ipvs", "nftables")
 # Ours (not upstream's): socket load-balancing with the nftables mode beside it, whose
 # configuration section (nftables.*) it uses.

@@ -179,12 +179,15 @@ def test_complete_applies_upstreams_platform_defaults() -> None:
     assert explicit.node_port_addresses == ("10.0.0.0/8",)
 
 
-def test_blank_mode_keeps_the_iptables_section_values_it_was_read_from() -> None:
+def test_blank_mode_is_iptables_as_upstream_with_the_iptables_section_values() -> None:
+    # kubeadm's ConfigMap says mode: "": upstream runs iptables mode, NodePorts on every
+    # local address (127.0.0.1 too), and so must a drop-in.
     cfg = loads(doc("iptables: {syncPeriod: 10s, minSyncPeriod: 2s, masqueradeAll: true}\n"))
     before = mode_settings(cfg)
     done = complete(cfg)
-    assert done.mode == "nftables"
-    assert mode_settings(done) == dataclasses.replace(before, mode="nftables")
+    assert done.mode == "iptables"
+    assert done.node_port_addresses is None
+    assert mode_settings(done) == dataclasses.replace(before, mode="iptables")
     assert before.sync_period == seconds(10)
     assert before.masquerade_all is True
 

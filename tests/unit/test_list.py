@@ -15,7 +15,9 @@ from tests.unit.conftest import endpoint, service_port
 from tests.unit.test_explain import family
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-FLAGS = ["--manifests", str(EXAMPLES), "--hostname-override", "node-a"]
+FLAGS = [
+    "--manifests", str(EXAMPLES), "--hostname-override", "node-a", "--proxy-mode", "nftables",
+]  # fmt: skip
 
 
 def test_one_row_per_frontend_with_counts() -> None:

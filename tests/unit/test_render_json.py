@@ -11,7 +11,9 @@ import pytest
 from kubeproxy import cli
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-FLAGS = ["--manifests", str(EXAMPLES), "--hostname-override", "node-a"]
+FLAGS = [
+    "--manifests", str(EXAMPLES), "--hostname-override", "node-a", "--proxy-mode", "nftables",
+]  # fmt: skip
 
 
 def render(capsys: pytest.CaptureFixture[str], *extra: str) -> str:
