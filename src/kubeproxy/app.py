@@ -26,10 +26,10 @@ import gc
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
-from kubeproxy.backends import Backend, SyncResult
+from kubeproxy.backends import SYNC_LOG_WORDS, Backend, SyncResult
 from kubeproxy.config import ProxyConfig
 from kubeproxy.dataplane.conntrack import Conntrack, Filter, apply, stale_conntrack_filters
 from kubeproxy.health import HealthServer, ProxyHealth, ServiceHealthServers
@@ -39,7 +39,7 @@ from kubeproxy.metrics import Metrics, MetricsServer
 from kubeproxy.model.state import Changes, ProxyState, Snapshot
 from kubeproxy.model.types import EndpointSlice, Service, ServicePortName
 from kubeproxy.runner import BoundedFrequencyRunner, Clock, SystemClock
-from kubeproxy.sources import Source, initial_state
+from kubeproxy.sources import Source, initial_state, source_problem
 from kubeproxy.sources.events import Event, dispatch
 
 log = logging.getLogger("kubeproxy")
@@ -60,6 +60,11 @@ CONNTRACK_RETRY = 1.0
 # Upstream retries a server that cannot listen every 5 s (wait.Until) unless
 # bindAddressHardFail makes the failure fatal.
 BIND_RETRY_SECONDS = 5.0
+
+
+# While the initial state does not come (an API server away at the start), a line says
+# why at least this often, as the issue of a node without Service routing deserves.
+WAITING_LOG_SECONDS = 30.0
 
 
 class ServerBindError(RuntimeError):
@@ -125,6 +130,7 @@ class Proxy:
         self.state = ProxyState(config.hostname, config.bind_ip())
         self.servers = Servers()
         self.bind_retry_seconds = BIND_RETRY_SECONDS
+        self.waiting_log_seconds = WAITING_LOG_SECONDS
         self._needs_full = True
         self._last_full = -float("inf")
         self._stale: list[Filter] = []
@@ -313,17 +319,22 @@ class Proxy:
         level = logging.INFO if self.syncs == 1 else V2
         if not log.isEnabledFor(level):
             return  # naming the changes sorts them: not for a line nobody sees
+        elements, chains, operations = SYNC_LOG_WORDS.get(
+            self.backend.mode, SYNC_LOG_WORDS["nftables"]
+        )
         log.log(
             level,
-            "Synced %s rules in %.3fs: %d service ports (%d renders), %d elements, "
-            "%d shared chains, %d operations%s",
+            "Synced %s rules in %.3fs: %d service ports (%d renders), %d %s, %d %s, %d %s%s",
             "full" if result.full else "partial",
             seconds,
             result.service_ports,
             result.rendered,
             result.elements,
+            elements,
             result.chains,
+            chains,
             result.operations,
+            operations,
             changed_names(changes.service_ports),
         )
 
@@ -401,12 +412,13 @@ class Proxy:
         stop: asyncio.Event,
         *,
         once: bool = False,
-        before_first_sync: Awaitable[object] | None = None,
+        after_first_sync: Callable[[], object] | None = None,
     ) -> int:
-        """Program the rules until ``stop``. ``before_first_sync`` (the start's cleanup of
-        other proxy modes' rules, run meanwhile in a thread) is awaited before the first
-        sync touches the kernel, so it overlaps the source's initial list."""
-        # Raises BackendError (a missing tool, say) before anything is touched.
+        """Program the rules until ``stop``. ``after_first_sync`` (the removal of what
+        other proxy modes left) runs in a thread once the first sync has succeeded, never
+        before: until our rules are in, the other mode's keep the node's Services working
+        (a start that is refused, or whose source never answers, changes nothing)."""
+        # Raises BackendError (a missing tool, no IPVS...) before anything is touched.
         self.backend.start()
         # Garbage is collected once per sync instead of by the collector's own schedule
         # (see _collect_garbage), unless the collector was off to begin with. If the
@@ -416,7 +428,7 @@ class Proxy:
         gc.disable()
         limit = asyncio.get_running_loop().call_later(self.gc_pause_limit, self._gc_pause_over)
         try:
-            return await self._run(source, stop, once=once, before_first_sync=before_first_sync)
+            return await self._run(source, stop, once=once, after_first_sync=after_first_sync)
         finally:
             limit.cancel()
             if self._gc_managed:
@@ -465,17 +477,31 @@ class Proxy:
         stop: asyncio.Event,
         *,
         once: bool,
-        before_first_sync: Awaitable[object] | None,
+        after_first_sync: Callable[[], object] | None,
     ) -> int:
         if once:
             self.on_events(await initial_state(source))
-            if before_first_sync is not None:
-                await before_first_sync
-            return 0 if await self.sync() else 1
+            ok = await self.sync()
+            if ok and after_first_sync is not None:
+                await asyncio.to_thread(after_first_sync)
+            return 0 if ok else 1
 
+        self.health.waiting_on(lambda: source_problem(source))
         await self.start_servers()
+        cleaned = after_first_sync is None
+
+        async def sync() -> bool:
+            # In the sync's turn, so the cleanup never races our own next sync for the
+            # tables both may touch (ipvs and iptables modes share chain names).
+            nonlocal cleaned
+            ok = await self.sync()
+            if ok and not cleaned and after_first_sync is not None:
+                cleaned = True
+                await asyncio.to_thread(after_first_sync)
+            return ok
+
         runner = self.runner = BoundedFrequencyRunner(
-            self.sync, self.config.min_sync_period, self.config.sync_period, self.clock
+            sync, self.config.min_sync_period, self.config.sync_period, self.clock
         )
         initial = asyncio.Event()
 
@@ -490,11 +516,7 @@ class Proxy:
         consumer = asyncio.create_task(consume())
         try:
             # Never program a partial view: wait for the source's complete initial state.
-            waiter = asyncio.create_task(initial.wait())
-            stopper = asyncio.create_task(stop.wait())
-            await asyncio.wait({waiter, stopper, consumer}, return_when=asyncio.FIRST_COMPLETED)
-            waiter.cancel()
-            stopper.cancel()
+            await self._await_initial_state(source, initial, stop, consumer)
             if consumer.done() and consumer.exception() is not None:
                 raise consumer.exception()  # type: ignore[misc]
             if not stop.is_set():
@@ -502,16 +524,54 @@ class Proxy:
                 # syncs never succeed does become unhealthy.
                 self.health.updated()
                 self.metrics.queued(self.wall())
-                if before_first_sync is not None:
-                    await before_first_sync
                 await runner.loop(stop)
         finally:
             consumer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await consumer
             await self.stop_servers()
-        log.info("Stopped; rules stay in place (run 'kubeproxy cleanup' to remove them)")
+        if self.syncs:
+            log.info("Stopped; rules stay in place (run 'kubeproxy cleanup' to remove them)")
+        else:
+            log.info(
+                "Stopped before a first successful sync: kubeproxy programmed no rules; "
+                "what was programmed before it started is untouched"
+            )
         return 0
+
+    async def _await_initial_state(
+        self,
+        source: Source,
+        initial: asyncio.Event,
+        stop: asyncio.Event,
+        consumer: asyncio.Task[None],
+    ) -> None:
+        """Until the source's first batch (or ``stop``): every ``waiting_log_seconds``,
+        one line saying why nothing is programmed yet (the source's problem, if known)."""
+        waiter = asyncio.create_task(initial.wait())
+        stopper = asyncio.create_task(stop.wait())
+        started = self.clock.now()
+        try:
+            while True:
+                done, _ = await asyncio.wait(
+                    {waiter, stopper, consumer},
+                    timeout=self.waiting_log_seconds,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if done:
+                    return
+                problem = source_problem(source)
+                unhealthy = self.health.waiting_reason() is not None
+                log.warning(
+                    "No complete initial state after %.0fs%s; nothing programmed yet "
+                    "(rules programmed before this start stay in place)%s",
+                    self.clock.now() - started,
+                    f": {problem}" if problem else " (still listing)",
+                    "; /healthz answers 503" if unhealthy else "",
+                )
+        finally:
+            waiter.cancel()
+            stopper.cancel()
 
 
 def install_signal_handlers(stop: asyncio.Event) -> None:

@@ -22,7 +22,7 @@ import json
 import logging
 import re
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -36,6 +36,8 @@ from kubeproxy.backends import (
     cleanup_all,
     cleanups,
     create_backend,
+    owned_by,
+    removal_summary,
 )
 from kubeproxy.backends.planning import describe_snapshot
 from kubeproxy.config import (
@@ -48,8 +50,10 @@ from kubeproxy.config import (
     parse_cidrs,
 )
 from kubeproxy.dataplane.conntrack import ConntrackCommand
+from kubeproxy.dataplane.iptables.cleanup import KeepMap
 from kubeproxy.dataplane.sysctl import apply_conntrack_sysctls
 from kubeproxy.explain.packet import Origin, Packet
+from kubeproxy.logs import bounded
 from kubeproxy.metrics import Metrics
 from kubeproxy.model.nodeports import NodePortAddresses
 from kubeproxy.model.plan import DetectLocal, LocalMode
@@ -248,11 +252,12 @@ def load_configuration(args: argparse.Namespace) -> configfile.KubeProxyConfigur
         cfg = configfile.apply_flags(
             cfg, configfile.given_flags(args), config_file=args.config is not None, warn=log.warning
         )
+        blank_mode = not cfg.mode
         cfg = configfile.complete(cfg)
     except (configfile.ConfigFileError, configfile.FlagError, OptionsError) as err:
         raise ConfigError(str(err)) from None
     errors += configfile.validate(cfg)
-    mode = cfg.mode or "nftables"
+    mode = cfg.mode
     if mode not in BACKENDS:
         errors.append(
             f"mode: Unsupported value: {mode!r}: supported values: "
@@ -263,6 +268,13 @@ def load_configuration(args: argparse.Namespace) -> configfile.KubeProxyConfigur
         raise ConfigError(f"invalid configuration{where}:\n  " + "\n  ".join(errors))
     for warning in configfile.feature_gate_warnings(cfg):
         log.warning("%s", warning)
+    if blank_mode and args.command == "run":
+        log.info(
+            "Using the %s proxy mode: the mode is blank, which means %s, as upstream; "
+            "nftables mode is faster at scale (kernel 5.13 or later: --proxy-mode nftables)",
+            cfg.mode,
+            cfg.mode,
+        )
     return cfg
 
 
@@ -408,9 +420,9 @@ def _cleanup(ebpf_pin_path: str | None) -> int:
     try:
         removed = cleanup_all(cleanups(ebpf_pin_path=ebpf_pin_path))
     except BackendError as err:
-        log.error("%s", err)
+        log.error("%s", bounded(str(err)))
         return 1
-    log.info("Removed %s", ", ".join(removed) if removed else "nothing (no kubeproxy rules)")
+    log.info("Removed %s", removal_summary(removed) if removed else "nothing (no kubeproxy rules)")
     return 0
 
 
@@ -482,19 +494,27 @@ async def _render(config: ProxyConfig, source: Source, fmt: str) -> int:
     return 0
 
 
-def cleanup_other_modes(mode: str, *, ebpf_pin_path: str | None = None) -> None:
+def cleanup_other_modes(
+    mode: str, *, ebpf_pin_path: str | None = None, keep: KeepMap | None = None
+) -> None:
     """As upstream's platformCleanup: when a node switches proxy modes, the rules the
-    other modes left behind would still catch traffic; remove them at start (not those
-    of a mode this one runs inside itself)."""
-    keep = {mode, *COMPOSES.get(mode, ())}
-    others = {m: fn for m, fn in cleanups(ebpf_pin_path=ebpf_pin_path).items() if m not in keep}
+    other modes left behind would still catch traffic, so they go (not those of a mode
+    this one runs inside itself, nor ``keep``: this mode's chains under names the other
+    mode shares). Upstream does it at start; the proxy calls this after its own first
+    successful sync, so a switch never leaves the node without Service rules."""
+    running = {mode, *COMPOSES.get(mode, ())}
+    others = {
+        m: fn
+        for m, fn in cleanups(ebpf_pin_path=ebpf_pin_path, keep=keep).items()
+        if m not in running
+    }
     try:
         removed = cleanup_all(others)
     except BackendError as err:
-        log.error("Cleaning up other proxy modes' rules failed: %s", err)
+        log.error("Cleaning up other proxy modes' rules failed: %s", bounded(str(err)))
         return
     if removed:
-        log.info("Removed what other proxy modes left: %s", ", ".join(removed))
+        log.info("Removed what other proxy modes left: %s", removal_summary(removed))
 
 
 async def _run(
@@ -513,15 +533,7 @@ async def _run(
     # Each setting that cannot be applied (e.g. read-only in a network namespace) is
     # logged by apply_conntrack_sysctls; none of them stops the proxy, as upstream.
     apply_conntrack_sysctls(cfg.conntrack)
-    # In a thread, while the source lists its initial state (mostly waiting for
-    # iptables-save and friends, ~0.3 s); awaited before the first sync.
-    cleaned = asyncio.create_task(
-        asyncio.to_thread(cleanup_other_modes, config.mode, ebpf_pin_path=config.ebpf_pin_path)
-    )
-    try:
-        return await _start(cfg, config, source, once, metrics, stop=stop, cleaned=cleaned)
-    finally:
-        await cleaned  # not left running when the proxy stops before its first sync
+    return await _start(cfg, config, source, once, metrics, stop=stop)
 
 
 async def _start(
@@ -532,15 +544,15 @@ async def _start(
     metrics: Metrics,
     *,
     stop: asyncio.Event,
-    cleaned: Awaitable[object],
 ) -> int:
     if config.enable_profiling and not once:
         # From the start, so /debug/pprof/heap sees every allocation still alive.
         start_heap_tracing()
     configz = {k: v for k, v in configfile.to_dict(cfg).items() if k not in ("apiVersion", "kind")}
+    backend = create_backend(config)
     proxy = Proxy(
         config,
-        create_backend(config),
+        backend,
         conntrack=ConntrackCommand(),
         metrics=metrics,
         configz=configz,
@@ -553,7 +565,14 @@ async def _start(
         type(source).__name__,
     )
     try:
-        return await proxy.run(source, stop, once=once, before_first_sync=cleaned)
+        return await proxy.run(
+            source,
+            stop,
+            once=once,
+            after_first_sync=lambda: cleanup_other_modes(
+                config.mode, ebpf_pin_path=config.ebpf_pin_path, keep=owned_by(backend)
+            ),
+        )
     except BackendError as err:
         log.error("%s", err)
         return 1

@@ -16,6 +16,10 @@
   passed as ``extra={...}`` follow, after ``v``. Ours: an exception's traceback goes in
   ``stacktrace`` (upstream's Go errors carry none).
 
+A line stays under 4 KiB (container runtimes split longer lines and log shippers cut
+them): messages say counts and the first few names, and :func:`bounded` cuts whatever
+would still be longer, saying how much it left out.
+
 ``--v`` works as in kube-proxy: 0 is the default, 2 adds per-sync detail (:data:`V2`), 4
 and above is debug output. :func:`set_verbosity` changes it at run time (the metrics
 server's ``PUT /debug/flags/v``). ``--vmodule`` / ``logging.vmodule`` raise it for some
@@ -61,6 +65,18 @@ _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {
 }
 
 
+# A message longer than this is cut (see bounded): with klog's header, or JSON's fields
+# and escapes, the line stays under 4 KiB.
+MESSAGE_LIMIT = 3000
+
+
+def bounded(message: str, limit: int = MESSAGE_LIMIT) -> str:
+    """``message``, or its first ``limit`` characters and how many more there were."""
+    if len(message) <= limit:
+        return message
+    return f"{message[:limit]}... [{len(message) - limit} more characters]"
+
+
 class KlogFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         t = time.localtime(record.created)
@@ -71,7 +87,7 @@ class KlogFormatter(logging.Formatter):
             f"{t.tm_sec:02d}.{micros:06d} {os.getpid():7d} "
             f"{record.filename}:{record.lineno}]"
         )
-        text = f"{head} {record.getMessage()}"
+        text = f"{head} {bounded(record.getMessage())}"
         if record.exc_info:
             text += "\n" + self.formatException(record.exc_info)
         return text
@@ -84,7 +100,7 @@ class JsonFormatter(logging.Formatter):
         entry: dict[str, Any] = {
             "ts": record.created * 1000.0,
             "caller": _short_caller(record.pathname, record.lineno),
-            "msg": record.getMessage(),
+            "msg": bounded(record.getMessage()),
         }
         error = record.levelno >= logging.ERROR
         if not error:
@@ -93,11 +109,11 @@ class JsonFormatter(logging.Formatter):
             if key not in _STANDARD and not key.startswith("_"):
                 entry[key] = value
         if record.exc_info and record.exc_info[1] is not None:
-            entry.setdefault("err", str(record.exc_info[1]))
+            entry.setdefault("err", bounded(str(record.exc_info[1])))
             entry["stacktrace"] = self.formatException(record.exc_info)
         err = entry.get("err")
         if err is not None and not isinstance(err, str):
-            entry["err"] = str(err)  # an exception passed as extra={"err": exc}
+            entry["err"] = bounded(str(err))  # an exception passed as extra={"err": exc}
         return json.dumps(entry, ensure_ascii=False, default=str, separators=(",", ":"))
 
 

@@ -19,6 +19,7 @@ from kubeproxy.dataplane.iptables.runner import IptablesCommand
 from kubeproxy.dataplane.ipvs import ServiceKey, VirtualServer
 from kubeproxy.dataplane.ipvs.netlink import NetlinkLinks
 from kubeproxy.lab.cluster import CLIENT_IP, CLUSTER_CIDRS, NODE, NODE_IP, NODE_IP6, Lab
+from kubeproxy.lab.connects import ConnectProbe
 from kubeproxy.lab.echo import tcp_ask, udp_ask
 from kubeproxy.lab.netns import ns_exec
 from kubeproxy.lab.netns import sysctls as set_sysctls
@@ -385,3 +386,71 @@ def test_drained_real_server_is_deleted_once_its_connection_ends(lab: Lab, make:
             break
         time.sleep(1)
     assert [d.endpoint for d in backend.ipvs.destinations(key)] == [(B1, 8080)]
+
+
+def test_switching_between_iptables_and_ipvs_modes_never_stops_serving(
+    lab: Lab, tmp_path: Path
+) -> None:
+    """iptables -> ipvs -> iptables on one node, each a ``kubeproxy run --once`` (as a
+    DaemonSet's new Pod), while a client connects every 10 ms. Each mode removes what
+    the other left only after its own sync, and leaves the chains both modes name alike
+    (nat KUBE-SERVICES and its jumps...): they hold its own rules by then. With
+    ``--iptables-backend auto`` the guest's iptables-nft (no nf_tables ip family: it
+    lists, but every write fails) is found out and legacy used instead."""
+    mdir = ManifestDir(tmp_path / "manifests")
+    mdir.path.mkdir()
+    mdir.write(
+        "web.yaml",
+        service("web", "10.96.0.31", type="NodePort",
+                ports=[{"name": "http", "port": 80, "nodePort": 30091}]),
+        endpoint_slice("web", [Ep(B1, node=NODE), Ep(B2, node=NODE)]),
+    )  # fmt: skip
+
+    def run(mode: str) -> str:
+        command = lab.kubeproxy_command(
+            "run", "--manifests", str(mdir.path), "--hostname-override", NODE,
+            "--cluster-cidr", ",".join(CLUSTER_CIDRS), "--proxy-mode", mode,
+            "--iptables-backend", "auto", "--once",
+        )  # fmt: skip
+        result = lab.run(command)
+        assert result.returncode == 0, result.stderr
+        return result.stderr
+
+    def chains() -> set[str]:
+        return {
+            line.split()[0][1:]
+            for line in ns_exec(lab.node_ns, "iptables-legacy-save").splitlines()
+            if line.startswith(":KUBE-")
+        }
+
+    lab.run(lab.kubeproxy_command("cleanup"))  # no rules: detection then says nft
+    try:
+        first = run("iptables")
+        assert "iptables-nft does not work in this kernel" in first, first
+        assert "using iptables-legacy" in first
+        probe = ConnectProbe(lab.client_ns, "10.96.0.31", 80).start()
+        try:
+            time.sleep(0.5)
+            to_ipvs = run("ipvs")
+            time.sleep(0.5)
+            in_ipvs = chains()
+            back = run("iptables")
+            time.sleep(0.5)
+        finally:
+            attempts = probe.stop()
+        assert "Removed what other proxy modes left" in to_ipvs
+        assert "Removed what other proxy modes left" in back
+        assert not [a for a in attempts if not a.ok][:5]
+        assert len(attempts) > 50
+        # In ipvs mode: no iptables-mode chain is left, the shared ones are ipvs mode's.
+        assert not any(c.startswith(("KUBE-SVC-", "KUBE-SEP-", "KUBE-EXT")) for c in in_ipvs)
+        assert {"KUBE-SERVICES", "KUBE-IPVS-FILTER", "KUBE-NODE-PORT"} <= in_ipvs
+        # Back in iptables mode: ipvs mode's own objects are gone, iptables mode serves.
+        now = chains()
+        assert "KUBE-IPVS-FILTER" not in now and any(c.startswith("KUBE-SVC-") for c in now)
+        assert "kube-ipvs0" not in ns_exec(lab.node_ns, "ip", "-o", "link")
+        assert "KUBE-CLUSTER-IP" not in ns_exec(lab.node_ns, "ipset", "list", "-n")
+        assert "10.96.0.31" not in ns_exec(lab.node_ns, "ipvsadm", "-Ln")
+    finally:
+        cleanup_ns(lab.node_ns)
+        lab.run(lab.kubeproxy_command("cleanup"))

@@ -282,35 +282,101 @@ def test_run_collects_garbage_once_per_sync_and_gives_the_collector_back() -> No
     assert gc.isenabled() and gc.get_freeze_count() == 0
 
 
+class FailingBackend(FakeBackend):
+    """Refuses its first ``failures`` syncs (the kernel said no)."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    def sync(self, snapshot: Snapshot, changed: set[ServicePortName] | None) -> SyncResult:
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("refused")
+        return super().sync(snapshot, changed)
+
+
 @pytest.mark.parametrize("once", [True, False])
-def test_the_first_sync_waits_for_the_cleanup_of_other_modes(once: bool) -> None:
-    # The start's cleanup of other modes' rules runs in a thread while the source lists;
-    # the first sync must not touch the kernel before it is done (in ipvs mode it
-    # removes iptables chains of the names ipvs mode then creates).
-    backend = FakeBackend()
+@pytest.mark.parametrize("failures", [0, 1])
+def test_other_modes_are_cleaned_up_only_after_the_first_successful_sync(
+    once: bool, failures: int
+) -> None:
+    # Upstream removes the other modes' rules at start; a refused first sync (or a
+    # source that never answers) then leaves the node with no Service rules at all.
+    # Here they go once ours are in, before any later sync (ipvs and iptables modes
+    # share chain names: the cleanup must not race our own restore).
+    backend = FailingBackend(failures)
     proxy = Proxy(config(min_sync_period=0.0), backend)
-    syncs_while_cleaning: list[int] = []
+    cleaned_after: list[int] = []
 
     class Source:
         async def watch(self, stop: asyncio.Event) -> AsyncGenerator[list[Event], None]:
             yield [Event.added(service("web", service_port()))]  # the initial state
             while backend.syncs < 1:
                 await asyncio.sleep(0.01)
+            db = service_port("db", cluster_ips=("10.96.0.11",))
+            yield [Event.added(service("db", db))]  # a change: a second sync
+            while backend.syncs < 2:
+                await asyncio.sleep(0.01)
             stop.set()
 
-    async def cleanup() -> None:
-        for _ in range(5):
-            await asyncio.sleep(0.02)
-            syncs_while_cleaning.append(backend.syncs)
-
-    async def scenario() -> int:
-        cleaning = asyncio.create_task(cleanup())  # runs meanwhile, as cli's thread does
-        return await proxy.run(Source(), asyncio.Event(), once=once, before_first_sync=cleaning)
-
     try:
-        assert asyncio.run(scenario()) == 0
+        code = asyncio.run(
+            proxy.run(
+                Source(),
+                asyncio.Event(),
+                once=once,
+                after_first_sync=lambda: cleaned_after.append(backend.syncs),
+            )
+        )
     finally:
         gc.enable()
         gc.unfreeze()
-    assert syncs_while_cleaning == [0] * 5
-    assert backend.syncs == 1
+    if once:
+        # One sync, then the cleanup; after a refused sync, none (exit 1).
+        assert (code, cleaned_after) == ((1, []) if failures else (0, [1]))
+    else:
+        # The runner retries the refused sync; the cleanup follows the first success.
+        assert code == 0
+        assert cleaned_after == [1]
+        assert backend.syncs == 2
+
+
+def test_no_cleanup_and_no_rules_claim_when_the_source_never_delivers(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # An API server away at the start: nothing is programmed and nothing removed, a line
+    # says why every waiting_log_seconds, /healthz says why, and the exit does not claim
+    # that rules stay in place.
+    proxy = Proxy(config(), FakeBackend())
+    proxy.waiting_log_seconds = 0.01
+    cleaned: list[bool] = []
+
+    class Source:
+        def problem(self) -> str:
+            return "https://10.0.0.1:6443: cannot list services: connection refused"
+
+        async def watch(self, stop: asyncio.Event) -> AsyncGenerator[list[Event], None]:
+            await asyncio.sleep(0.05)  # several waiting lines' worth
+            code, body = proxy.health.healthz()
+            assert code == 503 and "connection refused" in str(body["reason"])
+            stop.set()
+            return
+            yield []  # an async generator that never yields
+
+    with caplog.at_level(logging.INFO):
+        try:
+            code = asyncio.run(
+                proxy.run(Source(), asyncio.Event(), after_first_sync=lambda: cleaned.append(True))
+            )
+        finally:
+            gc.enable()
+            gc.unfreeze()
+    assert code == 0 and not cleaned and proxy.syncs == 0
+    messages = [r.getMessage() for r in caplog.records]
+    waiting = [m for m in messages if m.startswith("No complete initial state")]
+    assert len(waiting) >= 2, messages
+    assert "cannot list services: connection refused" in waiting[0]
+    assert "/healthz answers 503" in waiting[0]
+    assert not any("rules stay in place (run" in m for m in messages)
+    assert any("programmed no rules" in m for m in messages)

@@ -17,7 +17,7 @@ from kubeproxy.backends import BackendError
 from kubeproxy.backends.ipvs import names as n
 from kubeproxy.backends.ipvs.diff import Observed, diff
 from kubeproxy.backends.ipvs.graceful import Action, GracefulTermination
-from kubeproxy.backends.ipvs.proxier import IpvsBackend, cleanup, kernel_version, sysctls
+from kubeproxy.backends.ipvs.proxier import IpvsBackend, cleanup, sysctls
 from kubeproxy.backends.ipvs.render import desired_state
 from kubeproxy.backends.planning import family_plans, service_port_plans
 from kubeproxy.config import ConfigError, IpvsSettings, ProxyConfig
@@ -34,6 +34,7 @@ from kubeproxy.dataplane.ipvs import (
     VirtualServer,
 )
 from kubeproxy.dataplane.ipvs.fake import FakeIpvs, FakeLinks
+from kubeproxy.dataplane.kernel import kernel_version
 from kubeproxy.model.nodeports import NodePortAddresses
 from kubeproxy.model.state import NodeState, Snapshot
 from kubeproxy.model.types import Endpoint, IPFamily, ServicePort, TrafficPolicy

@@ -25,9 +25,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from kubeproxy.config import ProxyConfig
+from kubeproxy.dataplane.iptables.cleanup import KeepMap
+
+if TYPE_CHECKING:
+    from kubeproxy.backends.iptables.proxier import Reopen
 from kubeproxy.model.state import Snapshot
 from kubeproxy.model.types import ServicePortName
 
@@ -62,6 +66,16 @@ class SyncResult:
     # Rules per table: all that are programmed, and those written by this sync (iptables).
     table_rules: dict[str, int] = field(default_factory=dict)
     table_rules_written: dict[str, int] = field(default_factory=dict)
+
+
+# What SyncResult's elements, chains and operations count in each mode, for the sync's
+# log line (the fields are shared; their meaning is the mode's).
+SYNC_LOG_WORDS: dict[str, tuple[str, str, str]] = {
+    "nftables": ("elements", "shared chains", "operations"),
+    "ebpf": ("elements", "shared chains", "operations"),
+    "iptables": ("rules", "dispatch chains", "chains written"),
+    "ipvs": ("virtual and real servers", "chains", "netlink changes"),
+}
 
 
 class Backend(Protocol):
@@ -114,13 +128,24 @@ def _iptables(config: ProxyConfig) -> Backend:
     from kubeproxy.backends.iptables.proxier import IptablesBackend, open_runners
     from kubeproxy.dataplane.nfacct import NfacctCommand
 
-    return IptablesBackend(config, open_runners(config), nfacct=NfacctCommand())
+    return IptablesBackend(
+        config, open_runners(config), nfacct=NfacctCommand(), reopen=_reopen(config)
+    )
 
 
-def _cleanup_iptables() -> list[str]:
+def _reopen(config: ProxyConfig) -> Reopen | None:
+    """With ``--iptables-backend auto``: how to get the other flavour's runners."""
+    if config.iptables_backend != "auto":
+        return None
+    from kubeproxy.dataplane.iptables.runner import IptablesCommand
+
+    return lambda flavor: {f: IptablesCommand(f, flavor) for f in config.families}
+
+
+def _cleanup_iptables(keep: KeepMap | None = None) -> list[str]:
     from kubeproxy.backends.iptables.proxier import cleanup
 
-    return cleanup()
+    return cleanup(keep=keep)
 
 
 def _ipvs(config: ProxyConfig) -> Backend:
@@ -135,10 +160,11 @@ def _ipvs(config: ProxyConfig) -> Backend:
         links=NetlinkLinks(),
         ipset=IpsetCommand(),
         runners=open_runners(config),
+        reopen=_reopen(config),
     )
 
 
-def _cleanup_ipvs() -> list[str]:
+def _cleanup_ipvs(keep: KeepMap | None = None) -> list[str]:
     from kubeproxy.backends.ipvs.proxier import cleanup
     from kubeproxy.dataplane.ipset import IpsetCommand
     from kubeproxy.dataplane.iptables.runner import FLAVORS, IptablesCommand
@@ -154,7 +180,7 @@ def _cleanup_ipvs() -> list[str]:
     runners = [IptablesCommand(f, flavor) for flavor in FLAVORS for f in IPFamily]
     links = NetlinkLinks()
     try:
-        return cleanup(ipvs, links, IpsetCommand(), list(runners))
+        return cleanup(ipvs, links, IpsetCommand(), list(runners), keep)
     finally:
         links.close()
         if ipvs is not None:
@@ -182,11 +208,30 @@ CLEANUPS: dict[str, Callable[[], list[str]]] = {
 COMPOSES: dict[str, tuple[str, ...]] = {"ebpf": ("nftables",)}
 
 
-def cleanups(*, ebpf_pin_path: str | None = None) -> dict[str, Callable[[], list[str]]]:
-    """:data:`CLEANUPS`, with ebpf mode's pins looked for under ``ebpf_pin_path``."""
-    if not ebpf_pin_path:
-        return dict(CLEANUPS)
-    return {**CLEANUPS, "ebpf": lambda: _cleanup_ebpf(ebpf_pin_path)}
+def cleanups(
+    *, ebpf_pin_path: str | None = None, keep: KeepMap | None = None
+) -> dict[str, Callable[[], list[str]]]:
+    """:data:`CLEANUPS`, with ebpf mode's pins looked for under ``ebpf_pin_path``, and
+    what ``keep`` names (a running mode's iptables chains and jumps) left alone."""
+    out = dict(CLEANUPS)
+    if ebpf_pin_path:
+        out["ebpf"] = lambda: _cleanup_ebpf(ebpf_pin_path)
+    if keep:
+        out["iptables"] = lambda: _cleanup_iptables(keep)
+        out["ipvs"] = lambda: _cleanup_ipvs(keep)
+    return out
+
+
+@runtime_checkable
+class OwnsIptables(Protocol):
+    """A backend that programs iptables (iptables and ipvs modes, which share names)."""
+
+    def owned(self) -> KeepMap: ...
+
+
+def owned_by(backend: Backend) -> KeepMap:
+    """What ``backend`` owns under names another mode's cleanup would remove."""
+    return backend.owned() if isinstance(backend, OwnsIptables) else {}
 
 
 def create_backend(config: ProxyConfig) -> Backend:
@@ -197,6 +242,30 @@ def create_backend(config: ProxyConfig) -> Backend:
             f"--proxy-mode: unsupported mode {config.mode!r} (supported: {', '.join(BACKENDS)})"
         ) from None
     return factory(config)
+
+
+# A cleanup's log line names this many of what it removed; the rest are counted.
+NAMED_REMOVALS = 5
+
+
+def removal_summary(removed: list[str], named: int = NAMED_REMOVALS) -> str:
+    """One short line for a cleanup's log: counts by kind, then the first few items
+    (``"1,203 removed: 1,180 chains, 21 rules, 2 tables (e.g. table ip kube-proxy, ...)"``).
+
+    An item is ``"[WHERE: ]KIND ..."`` (``"IptablesCommand(IPv4, nft): chain nat
+    KUBE-SVC-..."``, ``"table ip kube-proxy"``, ``"ipvs service TCP/10.96.0.1:80"``)."""
+    if not removed:
+        return "nothing"
+    kinds: dict[str, int] = {}
+    for item in removed:
+        what = item.rsplit("): ", 1)[-1]
+        kind = what.split(" ", 2)
+        key = " ".join(kind[:2]) if kind[0] in ("ipvs", "bpf") else kind[0]
+        kinds[key] = kinds.get(key, 0) + 1
+    counts = ", ".join(f"{n:,} {kind}{'s' if n > 1 else ''}" for kind, n in kinds.items())
+    shown = ", ".join(item[:200] for item in removed[:named])
+    more = ", ..." if len(removed) > named else ""
+    return f"{len(removed):,} removed: {counts} ({shown}{more})"
 
 
 def cleanup_all(cleanups: dict[str, Callable[[], list[str]]] | None = None) -> list[str]:

@@ -12,7 +12,9 @@ starts, which without an API server (or its informers' first list) may be never 
 that never programmed a rule would look healthy forever. Here ``/healthz`` (and the
 per-Service health checks) turn unhealthy once ``health_timeout`` has passed since the
 start without the sync loop starting; ``/livez`` does not, since restarting the process
-does not bring the API server back.
+does not bring the API server back. When the source says why it cannot deliver (the API
+server refuses, times out, answers 403: :meth:`ProxyHealth.waiting_on`), ``/healthz`` is
+503 at once, with that ``reason`` in its body (a field of ours), until the first sync.
 
 ``/healthz`` also fails while the Node is going away (deletionTimestamp set, or the
 cluster autoscaler's ``ToBeDeletedByClusterAutoscaler`` taint), so load balancers drain
@@ -55,6 +57,10 @@ def format_time(seconds: float | None) -> str:
     return f"{stamp}.{fraction}Z" if fraction else f"{stamp}Z"
 
 
+def _no_problem() -> str | None:
+    return None
+
+
 class ProxyHealth:
     def __init__(
         self,
@@ -71,6 +77,25 @@ class ProxyHealth:
         self._oldest_queued: float | None = None
         self._node_eligible = True
         self._started = clock()
+        self._problem: Callable[[], str | None] = _no_problem
+
+    def waiting_on(self, problem: Callable[[], str | None]) -> None:
+        """Until the first sync: ``problem()`` says why the initial state is not there
+        (None while nothing is known to be wrong)."""
+        self._problem = problem
+
+    def waiting_reason(self, now: float | None = None) -> str | None:
+        """Why the proxy has not synced yet, when that makes it unhealthy."""
+        if self._last_updated is not None:
+            return None
+        problem = self._problem()
+        if problem is not None:
+            return f"no complete initial state yet: {problem}"
+        current = self._clock() if now is None else now
+        if current - self._started >= self.health_timeout:
+            waited = current - self._started
+            return f"no complete initial state after {waited:.0f}s"
+        return None
 
     def queued_update(self) -> None:
         """A change is waiting for a sync (upstream QueuedUpdate); the oldest one counts."""
@@ -97,7 +122,7 @@ class ProxyHealth:
         complete state (the sync loop not started) is unhealthy (not for ``/livez``)."""
         current = self._clock() if now is None else now
         if self._last_updated is None:
-            return not waiting_counts or current - self._started < self.health_timeout
+            return not waiting_counts or self.waiting_reason(current) is None
         if self._oldest_queued is None:
             return True
         return current - self._oldest_queued < self.health_timeout
@@ -121,6 +146,10 @@ class ProxyHealth:
         if with_node:
             body["nodeEligible"] = self._node_eligible
         body["healthy"] = healthy
+        if with_node and not healthy:
+            reason = self.waiting_reason(now)
+            if reason is not None:
+                body["reason"] = reason
         if self._last_updated is not None:
             per_family = {"lastUpdated": format_time(self._last_updated), "healthy": healthy}
             body["status"] = {family.value: dict(per_family) for family in self._families}

@@ -10,13 +10,25 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from kubeproxy.sources.events import Event
 
 
 class Source(Protocol):
     def watch(self, stop: asyncio.Event) -> AsyncGenerator[list[Event], None]: ...
+
+
+@runtime_checkable
+class ReportsProblems(Protocol):
+    """A source that can say why it is not delivering (the API source)."""
+
+    def problem(self) -> str | None: ...
+
+
+def source_problem(source: Source) -> str | None:
+    """Why ``source`` cannot deliver now (None: no known problem)."""
+    return source.problem() if isinstance(source, ReportsProblems) else None
 
 
 async def initial_state(source: Source) -> list[Event]:

@@ -140,6 +140,16 @@ class KubeSource:
         self.proxy_name = proxy_name or None
         self.tuning = tuning or Tuning()
         self.announce = announce
+        # The informers' (and the discovery's) failure trackers while watch() runs.
+        self._health: list[Health] = []
+
+    def problem(self) -> str | None:
+        """Why the API server does not answer as it should now, or None (for the proxy's
+        logs and /healthz while it waits for the initial state)."""
+        errors = [h.last_error for h in self._health if h.last_error is not None]
+        if not errors:
+            return None
+        return f"{self.connection.server}: {'; '.join(errors)}"
 
     @classmethod
     def from_flags(
@@ -177,6 +187,7 @@ class KubeSource:
             def start(resource: Resource) -> None:
                 informer = Informer(client, resource, batcher.put, self.tuning, wakeup)
                 informers.append(informer)
+                self._health.append(informer.health)
                 tasks.append(asyncio.create_task(informer.run(), name=f"watch-{resource.name}"))
 
             if self.announce:
@@ -201,6 +212,7 @@ class KubeSource:
                 while (batch := await batcher.next()) is not None:
                     yield batch
             finally:
+                self._health = []
                 for task in tasks:
                     task.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)
@@ -208,6 +220,7 @@ class KubeSource:
     async def _service_cidrs_served(self, client: ApiClient, stop: asyncio.Event) -> bool | None:
         """Whether networking.k8s.io/v1 serves ServiceCIDRs; None if stopped first."""
         health = Health("the networking.k8s.io/v1 API")
+        self._health.append(health)
         backoff = Backoff(self.tuning.backoff_initial, self.tuning.backoff_max)
         while not stop.is_set():
             try:

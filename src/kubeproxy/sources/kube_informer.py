@@ -153,6 +153,8 @@ class Health:
         self.failures = 0
         self._since = 0.0
         self._on_recovery = on_recovery
+        # The latest failure while failing ("cannot list services: ..."), else None.
+        self.last_error: str | None = None
 
     @property
     def failing(self) -> bool:
@@ -170,6 +172,7 @@ class Health:
         else:
             log.debug("Still cannot %s %s: %s", action, self.what, err)
         self.failures += 1
+        self.last_error = f"cannot {action} {self.what}: {err}"
 
     def recovered(self) -> None:
         if self.failures:
@@ -180,6 +183,7 @@ class Health:
                 time.monotonic() - self._since,
             )
             self.failures = 0
+            self.last_error = None
             if self._on_recovery is not None:
                 self._on_recovery()
 

@@ -27,6 +27,19 @@ KUBE_PROXY_CANARY = "KUBE-PROXY-CANARY"
 # creates it but never deletes it (kubelet owns it).
 KUBE_FIREWALL = "KUBE-FIREWALL"
 
+# iptables mode's fixed chains, by table (the canary aside: ipvs mode has none).
+FIXED_CHAINS: tuple[tuple[str, str], ...] = (
+    ("nat", KUBE_SERVICES),
+    ("nat", KUBE_NODEPORTS),
+    ("nat", KUBE_POSTROUTING),
+    ("nat", KUBE_MARK_MASQ),
+    ("filter", KUBE_SERVICES),
+    ("filter", KUBE_EXTERNAL_SERVICES),
+    ("filter", KUBE_NODEPORTS),
+    ("filter", KUBE_PROXY_FIREWALL),
+    ("filter", KUBE_FORWARD),
+)
+
 SVC_PREFIX = "KUBE-SVC-"
 SVL_PREFIX = "KUBE-SVL-"
 FW_PREFIX = "KUBE-FW-"

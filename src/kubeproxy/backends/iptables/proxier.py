@@ -48,6 +48,7 @@ from kubeproxy.backends import BackendError, SyncResult
 from kubeproxy.backends.iptables.diff import Canonical, differing, rule_text
 from kubeproxy.backends.iptables.dispatch import Args, DispatchTree, EntryId
 from kubeproxy.backends.iptables.names import (
+    FIXED_CHAINS,
     KUBE_FIREWALL,
     KUBE_PROXY_CANARY,
     is_generated,
@@ -67,7 +68,7 @@ from kubeproxy.backends.iptables.render import (
 )
 from kubeproxy.backends.planning import family_plans, service_port_plans
 from kubeproxy.config import ProxyConfig
-from kubeproxy.dataplane.iptables.cleanup import cleanup_chains
+from kubeproxy.dataplane.iptables.cleanup import NOTHING, Keep, KeepMap, cleanup_chains
 from kubeproxy.dataplane.iptables.listing import UnreadableTableError
 from kubeproxy.dataplane.iptables.restore import Restore
 from kubeproxy.dataplane.iptables.rules import RuleError, canonical_text
@@ -77,7 +78,7 @@ from kubeproxy.dataplane.iptables.runner import (
     Iptables,
     IptablesCommand,
     IptablesError,
-    detect_flavor,
+    detect_flavor_why,
 )
 from kubeproxy.dataplane.nfacct import Nfacct, NfacctError
 from kubeproxy.model.plan import FamilyPlan
@@ -202,9 +203,13 @@ class IptablesBackend:
         tcp_be_liberal: bool = False,
         proc: Path = Path("/proc"),
         nfacct: Nfacct | None = None,
+        reopen: Reopen | None = None,
     ) -> None:
+        """``reopen``: with ``--iptables-backend auto``, the other flavour's runners, in
+        case the detected one does not work here (see :func:`working_runners`)."""
         self.config = config
         self.runners = dict(runners)
+        self.reopen = reopen
         self.tcp_be_liberal = tcp_be_liberal
         self.nfacct = nfacct
         # The nfacct counters that exist: only those are named in rules.
@@ -231,6 +236,7 @@ class IptablesBackend:
             reason = runner.available()
             if reason is not None:
                 raise BackendError(f"iptables mode cannot run ({family.value}): {reason}")
+        self.runners = working_runners(self.runners, self.reopen)
         # As upstream: with nf_conntrack_tcp_be_liberal set, no DROP of INVALID packets.
         liberal = self.proc / "sys/net/netfilter/nf_conntrack_tcp_be_liberal"
         with contextlib.suppress(OSError, ValueError):
@@ -267,6 +273,11 @@ class IptablesBackend:
 
     def stop(self) -> None:
         """Nothing to release: the rules stay, so traffic flows across a restart."""
+
+    def owned(self) -> KeepMap:
+        """The chains and jumps this backend owns, per flavour and family it drives."""
+        mine = owned()
+        return {(runner.flavor, family): mine for family, runner in self.runners.items()}
 
     # ----------------------------------------------------------------- phases
 
@@ -695,17 +706,70 @@ def init_node(config: ProxyConfig, proc: Path = Path("/proc")) -> None:
 
 
 def open_runners(config: ProxyConfig, netns: str | None = None) -> dict[IPFamily, Iptables]:
-    """One runner per family the proxy serves, in the configured (or detected) flavour."""
+    """One runner per family the proxy serves, in the configured (or, with ``auto``,
+    detected: :func:`detect_flavor_why`, read-only) flavour; a backend's ``start`` then
+    checks an ``auto`` choice works (:func:`working_runners`)."""
     flavor = config.iptables_backend
-    chosen: Flavor = (
-        detect_flavor(netns) if flavor == "auto" else ("legacy" if flavor == "legacy" else "nft")
-    )
+    chosen: Flavor
+    if flavor == "auto":
+        chosen, why = detect_flavor_why(netns)
+        log.info("iptables flavour: %s (--iptables-backend auto: %s)", chosen, why)
+    else:
+        chosen = "legacy" if flavor == "legacy" else "nft"
     return {f: IptablesCommand(f, chosen, netns=netns) for f in config.families}
 
 
-def cleanup(netns: str | None = None) -> list[str]:
+# Runners of every family the proxy serves, in the flavour given.
+Reopen = Callable[[Flavor], Mapping[IPFamily, Iptables]]
+
+
+def working_runners(
+    runners: Mapping[IPFamily, Iptables], reopen: Reopen | None
+) -> dict[IPFamily, Iptables]:
+    """``--iptables-backend auto`` (``reopen`` given): ``runners`` if their flavour can
+    program this kernel, else the other flavour's if that can (logged), else
+    BackendError with both reasons. The detected flavour may not work: in a kernel whose
+    nf_tables lacks the ip family, kubelet-less detection says nft, and every sync fails.
+    """
+    if reopen is None or not runners:
+        return dict(runners)
+    first = next(iter(runners.values())).flavor
+    refused: dict[Flavor, str] = {}
+    for flavor in (first, "legacy" if first == "nft" else "nft"):
+        candidates = runners if flavor == first else reopen(flavor)
+        reason = next((r for r in (c.works() for c in candidates.values()) if r), None)
+        if reason is None:
+            if flavor != first:
+                log.warning(
+                    "iptables-%s does not work in this kernel (%s): using iptables-%s",
+                    first,
+                    refused[first],
+                    flavor,
+                )
+            return dict(candidates)
+        refused[flavor] = reason
+    raise BackendError(
+        "--iptables-backend auto: neither iptables flavour works in this kernel: "
+        + "; ".join(f"{f}: {r}" for f, r in refused.items())
+    )
+
+
+def owned() -> Keep:
+    """iptables mode's fixed chains and jumps: what a cleanup of ipvs mode (which uses
+    some of the same names) leaves while iptables mode runs."""
+    return Keep(
+        chains=frozenset(FIXED_CHAINS),
+        jumps=frozenset(
+            (table, builtin, jump_args(comment, extra, chain))
+            for table, builtin, chain, comment, extra in JUMPS
+        ),
+    )
+
+
+def cleanup(netns: str | None = None, keep: KeepMap | None = None) -> list[str]:
     """Remove what iptables mode (ours, or upstream kube-proxy's) created, in both
-    flavours and both families; kubelet's chains stay, as upstream."""
+    flavours and both families, but what ``keep`` names per (flavour, family): the
+    running mode's (ipvs mode shares some names); kubelet's chains stay, as upstream."""
     removed: list[str] = []
     errors: list[str] = []
     jumps = [
@@ -717,8 +781,9 @@ def cleanup(netns: str | None = None) -> list[str]:
             runner = IptablesCommand(family, flavor, netns=netns)
             if runner.available() is not None:
                 continue
+            mine = (keep or {}).get((flavor, family), NOTHING)
             try:
-                found = cleanup_chains(runner, cleanup_is_ours, jumps)
+                found = cleanup_chains(runner, cleanup_is_ours, jumps, mine)
             except IptablesError as err:
                 errors.append(f"{runner}: {err}")
                 continue

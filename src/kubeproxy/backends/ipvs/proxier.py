@@ -35,13 +35,13 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
-import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kubeproxy.backends import BackendError, SyncResult
+from kubeproxy.backends.iptables.proxier import Reopen, working_runners
 from kubeproxy.backends.ipvs import names as n
 from kubeproxy.backends.ipvs.diff import Changes, Network, Observed, diff
 from kubeproxy.backends.ipvs.graceful import Action, GracefulTermination, needs_grace
@@ -57,6 +57,7 @@ from kubeproxy.backends.ipvs.render import (
 from kubeproxy.backends.planning import family_plans, service_port_plans
 from kubeproxy.config import ProxyConfig
 from kubeproxy.dataplane.ipset import Ipset, IpsetError, IpsetScript
+from kubeproxy.dataplane.iptables.cleanup import NOTHING, Jump, Keep, KeepMap, cleanup_chains
 from kubeproxy.dataplane.iptables.runner import Iptables, IptablesError
 from kubeproxy.dataplane.ipvs import (
     FLAG_PERSISTENT,
@@ -72,6 +73,7 @@ from kubeproxy.dataplane.ipvs import (
     ServiceKey,
     VirtualServer,
 )
+from kubeproxy.dataplane.kernel import kernel_version
 from kubeproxy.model.plan import FamilyPlan
 from kubeproxy.model.state import Snapshot
 from kubeproxy.model.types import IPFamily, ServicePortName
@@ -94,15 +96,6 @@ class _Family:
     valid: bool = True
     desired: DesiredState = field(default_factory=DesiredState)
     context: Context | None = None  # what ``desired`` was rendered with
-
-
-def kernel_version(release: str | None = None) -> tuple[int, ...]:
-    text = release if release is not None else os.uname().release
-    parts = []
-    for word in text.split("-")[0].split(".")[:3]:
-        digits = "".join(c for c in word if c.isdigit())
-        parts.append(int(digits or 0))
-    return tuple(parts)
 
 
 def sysctls(config: ProxyConfig, kernel: tuple[int, ...]) -> list[tuple[str, int]]:
@@ -151,8 +144,12 @@ class IpvsBackend:
         clock: Callable[[], float] = time.monotonic,
         proc: Path = Path("/proc"),
         release: str | None = None,
+        reopen: Reopen | None = None,
     ) -> None:
+        """``reopen``: as iptables mode's (:func:`~kubeproxy.backends.iptables.proxier.
+        working_runners`)."""
         self.config = config
+        self.reopen = reopen
         self.open_ipvs = open_ipvs
         self._ipvs: Ipvs | None = None
         self.links = links
@@ -197,6 +194,7 @@ class IpvsBackend:
             reason = runner.available()
             if reason is not None:
                 raise BackendError(f"ipvs mode cannot run ({family.value}): {reason}")
+        self.runners = working_runners(self.runners, self.reopen)
         self._probe_scheduler(ipvs)
         init_node(self.config, self.proc, self.release)
         ipvs_cfg = self.config.ipvs
@@ -222,6 +220,11 @@ class IpvsBackend:
             raise BackendError(
                 f"can't use the IPVS proxier: scheduler {self.scheduler!r}: {err}"
             ) from None
+
+    def owned(self) -> KeepMap:
+        """The chains and jumps this backend owns, per flavour and family it drives."""
+        mine = owned()
+        return {(runner.flavor, family): mine for family, runner in self.runners.items()}
 
     def stop(self) -> None:
         """Close the netlink sockets; what was programmed stays, so traffic flows across a
@@ -335,12 +338,6 @@ class IpvsBackend:
             obs.members[name].update(members)
         for name, members in changes.set_dels.items():
             obs.members[name].difference_update(members)
-        text = self._rules(fam, desired)
-        if full or text != state.rules_text:
-            if full:
-                self._ensure_jumps(runner)
-            runner.restore(iptables_rules(fam, desired, RuleSettings(runner.has_random_fully)))
-            state.rules_text = text
         # Virtual servers before their destinations (a batch of their own, so that a
         # refused service does not also fail each of its destinations).
         services = [Change.add_service(vs) for vs in changes.add_services]
@@ -360,6 +357,16 @@ class IpvsBackend:
         bound = self._addresses(True, changes.bind)
         obs.bound.update(bound)
         ops += len(bound)
+        # The iptables rules once what they send traffic to is there, as upstream's
+        # syncProxyRules: a node switched from iptables mode has its DNAT rules in the
+        # chains of the same names, and until the virtual servers and their addresses
+        # are in, replacing them would leave Service traffic to the default route.
+        text = self._rules(fam, desired)
+        if full or text != state.rules_text:
+            if full:
+                self._ensure_jumps(runner)
+            runner.restore(iptables_rules(fam, desired, RuleSettings(runner.has_random_fully)))
+            state.rules_text = text
         ops += self._remove_dests(changes.remove_dests, obs)
         unbound = self._addresses(False, changes.unbind)
         obs.bound.difference_update(unbound)
@@ -566,18 +573,37 @@ def cleanup_is_ours(chain: str) -> bool:
     return chain in set(n.NAT_CHAINS) | set(n.FILTER_CHAINS)
 
 
+def owned() -> Keep:
+    """ipvs mode's chains and jumps: what a cleanup of iptables mode (which uses some of
+    the same names) leaves while ipvs mode runs."""
+    return Keep(
+        chains=frozenset(
+            [("nat", c) for c in n.NAT_CHAINS] + [("filter", c) for c in n.FILTER_CHAINS]
+        ),
+        jumps=frozenset(_jumps()),
+    )
+
+
+def _jumps() -> list[Jump]:
+    return [
+        (table, builtin, ("-m", "comment", "--comment", comment, "-j", chain))
+        for table, builtin, chain, comment in n.JUMPS
+    ]
+
+
 def cleanup(
     ipvs: Ipvs | None,
     links: Links,
     ipset: Ipset,
     runners: list[Iptables],
+    keep: KeepMap | None = None,
 ) -> list[str]:
     """Remove what ipvs mode (ours, or upstream's) created, and only that: the virtual
     servers on kube-ipvs0's addresses and the NodePort ones whose port is in our NodePort
     sets (upstream flushes the whole IPVS table; other users' virtual servers stay here),
-    kube-ipvs0, our chains in both flavours and families, then our sets (iptables no
-    longer uses them). ``ipvs`` None: the kernel has no IPVS."""
-    from kubeproxy.dataplane.iptables.cleanup import cleanup_chains
+    kube-ipvs0, our chains in both flavours and families but what ``keep`` names per
+    (flavour, family) (the running iptables mode's), then our sets (iptables no longer
+    uses them). ``ipvs`` None: the kernel has no IPVS."""
 
     removed: list[str] = []
     errors: list[str] = []
@@ -632,16 +658,14 @@ def cleanup(
             removed.append(f"link {n.DUMMY_DEVICE}")
     except IpvsError as err:
         errors.append(str(err))
-    jumps = [
-        (table, builtin, ("-m", "comment", "--comment", comment, "-j", chain))
-        for table, builtin, chain, comment in n.JUMPS
-    ]
+    jumps = _jumps()
     for runner in runners:
         if runner.available() is not None:
             continue
+        mine = (keep or {}).get((runner.flavor, runner.family), NOTHING)
         try:
             removed.extend(
-                f"{runner}: {item}" for item in cleanup_chains(runner, cleanup_is_ours, jumps)
+                f"{runner}: {item}" for item in cleanup_chains(runner, cleanup_is_ours, jumps, mine)
             )
         except IptablesError as err:
             errors.append(f"{runner}: {err}")

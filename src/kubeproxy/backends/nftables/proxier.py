@@ -66,6 +66,7 @@ from kubeproxy.backends.nftables.table import (
 )
 from kubeproxy.backends.planning import family_plans, service_port_plans
 from kubeproxy.config import ProxyConfig
+from kubeproxy.dataplane.kernel import dotted, kernel_version
 from kubeproxy.dataplane.nftables.runner import NftError, NftRunner
 from kubeproxy.dataplane.nftables.transaction import TableRef, Transaction
 from kubeproxy.model.plan import FamilyPlan
@@ -109,14 +110,22 @@ class _Isolated:
     reasons: dict[Key, str] = field(default_factory=dict)
 
 
+# Upstream's NFTablesKubeProxyKernelVersion: older kernels lack what its rules use.
+MIN_KERNEL = (5, 13)
+
+
 class NftablesBackend:
     """Programs the ``ip``/``ip6`` ``kube-proxy`` tables."""
 
     mode = "nftables"
 
-    def __init__(self, config: ProxyConfig, runner: NftRunner) -> None:
+    def __init__(
+        self, config: ProxyConfig, runner: NftRunner, *, release: str | None = None
+    ) -> None:
+        """``release``: the kernel's (``uname -r`` when None)."""
         self.config = config
         self.runner = runner
+        self.release = release
         self._families: dict[IPFamily, _Family] = {}
         self._warned_no_node_ip: set[IPFamily] = set()
         self._isolated = _Isolated()
@@ -127,6 +136,14 @@ class NftablesBackend:
     # -------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
+        """Refuses (BackendError, nothing touched) a kernel older than upstream's minimum
+        for this mode, or an nft that cannot run."""
+        kernel = kernel_version(self.release)
+        if kernel < MIN_KERNEL:
+            raise BackendError(
+                f"nftables mode cannot run: it needs kernel {dotted(MIN_KERNEL)} or later "
+                f"(this one is {dotted(kernel)}); use --proxy-mode iptables"
+            )
         available: Callable[[], str | None] | None = getattr(self.runner, "available", None)
         reason = available() if available is not None else None
         if reason is not None:

@@ -25,11 +25,13 @@ Both families: connect, sendmsg, recvmsg and getpeername, each in its 4 and 6 fl
 
 from __future__ import annotations
 
+import ctypes
 import errno
+import logging
 import os
 import socket
 import struct
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -37,6 +39,8 @@ from typing import Protocol
 from kubeproxy.dataplane import sockdiag
 from kubeproxy.dataplane.bpf import libbpf
 from kubeproxy.model.types import IPFamily, L4Protocol, family_of
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PIN_PATH = Path("/sys/fs/bpf/kubeproxy")
 
@@ -289,13 +293,37 @@ def cgroup2_root(mountinfo: str = "/proc/self/mountinfo") -> Path | None:
     return None
 
 
-def _pin_dir_ready(pin_dir: Path) -> None:
-    if mount_type(pin_dir.parent if not pin_dir.exists() else pin_dir) != BPF_FS_MAGIC:
-        raise SockLBError(
-            f"--ebpf-pin-path {pin_dir}: not on a BPF filesystem "
-            f"(mount one: mount -t bpf bpf {pin_dir.parent})"
-        )
+def _pin_dir_ready(pin_dir: Path, mount: Callable[[Path], None] | None = None) -> None:
+    """The pin directory on a BPF filesystem, made if missing. Without one, as Cilium
+    does: a BPF filesystem is mounted on the pin directory's parent when that is an empty
+    directory (``/sys/fs/bpf`` on a host that mounts none); otherwise SockLBError says
+    what to mount."""
+    where = pin_dir if pin_dir.exists() else pin_dir.parent
+    if mount_type(where) != BPF_FS_MAGIC:
+        root = pin_dir.parent
+        if not pin_dir.exists() and root.is_dir() and not any(root.iterdir()):
+            try:
+                (mount or mount_bpffs)(root)
+            except OSError as err:
+                raise SockLBError(
+                    f"--ebpf-pin-path {pin_dir}: no BPF filesystem, and mounting one on "
+                    f"{root} failed: {err.strerror or err}"
+                ) from None
+            log.info("Mounted a BPF filesystem on %s (none was mounted there)", root)
+        else:
+            raise SockLBError(
+                f"--ebpf-pin-path {pin_dir}: not on a BPF filesystem "
+                f"(mount one: mount -t bpf bpf {root})"
+            )
     pin_dir.mkdir(mode=0o700, exist_ok=True)
+
+
+def mount_bpffs(path: Path) -> None:
+    """``mount -t bpf bpf PATH`` (mode 0700), without a process; OSError on failure."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.mount(b"bpf", os.fsencode(path), b"bpf", 0, b"mode=0700") != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), str(path))
 
 
 def _cgroup_fd(cgroup: Path) -> int:

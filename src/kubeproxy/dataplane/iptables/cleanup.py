@@ -14,10 +14,12 @@ as upstream, such a rule is left alone rather than guessed at.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from kubeproxy.dataplane.iptables.restore import BUILTIN_CHAINS, Restore
 from kubeproxy.dataplane.iptables.runner import Iptables, IptablesError
+from kubeproxy.model.types import IPFamily
 
 CLEANUP_TABLES = ("filter", "nat", "mangle")
 # A jump rule duplicated (say, by two kube-proxies racing) must go entirely, or the chain
@@ -34,17 +36,38 @@ class CleanupError(IptablesError):
         self.removed = removed
 
 
+Jump = tuple[str, str, tuple[str, ...]]  # (table, builtin chain, rule arguments)
+
+
+@dataclass(frozen=True)
+class Keep:
+    """Chains ((table, chain)) and jumps the running proxy mode owns in one iptables
+    flavour and family, which a cleanup of another mode must leave."""
+
+    chains: frozenset[tuple[str, str]] = field(default_factory=frozenset)
+    jumps: frozenset[Jump] = field(default_factory=frozenset)
+
+
+NOTHING = Keep()
+# What the running mode keeps, per iptables flavour ("nft"/"legacy") and IP family.
+KeepMap = Mapping[tuple[str, IPFamily], Keep]
+
+
 def cleanup_chains(
     ipt: Iptables,
     is_ours: Callable[[str], bool],
     jumps: Iterable[tuple[str, str, Sequence[str]]],
+    keep: Keep = NOTHING,
 ) -> list[str]:
     """Remove ``jumps`` ((table, chain, rule arguments)) and every chain ``is_ours``
-    recognises; returns what was removed (``rule TABLE CHAIN ARGS...`` and ``chain TABLE
-    CHAIN``), or raises :class:`CleanupError` after trying everything."""
+    recognises, but what ``keep`` names; returns what was removed (``rule TABLE CHAIN
+    ARGS...`` and ``chain TABLE CHAIN``), or raises :class:`CleanupError` after trying
+    everything."""
     removed: list[str] = []
     errors: list[str] = []
     for table, chain, args in jumps:
+        if (table, chain, tuple(args)) in keep.jumps:
+            continue
         try:
             for _ in range(MAX_COPIES):
                 if not ipt.delete_rule(table, chain, args):
@@ -55,7 +78,9 @@ def cleanup_chains(
     for table in CLEANUP_TABLES:
         try:
             ours = sorted(
-                c for c in ipt.chains(table) if c not in BUILTIN_CHAINS[table] and is_ours(c)
+                c
+                for c in ipt.chains(table)
+                if c not in BUILTIN_CHAINS[table] and is_ours(c) and (table, c) not in keep.chains
             )
             if not ours:
                 continue

@@ -476,7 +476,8 @@ class FakeIptables:
     ``flavor`` picks the behaviour where the flavours differ (see the module
     docstring); ``version`` is what it reports; ``has_random_fully=False`` makes
     ``MASQUERADE --random-fully`` an unknown option, as on iptables before 1.6.2.
-    ``unavailable``: what ``available()`` reports.
+    ``unavailable``: what ``available()`` reports; ``broken``: what ``works()`` reports
+    (a kernel this flavour cannot program).
 
     ``fail_next``: the next non-empty ``restore`` raises it (and changes nothing).
     ``refuse``: called with each table's name and part of every restore input, in order;
@@ -492,6 +493,7 @@ class FakeIptables:
         version: str = "1.8.9",
         has_random_fully: bool | None = None,
         unavailable: str | None = None,
+        broken: str | None = None,
     ) -> None:
         self._family = family
         self._flavor: Flavor = flavor
@@ -500,6 +502,7 @@ class FakeIptables:
             version_tuple(version) >= (1, 6, 2) if has_random_fully is None else has_random_fully
         )
         self.unavailable = unavailable
+        self.broken = broken
         self.tables: dict[str, FakeTable] = {name: FakeTable.empty(name) for name in TABLES}
         self.fail_next: IptablesError | None = None
         self.refuse: Callable[[str, TableInput], str | None] | None = None
@@ -518,6 +521,7 @@ class FakeIptables:
             version=self._version,
             has_random_fully=self._random_fully,
             unavailable=self.unavailable,
+            broken=self.broken,
         )
         other.tables = dict(self.tables)
         other.nfacct_counters = self.nfacct_counters
@@ -548,6 +552,10 @@ class FakeIptables:
     def available(self) -> str | None:
         self.calls["available"] += 1
         return self.unavailable
+
+    def works(self) -> str | None:
+        self.calls["works"] += 1
+        return self.unavailable or self.broken
 
     def restore(self, data: Restore) -> None:
         self.calls["restore"] += 1

@@ -119,6 +119,10 @@ class Iptables(Protocol):
     def available(self) -> str | None:
         """None if the commands run; otherwise why not."""
 
+    def works(self) -> str | None:
+        """None if this flavour can program this kernel; otherwise why not (writes a
+        chain and deletes it in the same commit)."""
+
     def restore(self, data: Restore) -> None:
         """Apply ``data`` with ``--noflush``, table by table; IptablesError if a table is
         refused (it is left unchanged; the tables before it are committed)."""
@@ -348,6 +352,21 @@ class IptablesCommand:
             committed=committed,
         )
 
+    def works(self) -> str | None:
+        """None if this flavour can program this kernel, else why not: creates and
+        deletes a chain in the nat table in one commit. Listing is not enough: in a
+        kernel whose nf_tables lacks the ip family (the user-mode-Linux guest) the nft
+        flavour lists, and ``--test`` passes, but every write fails."""
+        chain = "KUBE-PROXY-PROBE"
+        probe = f"*nat\n:{chain} - [0:0]\n-X {chain}\nCOMMIT\n"
+        try:
+            status, out, err = self._run(self.restore_binary, [*WAIT, "--noflush"], probe)
+        except IptablesError as error:
+            return str(error)
+        if status != 0:
+            return f"{Path(self.restore_binary).name}: {_summarise(err or out)}"
+        return None
+
     def save(self, table: str) -> str:
         status, out, err = self._run(self.save_binary, ["-t", table])
         if status != 0:
@@ -461,6 +480,13 @@ _RULE_LINE = re.compile(r"^-", re.MULTILINE)
 def detect_flavor(
     netns: str | None = None, *, sbin: str | None = None, timeout: float = 10.0
 ) -> Flavor:
+    """The flavour :func:`detect_flavor_why` picks."""
+    return detect_flavor_why(netns, sbin=sbin, timeout=timeout)[0]
+
+
+def detect_flavor_why(
+    netns: str | None = None, *, sbin: str | None = None, timeout: float = 10.0
+) -> tuple[Flavor, str]:
     """The flavour the node's other iptables users (kubelet) use, as the upstream image's
     ``iptables-wrapper`` (kubernetes-sigs/iptables-wrappers) decides:
 
@@ -489,10 +515,11 @@ def detect_flavor(
 
     families = (IPFamily.IPv4, IPFamily.IPv6)
     if any(_KUBELET_CHAINS.search(output(f, "nft", "-t", "mangle")) for f in families):
-        return "nft"
+        return "nft", "kubelet's chains are in nft"
     legacy = [output(f, "legacy") for f in families]
     if any(_KUBELET_CHAINS.search(text) for text in legacy):
-        return "legacy"
+        return "legacy", "kubelet's chains are in legacy"
     legacy_rules = sum(len(_RULE_LINE.findall(text)) for text in legacy)
     nft_rules = sum(len(_RULE_LINE.findall(output(f, "nft"))) for f in families)
-    return "legacy" if legacy_rules > nft_rules else "nft"
+    counted = f"{legacy_rules} legacy rules, {nft_rules} nft rules"
+    return ("legacy" if legacy_rules > nft_rules else "nft"), f"no kubelet chains; {counted}"
