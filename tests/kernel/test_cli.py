@@ -41,8 +41,9 @@ def ruleset(ns: str) -> str:
 def test_render_examples_is_accepted_by_nft_check(lab: Lab) -> None:
     # The acceptance check; render runs without privileges and touches nothing.
     rendered = kubeproxy(
-        "render", "--manifests", str(EXAMPLES), "--hostname-override", NODE, unprivileged=True
-    )
+        "render", "--proxy-mode", "nftables", "--manifests", str(EXAMPLES),
+        "--hostname-override", NODE, unprivileged=True,
+    )  # fmt: skip
     assert rendered.returncode == 0, rendered.stderr
     assert rendered.stdout.startswith("add table ip kube-proxy\n")
     before = ruleset(lab.node_ns)
@@ -70,6 +71,8 @@ def test_render_is_exactly_what_run_applies(lab: Lab, manifests: ManifestDir) ->
         endpoint_slice("web", [Ep("10.244.1.10", node=NODE), Ep("10.244.2.10", node="node-b")]),
     )
     flags = [
+        "--proxy-mode",
+        "nftables",
         "--manifests",
         str(manifests.path),
         "--hostname-override",
@@ -113,6 +116,8 @@ def test_cleanup_removes_kubeproxy_tables_and_nothing_else(
             kubeproxy(
                 "run",
                 "--once",
+                "--proxy-mode",
+                "nftables",
                 "--manifests",
                 str(manifests.path),
                 "--hostname-override",
