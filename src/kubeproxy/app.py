@@ -488,16 +488,17 @@ class Proxy:
 
         self.health.waiting_on(lambda: source_problem(source))
         await self.start_servers()
-        cleaned = after_first_sync is None
+        cleanup: asyncio.Future[object] | None = None
 
         async def sync() -> bool:
-            # In the sync's turn, so the cleanup never races our own next sync for the
-            # tables both may touch (ipvs and iptables modes share chain names).
-            nonlocal cleaned
+            # The cleanup runs beside the syncs that follow (it takes a second or more
+            # of iptables processes on a busy node, which a change must not wait for).
+            # It removes nothing the running mode owns (the caller's keep), and the
+            # kernel serialises the tools (the xtables lock, nf_tables generations).
+            nonlocal cleanup
             ok = await self.sync()
-            if ok and not cleaned and after_first_sync is not None:
-                cleaned = True
-                await asyncio.to_thread(after_first_sync)
+            if ok and cleanup is None and after_first_sync is not None:
+                cleanup = asyncio.ensure_future(asyncio.to_thread(after_first_sync))
             return ok
 
         runner = self.runner = BoundedFrequencyRunner(
@@ -529,6 +530,8 @@ class Proxy:
             consumer.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await consumer
+            if cleanup is not None:
+                await cleanup  # not left half done (it logs its own failures)
             await self.stop_servers()
         if self.syncs:
             log.info("Stopped; rules stay in place (run 'kubeproxy cleanup' to remove them)")

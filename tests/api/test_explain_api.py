@@ -40,6 +40,7 @@ def test_explain_and_list_against_the_api() -> None:
             api.create(node_obj(NODE, addresses=[{"type": "InternalIP", "address": "192.0.2.1"}]))
             api.create(service_cidr_object("kubernetes", "10.96.0.0/16"))
             flags = ["--master", api.url, "--hostname-override", NODE, "-o", "json"]
+            flags += ["--proxy-mode", "nftables"]
             flags += ["--cluster-cidr", "10.1.0.0/16"]
 
             listed = await kubeproxy("list", *flags)

@@ -42,7 +42,8 @@ class Node:
     def start(self, manifests: Path, *flags: str, log: Path) -> subprocess.Popen[str]:
         command = [
             "ip", "netns", "exec", self.name, sys.executable, "-m", "kubeproxy", "run",
-            "--manifests", str(manifests), "--hostname-override", NODE, *flags,
+            "--manifests", str(manifests), "--hostname-override", NODE,
+            "--proxy-mode", "nftables", *flags,  # a test's own --proxy-mode comes last
         ]  # fmt: skip
         with open(log, "w") as out:
             proc = subprocess.Popen(
@@ -56,12 +57,12 @@ class Node:
         self.procs.append(proc)
         return proc
 
-    def get(self, url: str) -> tuple[int, str]:
+    def get(self, url: str, timeout: float = 2.0) -> tuple[int, str]:
         """Status and body of a GET from inside the namespace; raises OSError if refused."""
 
         def fetch() -> tuple[int, str]:
             try:
-                with urllib.request.urlopen(url, timeout=2) as resp:
+                with urllib.request.urlopen(url, timeout=timeout) as resp:
                     return resp.status, resp.read().decode()
             except urllib.error.HTTPError as err:
                 return err.code, err.read().decode()
@@ -210,7 +211,9 @@ def test_profiling_and_json_logs(running: Node, manifests: Path, tmp_path: Path)
     assert status == 200 and 'thread "MainThread"' in text and 'task "' in text
     status, text = running.get(f"{base}/debug/pprof/heap")
     assert status == 200 and text.startswith("# tracemalloc: ")
-    status, text = running.get(f"{base}/debug/pprof/profile?seconds=1&mode=wall")
+    # A second of samples, then the answer: on a loaded machine (the start's cleanup of
+    # other modes' rules runs meanwhile) that can take more than the default 2 s.
+    status, text = running.get(f"{base}/debug/pprof/profile?seconds=1&mode=wall", timeout=20)
     assert status == 200 and any(line.startswith("MainThread;") for line in text.splitlines())
     status, text = running.get(f"{base}/configz")
     assert json.loads(text)["kubeproxy.config.k8s.io"]["enableProfiling"] is True

@@ -303,8 +303,7 @@ def test_other_modes_are_cleaned_up_only_after_the_first_successful_sync(
 ) -> None:
     # Upstream removes the other modes' rules at start; a refused first sync (or a
     # source that never answers) then leaves the node with no Service rules at all.
-    # Here they go once ours are in, before any later sync (ipvs and iptables modes
-    # share chain names: the cleanup must not race our own restore).
+    # Here they go once ours are in (beside the later syncs: a change does not wait).
     backend = FailingBackend(failures)
     proxy = Proxy(config(min_sync_period=0.0), backend)
     cleaned_after: list[int] = []
@@ -336,9 +335,10 @@ def test_other_modes_are_cleaned_up_only_after_the_first_successful_sync(
         # One sync, then the cleanup; after a refused sync, none (exit 1).
         assert (code, cleaned_after) == ((1, []) if failures else (0, [1]))
     else:
-        # The runner retries the refused sync; the cleanup follows the first success.
+        # The runner retries the refused sync; the cleanup follows the first success,
+        # once, and is done before run() returns.
         assert code == 0
-        assert cleaned_after == [1]
+        assert len(cleaned_after) == 1 and cleaned_after[0] >= 1
         assert backend.syncs == 2
 
 

@@ -1,9 +1,9 @@
 """Removing a proxy mode's iptables chains, as upstream's ``CleanupLeftovers`` does.
 
-:func:`cleanup_chains` first deletes the jump rules the mode put into builtin chains
-(each copy of each; a missing one is fine), then flushes and deletes, in one
-``iptables-restore`` per table, every chain of ``filter``, ``nat`` and ``mangle`` that
-the caller recognises as its own. The caller (a backend) knows the names: upstream's
+:func:`cleanup_chains` lists each table's chains, deletes the jump rules the mode put
+into builtin chains (each copy of each, when the chain it jumps to exists), then flushes
+and deletes, in one ``iptables-restore`` per table, every chain of ``filter``, ``nat``
+and ``mangle`` that the caller recognises as its own. The caller (a backend) knows the names: upstream's
 fixed chains and ``KUBE-SVC-``/``KUBE-SEP-``... prefixes.
 
 One table failing does not stop the others: the error, raised at the end, lists every
@@ -65,8 +65,19 @@ def cleanup_chains(
     everything."""
     removed: list[str] = []
     errors: list[str] = []
+    present: dict[str, set[str]] = {}
+    for table in CLEANUP_TABLES:
+        try:
+            present[table] = ipt.chains(table)
+        except IptablesError as err:
+            errors.append(str(err))
     for table, chain, args in jumps:
         if (table, chain, tuple(args)) in keep.jumps:
+            continue
+        # A rule can only jump to a chain that exists: most cleanups find none of the
+        # mode's chains, and skip one iptables process per jump (per flavour, family).
+        target = args[args.index("-j") + 1] if "-j" in args else None
+        if table in present and target is not None and target not in present[table]:
             continue
         try:
             for _ in range(MAX_COPIES):
@@ -76,17 +87,19 @@ def cleanup_chains(
         except IptablesError as err:
             errors.append(str(err))
     for table in CLEANUP_TABLES:
+        if table not in present:
+            continue
+        ours = sorted(
+            c
+            for c in present[table]
+            if c not in BUILTIN_CHAINS[table] and is_ours(c) and (table, c) not in keep.chains
+        )
+        if not ours:
+            continue
+        data = Restore()
+        for chain in ours:
+            data.delete(table, chain)
         try:
-            ours = sorted(
-                c
-                for c in ipt.chains(table)
-                if c not in BUILTIN_CHAINS[table] and is_ours(c) and (table, c) not in keep.chains
-            )
-            if not ours:
-                continue
-            data = Restore()
-            for chain in ours:
-                data.delete(table, chain)
             ipt.restore(data)
         except IptablesError as err:
             errors.append(str(err))
