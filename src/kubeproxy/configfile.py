@@ -894,6 +894,31 @@ KNOWN_FEATURE_GATES: Mapping[str, bool] = {
 }
 
 
+# Each known gate's stage, as component-base's featuregate labels kubernetes_feature_enabled
+# (its PreRelease: "ALPHA", "BETA", "" for GA, "DEPRECATED"), at the release whose defaults
+# KNOWN_FEATURE_GATES has (1.34).
+FEATURE_GATE_STAGES: Mapping[str, str] = {
+    "AllAlpha": "ALPHA",
+    "AllBeta": "BETA",
+    "ContextualLogging": "BETA",
+    "KubeProxyDrainingTerminatingNodes": "",
+    "LoadBalancerIPMode": "",
+    "LoggingAlphaOptions": "ALPHA",
+    "LoggingBetaOptions": "BETA",
+    "MultiCIDRServiceAllocator": "",
+    "NFTablesProxyMode": "",
+    "PreferSameTrafficDistribution": "BETA",
+    "ServiceTrafficDistribution": "",
+    "TopologyAwareHints": "",
+}
+
+
+def feature_states(cfg: KubeProxyConfiguration) -> list[tuple[str, str, bool]]:
+    """(name, stage, enabled) of every gate kubeproxy knows, for kubernetes_feature_enabled."""
+    gates = effective_feature_gates(cfg)
+    return [(name, FEATURE_GATE_STAGES[name], gates[name]) for name in sorted(KNOWN_FEATURE_GATES)]
+
+
 def effective_feature_gates(cfg: KubeProxyConfiguration) -> dict[str, bool]:
     gates = dict(KNOWN_FEATURE_GATES)
     gates.update(cfg.feature_gates)
