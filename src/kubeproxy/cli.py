@@ -60,6 +60,7 @@ from kubeproxy.options import IPTABLES_BACKENDS, OptionsError, split_config
 from kubeproxy.profiling import start_heap_tracing
 from kubeproxy.sources import Source, initial_state
 from kubeproxy.sources.events import dispatch
+from kubeproxy.sources.oneshot import DEFAULT_TIMEOUT, Bounded, SourceError
 from kubeproxy.sources.standalone import StandaloneSource
 
 log = logging.getLogger("kubeproxy")
@@ -132,6 +133,37 @@ def _add_pin_path(p: argparse.ArgumentParser) -> None:
     )
 
 
+def request_timeout(text: str) -> float:
+    """kubectl's ``--request-timeout``: seconds, or a duration (``1s``, ``2m``, ``3h``);
+    ``0`` is no limit."""
+    try:
+        seconds = (
+            float(text) if re.fullmatch(r"-?\d+", text) else configfile.Duration.parse(text).seconds
+        )
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    if seconds < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is negative")
+    return seconds
+
+
+def _add_request_timeout(p: argparse.ArgumentParser, *, run: bool = False) -> None:
+    scope = "with --once: " if run else ""
+    p.add_argument(
+        "--request-timeout",
+        type=request_timeout,
+        metavar="DURATION",
+        help=f"{scope}how long to wait for the API server's complete state before giving up "
+        "with exit status 1 (as kubectl's: 30s, 2m...; a bare number is seconds; 0 waits "
+        f"forever; default {DEFAULT_TIMEOUT:g}s). A 401 or 403 gives up at once"
+        + (
+            "; without --once, run retries the API server until it answers, as kube-proxy"
+            if run
+            else ""
+        ),
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kubeproxy", description="A Python reimplementation of Kubernetes kube-proxy."
@@ -144,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_proxy_flags(run)
     run.add_argument("--version", action="version", version=version)
     run.add_argument("--once", action="store_true", help="sync once and exit")
+    _add_request_timeout(run, run=True)
     run.add_argument(
         "--init-only",
         action="store_true",
@@ -165,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
         "render", help="print what 'run' would apply (the nft script); touches nothing"
     )
     _add_proxy_flags(render)
+    _add_request_timeout(render)
     render.add_argument(
         "--format",
         choices=("nft", "json", "yaml"),
@@ -185,6 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
         "and the kernel objects; touches nothing",
     )
     _add_proxy_flags(explain)
+    _add_request_timeout(explain)
     explain.add_argument("--src", required=True, help="the packet's source IP")
     explain.add_argument("--dst", required=True, help="the packet's destination IP")
     explain.add_argument("--port", required=True, type=int, help="the destination port")
@@ -213,6 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
         "list", help="every frontend (ClusterIP, NodePort, external, LB) and its endpoints"
     )
     _add_proxy_flags(listing)
+    _add_request_timeout(listing)
     listing.add_argument("-o", "--output", choices=("text", "wide", "json"), default="text")
 
     cleanup = sub.add_parser(
@@ -356,8 +392,24 @@ def make_source(
     *,
     observe: Callable[[str, str, str, float], None] | None = None,
 ) -> Source:
-    """``observe``: told about each request to the API server (for its metrics)."""
+    """``observe``: told about each request to the API server (for its metrics).
+
+    One-shot commands (``render``, ``explain``, ``list``, ``run --once``) read the API
+    through :class:`~kubeproxy.sources.oneshot.Bounded`: they give up after
+    ``--request-timeout`` (or at once when denied) instead of retrying forever as ``run``
+    does. ``run --once`` is bounded too: a script or an init container waits for it."""
+    one_shot = args.command != "run" or getattr(args, "once", False)
+    timeout = getattr(args, "request_timeout", None)
+    if timeout is not None and not one_shot:
+        raise ConfigError(
+            "--request-timeout: only one-shot commands give up (render, explain, list, "
+            "run --once); run retries the API server until it answers, as kube-proxy"
+        )
     if args.manifests is not None:
+        if timeout is not None:
+            raise ConfigError(
+                "--request-timeout: bounds waiting for the API server, not --manifests"
+            )
         if not args.manifests.is_dir():
             raise ConfigError(f"--manifests: {args.manifests} is not a directory")
         return StandaloneSource(
@@ -369,7 +421,7 @@ def make_source(
     from kubeproxy.sources.kube import KubeSource
 
     cc = cfg.client_connection
-    return KubeSource.from_flags(
+    source = KubeSource.from_flags(
         kubeconfig=cc.kubeconfig or None,
         master=getattr(args, "kp_master", None),
         node_name=config.hostname,
@@ -378,8 +430,11 @@ def make_source(
         burst=cc.burst,
         content_type=cc.content_type,
         observe=observe,
-        announce=args.command == "run" and not getattr(args, "once", False),
+        announce=not one_shot,
     )
+    if not one_shot:
+        return source
+    return Bounded(source, (timeout if timeout is not None else DEFAULT_TIMEOUT) or None)
 
 
 def _init_only(cfg: configfile.KubeProxyConfiguration, config: ProxyConfig) -> int:
@@ -599,7 +654,10 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError("--format yaml: only with --objects")
         except ConfigError as err:
             parser.error(str(err))
-        return asyncio.run(_render(config, source, args.format or "nft"))
+        try:
+            return asyncio.run(_render(config, source, args.format or "nft"))
+        except SourceError as err:
+            return _source_failed(err)
     if args.command in ("explain", "list"):
         try:
             snapshot = asyncio.run(_snapshot(config, source))
@@ -608,6 +666,8 @@ def main(argv: list[str] | None = None) -> int:
             return _explain(config, snapshot, args)
         except ConfigError as err:
             parser.error(str(err))
+        except SourceError as err:
+            return _source_failed(err)
     if getattr(args, "init_only", False):
         return _init_only(cfg, config)
     try:
@@ -616,6 +676,14 @@ def main(argv: list[str] | None = None) -> int:
         # bindAddressHardFail: as upstream, the proxy exits non-zero.
         log.error("Error running ProxyServer: %s", err)
         return 1
+    except SourceError as err:  # run --once only: run itself never gives up
+        return _source_failed(err)
+
+
+def _source_failed(err: SourceError) -> int:
+    """A one-shot command without the source's state: the server and the error, exit 1."""
+    sys.stderr.write(f"Error: {err}\n")
+    return 1
 
 
 if __name__ == "__main__":

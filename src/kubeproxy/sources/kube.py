@@ -60,6 +60,7 @@ from kubeproxy.sources.kube_client import (
     ApiClient,
     ApiError,
     Connection,
+    CredentialsError,
     RequestError,
     RequestObserver,
     load_connection,
@@ -74,6 +75,7 @@ from kubeproxy.sources.kube_informer import (
     Tuning,
     Wakeup,
 )
+from kubeproxy.sources.oneshot import Trouble
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +142,34 @@ class KubeSource:
         self.proxy_name = proxy_name or None
         self.tuning = tuning or Tuning()
         self.announce = announce
+        self._trouble: Trouble | None = None
+        self._final = asyncio.Event()
+
+    # One-shot commands ask these when the initial state does not come (sources.oneshot).
+
+    @property
+    def server(self) -> str:
+        return self.connection.server
+
+    @property
+    def trouble(self) -> Trouble | None:
+        """The last failed request (list, watch or discovery), if any."""
+        return self._trouble
+
+    async def final_trouble(self) -> Trouble:
+        await self._final.wait()
+        assert self._trouble is not None
+        return self._trouble
+
+    def _failed(self, what: str, action: str, err: BaseException) -> None:
+        # Denied (after the credentials were refreshed once) or no credentials: the proxy
+        # retries, as upstream, but a one-shot command has nothing to wait for.
+        final = isinstance(err, CredentialsError) or (
+            isinstance(err, ApiError) and err.code in (401, 403)
+        )
+        self._trouble = Trouble(f"cannot {action} {what}: {err}", final)
+        if final:
+            self._final.set()
 
     @classmethod
     def from_flags(
@@ -175,7 +205,9 @@ class KubeSource:
             tasks: list[asyncio.Task[None]] = [asyncio.create_task(batcher.watch_stop())]
 
             def start(resource: Resource) -> None:
-                informer = Informer(client, resource, batcher.put, self.tuning, wakeup)
+                informer = Informer(
+                    client, resource, batcher.put, self.tuning, wakeup, on_failure=self._failed
+                )
                 informers.append(informer)
                 tasks.append(asyncio.create_task(informer.run(), name=f"watch-{resource.name}"))
 
@@ -207,7 +239,7 @@ class KubeSource:
 
     async def _service_cidrs_served(self, client: ApiClient, stop: asyncio.Event) -> bool | None:
         """Whether networking.k8s.io/v1 serves ServiceCIDRs; None if stopped first."""
-        health = Health("the networking.k8s.io/v1 API")
+        health = Health("the networking.k8s.io/v1 API", on_failure=self._failed)
         backoff = Backoff(self.tuning.backoff_initial, self.tuning.backoff_max)
         while not stop.is_set():
             try:
