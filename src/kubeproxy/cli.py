@@ -480,10 +480,18 @@ def _render_objects(source: Source, fmt: str) -> int:
     return 0
 
 
-async def _snapshot(config: ProxyConfig, source: Source) -> Snapshot:
+async def _snapshot(
+    config: ProxyConfig, source: Source, *, guessed: bool, live: bool = False
+) -> Snapshot:
+    """The source's state as a sync sees it; warnings (stderr) when the node is not
+    known for sure (``guessed``: its name is this machine's hostname)."""
+    from kubeproxy.explain.command import node_warnings
+
     state = ProxyState(config.hostname, config.bind_ip())
     dispatch(state, await initial_state(source))
     snapshot, _ = state.collect()
+    for warning in node_warnings(snapshot.node, state.node is not None, guessed=guessed, live=live):
+        log.warning("%s", warning)
     return snapshot
 
 
@@ -524,8 +532,8 @@ def _list(config: ProxyConfig, snapshot: Snapshot, fmt: str) -> int:
     return 0
 
 
-async def _render(config: ProxyConfig, source: Source, fmt: str) -> int:
-    snapshot = await _snapshot(config, source)
+async def _render(config: ProxyConfig, source: Source, fmt: str, *, guessed: bool) -> int:
+    snapshot = await _snapshot(config, source, guessed=guessed)
     if fmt == "json":
         sys.stdout.write(json.dumps(describe_snapshot(config, snapshot), indent=2) + "\n")
     else:
@@ -644,6 +652,8 @@ def main(argv: list[str] | None = None) -> int:
         # As upstream: the error (every problem at once), no usage banner, exit 1.
         sys.stderr.write(f"Error: {err}\n")
         return 1
+    # Query commands look at one node: the one named, or (as kube-proxy) this machine.
+    guessed = not cfg.hostname_override.strip()
     if args.command == "render":
         try:
             if args.objects:
@@ -655,12 +665,14 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as err:
             parser.error(str(err))
         try:
-            return asyncio.run(_render(config, source, args.format or "nft"))
+            return asyncio.run(_render(config, source, args.format or "nft", guessed=guessed))
         except SourceError as err:
             return _source_failed(err)
     if args.command in ("explain", "list"):
         try:
-            snapshot = asyncio.run(_snapshot(config, source))
+            snapshot = asyncio.run(
+                _snapshot(config, source, guessed=guessed, live=getattr(args, "live", False))
+            )
             if args.command == "list":
                 return _list(config, snapshot, args.output)
             return _explain(config, snapshot, args)

@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from kubeproxy import cli
+from kubeproxy.explain.command import node_warnings
 from kubeproxy.explain.listing import rows, table
 from kubeproxy.model.plan import plan_service_port
-from kubeproxy.model.types import TrafficPolicy
+from kubeproxy.model.state import NodeState
+from kubeproxy.model.types import IPFamily, TrafficPolicy
 from tests.unit.conftest import endpoint, service_port
 from tests.unit.test_explain import family
 
@@ -127,3 +129,33 @@ def test_explain_in_ebpf_mode_says_what_the_socket_hooks_do(
     out = json.loads(capsys.readouterr().out)
     assert (out["mode"], out["verdict"], out["masquerade"]) == ("ebpf", "SOCKET-LB", False)
     assert out["kernelObjects"][0].startswith("bpf: kp_svc4 element { 10.96.0.10:80/TCP slot 0")
+
+
+def test_warnings_when_the_node_is_not_known() -> None:
+    node = NodeState("node-x")
+    assert node_warnings(node, True, guessed=False) == [
+        "Node 'node-x' has no InternalIP or ExternalIP address: 'this node' is loopback "
+        "only and its NodePort addresses are not known"
+    ]
+    # --live reads the addresses from the kernel: only a missing object matters then.
+    assert node_warnings(node, True, guessed=False, live=True) == []
+    missing = node_warnings(node, False, guessed=True)
+    assert missing[0].startswith("No --hostname-override (hostnameOverride): this machine's")
+    assert missing[1].startswith("No Node object named 'node-x': its addresses, zone and")
+    known = NodeState("node-a", primary_ips={IPFamily.IPv4: "192.168.50.1"})
+    assert node_warnings(known, True, guessed=False) == []
+
+
+@pytest.mark.parametrize("command", ["list", "explain", "render"])
+def test_the_commands_warn_about_a_node_without_a_node_object(
+    capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    packet = ["--src", "10.0.0.1", "--dst", "10.96.0.10", "--port", "80"]
+    argv = [command, "--manifests", str(EXAMPLES), "--hostname-override", "node-x"]
+    assert cli.main(argv + (packet if command == "explain" else [])) == 0
+    err = capsys.readouterr().err
+    assert "No Node object named 'node-x'" in err
+    assert "No --hostname-override" not in err
+    # The examples have node-a: no warning.
+    assert cli.main([command, *FLAGS] + (packet if command == "explain" else [])) == 0
+    assert "No Node object" not in capsys.readouterr().err

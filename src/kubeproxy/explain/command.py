@@ -34,7 +34,7 @@ from kubeproxy.explain.packet import (
     explain,
 )
 from kubeproxy.model.plan import FamilyPlan, ServicePortPlan
-from kubeproxy.model.state import Snapshot
+from kubeproxy.model.state import NodeState, Snapshot
 from kubeproxy.model.types import IPFamily
 
 
@@ -133,6 +133,39 @@ def _drift(
         return live.iptables_drift(result, objects, save)
     except (ToolError, RuntimeError, IpvsError, IpsetError) as err:
         return [f"cannot read the kernel's rules: {err}"]
+
+
+def node_warnings(
+    node: NodeState, has_object: bool, *, guessed: bool, live: bool = False
+) -> list[str]:
+    """What the answer assumes about the node, when the source could not say (pure).
+
+    ``has_object``: the source has a Node named ``node.name``; ``guessed``: that name is
+    this machine's hostname, not ``--hostname-override``; ``live``: the node's addresses
+    come from the kernel (``--live``) rather than the Node object."""
+    out: list[str] = []
+    if guessed:
+        out.append(
+            f"No --hostname-override (hostnameOverride): this machine's hostname "
+            f"{node.name!r} is taken as the node's name, as kube-proxy does; give the "
+            "name of the node to look at"
+        )
+    if not has_object:
+        out.append(
+            f"No Node object named {node.name!r}: its addresses, zone and podCIDRs are "
+            + (
+                "unknown (the addresses are read from this machine: --live)"
+                if live
+                else "unknown: 'this node' is loopback only, NodePorts on its addresses "
+                "and topology hints are judged without them"
+            )
+        )
+    elif not node.primary_ips and not live:
+        out.append(
+            f"Node {node.name!r} has no InternalIP or ExternalIP address: 'this node' is "
+            "loopback only and its NodePort addresses are not known"
+        )
+    return out
 
 
 def list_frontends(config: ProxyConfig, snapshot: Snapshot) -> list[Row]:
