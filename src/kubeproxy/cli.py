@@ -249,7 +249,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_proxy_flags(listing)
     _add_request_timeout(listing)
-    listing.add_argument("-o", "--output", choices=("text", "wide", "json"), default="text")
+    listing.add_argument(
+        "-o",
+        "--output",
+        choices=("text", "wide", "json"),
+        default="text",
+        help="wide and json name every endpoint: address, node, zone, ready / serving / "
+        "terminating, on this node or not, used by the frontend or not",
+    )
+    listing.add_argument(
+        "-n",
+        "--namespace",
+        help="only Services in this namespace (default: every namespace)",
+    )
+    listing.add_argument(
+        "names", nargs="*", metavar="NAME", help="only the Services of these names"
+    )
 
     cleanup = sub.add_parser(
         "cleanup", help="remove everything kubeproxy created, and nothing else"
@@ -520,11 +535,12 @@ def _explain(config: ProxyConfig, snapshot: Snapshot, args: argparse.Namespace) 
     return 1 if done.drift else 0
 
 
-def _list(config: ProxyConfig, snapshot: Snapshot, fmt: str) -> int:
+def _list(config: ProxyConfig, snapshot: Snapshot, args: argparse.Namespace) -> int:
     from kubeproxy.explain import listing
     from kubeproxy.explain.command import list_frontends
 
-    listed = list_frontends(config, snapshot)
+    fmt = args.output
+    listed = list_frontends(config, snapshot, args.namespace, args.names)
     if fmt == "json":
         sys.stdout.write(json.dumps([r.as_dict() for r in listed], indent=2) + "\n")
     else:
@@ -674,7 +690,7 @@ def main(argv: list[str] | None = None) -> int:
                 _snapshot(config, source, guessed=guessed, live=getattr(args, "live", False))
             )
             if args.command == "list":
-                return _list(config, snapshot, args.output)
+                return _list(config, snapshot, args)
             return _explain(config, snapshot, args)
         except ConfigError as err:
             parser.error(str(err))

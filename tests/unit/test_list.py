@@ -40,9 +40,47 @@ def test_one_row_per_frontend_with_counts() -> None:
     text = table(listed, wide=True)
     assert text.splitlines()[0].split() == [
         "FRONTEND", "TYPE", "SERVICE", "PORT", "POLICY", "READY", "LOCAL", "TERMINATING",
-        "VERDICT", "AFFINITY", "TOPOLOGY", "SOURCE-RANGES",
+        "VERDICT", "AFFINITY", "TOPOLOGY", "SOURCE-RANGES", "ENDPOINTS",
     ]  # fmt: skip
     assert "default/web" in text and "http/TCP" in text
+
+
+def test_every_endpoint_is_named_with_its_state() -> None:
+    svc = service_port(node_port=30080, etp=TrafficPolicy.LOCAL)
+    eps = (
+        endpoint("10.244.1.10", node="node-a", zone="zone-a"),
+        endpoint("10.244.1.11", node="node-a", ready=False, serving=True, terminating=True),
+        endpoint("10.244.2.10", node="node-b", zone="zone-b"),
+        endpoint("10.244.2.11", node="node-b", ready=False, serving=False, terminating=True),
+        endpoint("10.244.2.12", node="node-b", ready=False, serving=False),
+    )
+    plan = plan_service_port(svc, eps, family())
+    assert plan is not None
+    cluster_ip, node_port = rows([plan], {svc.name: eps}, "node-a")
+    assert [str(e) for e in node_port.endpoint_list] == [
+        "10.244.1.10:8080 (node-a, zone-a, ready, local)",
+        "10.244.1.11:8080 (node-a, -, serving-terminating, local, unused)",
+        "10.244.2.10:8080 (node-b, zone-b, ready, unused)",  # Local policy: not this node
+        "10.244.2.11:8080 (node-b, -, terminating, unused)",
+        "10.244.2.12:8080 (node-b, -, not-ready, unused)",
+    ]
+    assert [e.used for e in cluster_ip.endpoint_list] == [True, False, True, False, False]
+    assert node_port.as_dict()["endpointList"][1] == {
+        "address": "10.244.1.11:8080",
+        "node": "node-a",
+        "zone": None,
+        "ready": False,
+        "serving": True,
+        "terminating": True,
+        "local": True,
+        "used": False,
+    }
+    # -o wide: the first endpoint on the row's line, the others below it in that column.
+    lines = table([node_port], wide=True).splitlines()
+    column = lines[0].index("ENDPOINTS")
+    assert lines[1][column:] == "10.244.1.10:8080 (node-a, zone-a, ready, local)"
+    assert [line[column:] for line in lines[2:]] == [str(e) for e in node_port.endpoint_list[1:]]
+    assert all(not line[:column].strip() for line in lines[2:])
 
 
 def test_local_policy_without_local_endpoints_shows_the_short_circuit() -> None:
@@ -65,6 +103,31 @@ def test_list_on_the_examples(capsys: pytest.CaptureFixture[str]) -> None:
     assert by_frontend[("*:30081", "TCP")]["policy"] == "Local"
     assert cli.main(["list", *FLAGS]) == 0
     assert capsys.readouterr().out.startswith("FRONTEND")
+
+
+def test_list_by_namespace_and_name(capsys: pytest.CaptureFixture[str]) -> None:
+    def services(*argv: str) -> set[str]:
+        assert cli.main(["list", *FLAGS, "-o", "json", *argv]) == 0
+        return {r["service"] for r in json.loads(capsys.readouterr().out)}
+
+    everything = services()
+    assert len(everything) > 2
+    assert services("-n", "demo") == {s for s in everything if s.startswith("demo/")}
+    assert services("-n", "demo", "web", "web-local") == {"demo/web", "demo/web-local"}
+    assert services("web") == {"demo/web"}
+    assert services("-n", "nowhere") == set()
+    web = json.loads(_run(capsys, "list", *FLAGS, "-o", "json", "-n", "demo", "web"))[0]
+    assert [e["address"] for e in web["endpointList"]] == [
+        "10.244.1.10:8080",
+        "10.244.2.10:8080",
+        "10.244.2.11:8080",
+    ]
+    assert [e["local"] for e in web["endpointList"]] == [True, False, False]
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    assert cli.main(list(argv)) == 0
+    return capsys.readouterr().out
 
 
 def test_explain_on_the_examples(capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,6 +11,7 @@ the socket hooks, :mod:`kubeproxy.explain.socket_hooks`).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from kubeproxy.dataplane.iptables.runner import IptablesCommand, detect_flavor
 from kubeproxy.dataplane.ipvs import IpvsError
 from kubeproxy.dataplane.process import ToolError
 from kubeproxy.explain import live, socket_hooks
-from kubeproxy.explain.listing import Row, rows
+from kubeproxy.explain.listing import Row, rows, select
 from kubeproxy.explain.objects import KernelObject, kernel_objects
 from kubeproxy.explain.packet import (
     Explanation,
@@ -168,8 +169,16 @@ def node_warnings(
     return out
 
 
-def list_frontends(config: ProxyConfig, snapshot: Snapshot) -> list[Row]:
+def list_frontends(
+    config: ProxyConfig,
+    snapshot: Snapshot,
+    namespace: str | None = None,
+    names: Collection[str] = (),
+) -> list[Row]:
+    """Every frontend's row, of the Services in ``namespace`` named ``names`` (see
+    :func:`~kubeproxy.explain.listing.select`)."""
     out: list[Row] = []
     for fam in family_plans(config, snapshot):
-        out.extend(rows(_plans(snapshot, fam), snapshot.endpoints, snapshot.node.name))
+        plans = select(_plans(snapshot, fam), namespace, names)
+        out.extend(rows(plans, snapshot.endpoints, snapshot.node.name))
     return out
