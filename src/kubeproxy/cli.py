@@ -265,6 +265,12 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument(
         "names", nargs="*", metavar="NAME", help="only the Services of these names"
     )
+    listing.add_argument(
+        "--live",
+        action="store_true",
+        help="also read what this node's kernel holds for every frontend (in the proxy "
+        "mode running here) and mark drift; exit status 1 on any drift",
+    )
 
     cleanup = sub.add_parser(
         "cleanup", help="remove everything kubeproxy created, and nothing else"
@@ -540,12 +546,28 @@ def _list(config: ProxyConfig, snapshot: Snapshot, args: argparse.Namespace) -> 
     from kubeproxy.explain.command import list_frontends
 
     fmt = args.output
-    listed = list_frontends(config, snapshot, args.namespace, args.names)
+    if not args.live:
+        listed = list_frontends(config, snapshot, args.namespace, args.names)
+        if fmt == "json":
+            sys.stdout.write(json.dumps([r.as_dict() for r in listed], indent=2) + "\n")
+        else:
+            sys.stdout.write(listing.table(listed, wide=fmt == "wide"))
+        return 0
+    from kubeproxy.explain.command import list_live, proxy_mode
+
+    listed, kernel_only = list_live(config, snapshot, args.namespace, args.names)
+    mode = proxy_mode(config) if config.mode != "ebpf" else "ebpf"
     if fmt == "json":
-        sys.stdout.write(json.dumps([r.as_dict() for r in listed], indent=2) + "\n")
+        data = {
+            "mode": mode,
+            "frontends": [r.as_dict() for r in listed],
+            "kernelOnly": kernel_only,
+        }
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
     else:
         sys.stdout.write(listing.table(listed, wide=fmt == "wide"))
-    return 0
+        sys.stdout.write(listing.drift_report(listed, kernel_only, mode))
+    return 1 if kernel_only or any(r.drift for r in listed) else 0
 
 
 async def _render(config: ProxyConfig, source: Source, fmt: str, *, guessed: bool) -> int:

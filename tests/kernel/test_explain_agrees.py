@@ -432,3 +432,70 @@ def explain_index(explained: dict[str, Any], address: str) -> tuple[str, str]:
             backends = line.split(": ", 1)[1].split(" element", 1)[0]
             return backends, str(line.split(" : ")[0].rsplit(" . ", 1)[1])
     raise AssertionError(f"{address} not in {explained['kernelObjects']}")
+
+
+def test_list_live_checks_every_frontend(lab: Lab, manifests: ManifestDir) -> None:
+    """``list --live``: every frontend compared with the kernel (no drift right after a
+    sync); an endpoint removed behind the proxy's back is drift on that frontend only;
+    a Service gone from the source while its rules stay is named as the kernel's alone."""
+    manifests.write(
+        "svc.yaml",
+        nodeport("web", "10.96.51.1", 30551),
+        endpoint_slice("web", eps("local-1", "remote-1")),
+        service("db", "10.96.51.2"),
+        endpoint_slice("db", eps("remote-2")),
+        service("empty", "10.96.51.3"),
+    )
+    sync(lab, manifests)
+    code, listed = lab.list_live(manifests.path)
+    frontends = {(r["frontend"], r["service"]): r for r in listed["frontends"]}
+    assert set(frontends) >= {
+        ("10.96.51.1:80", "default/web"), ("*:30551", "default/web"),
+        ("10.96.51.2:80", "default/db"), ("10.96.51.3:80", "default/empty"),
+    }  # fmt: skip
+    assert (code, listed["kernelOnly"]) == (0, []), listed
+    assert all(r["drift"] == [] for r in listed["frontends"]), listed
+    assert listed["mode"] == ("nftables" if lab.mode == "nftables" else "iptables")
+
+    # Someone removes an endpoint of web behind the proxy's back (as test_live_reports_drift).
+    packet = ("--src", ip("client"), "--dst", "10.96.51.1", "--port", "80")
+    if lab.mode == "nftables":
+        backends, index = explain_index(lab.explain(manifests.path, *packet), ip("remote-1"))
+        element = f"{{ 10.96.51.1 . tcp . 80 . {index} }}"
+        ns_exec(lab.node_ns, "nft", "delete", "element", "ip", "kube-proxy", backends, element)
+    else:
+        name = ServicePortName(NamespacedName("default", "web"), "http", L4Protocol.TCP)
+        sep = ServicePortChains(name).sep(f"{ip('remote-1')}:8080")
+        binary = "iptables-legacy" if lab.mode == "iptables-legacy" else "iptables-nft"
+        ns_exec(lab.node_ns, binary, "-t", "nat", "-F", sep)
+    code, listed = lab.list_live(manifests.path)
+    drifted = {r["frontend"]: r["drift"] for r in listed["frontends"] if r["drift"]}
+    assert code == 1
+    assert "10.96.51.1:80" in drifted, listed
+    assert all(ip("remote-1") in d for lines in drifted.values() for d in lines), drifted
+    assert "10.96.51.2:80" not in drifted
+
+    # A sync puts web right again; then db and empty leave the source, and the kernel
+    # still has their rules (no sync since).
+    sync(lab, manifests)
+    manifests.write(
+        "svc.yaml",
+        nodeport("web", "10.96.51.1", 30551),
+        endpoint_slice("web", eps("local-1", "remote-1")),
+    )
+    code, listed = lab.list_live(manifests.path)
+    assert code == 1
+    assert all(r["drift"] == [] for r in listed["frontends"]), listed
+    stale = listed["kernelOnly"]
+    assert stale and all("(stale)" in line for line in stale), stale
+    if lab.mode == "nftables":
+        assert any("10.96.51.2 . tcp . 80" in line for line in stale), stale
+    else:
+        chains = ServicePortChains(
+            ServicePortName(NamespacedName("default", "db"), "http", L4Protocol.TCP)
+        )
+        assert any(chains.svc in line for line in stale), stale
+    # Narrowed to one Service, list --live checks its frontends only.
+    code, listed = lab.list_live(manifests.path, "web")
+    assert (code, listed["kernelOnly"]) == (0, [])
+    assert {r["service"] for r in listed["frontends"]} == {"default/web"}

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from kubeproxy import cli
 from kubeproxy.explain.command import node_warnings
-from kubeproxy.explain.listing import rows, table
+from kubeproxy.explain.listing import drift_report, rows, table
 from kubeproxy.model.plan import plan_service_port
 from kubeproxy.model.state import NodeState
 from kubeproxy.model.types import IPFamily, TrafficPolicy
@@ -222,3 +223,31 @@ def test_the_commands_warn_about_a_node_without_a_node_object(
     # The examples have node-a: no warning.
     assert cli.main([command, *FLAGS] + (packet if command == "explain" else [])) == 0
     assert "No Node object" not in capsys.readouterr().err
+
+
+def test_live_rows_show_their_drift() -> None:
+    svc = service_port(node_port=30080)
+    eps = (endpoint("10.244.1.10", node="node-a"),)
+    plan = plan_service_port(svc, eps, family())
+    assert plan is not None
+    cluster_ip, node_port = rows([plan], {svc.name: eps}, "node-a")
+    checked = [
+        replace(cluster_ip, drift=("missing endpoint 10.244.1.10:8080 in cluster-ip-1-backends",)),
+        replace(node_port, drift=()),
+    ]
+    lines = table(checked).splitlines()
+    assert lines[0].split()[-1] == "LIVE"
+    assert [line.split()[-1] for line in lines[1:]] == ["DRIFT(1)", "ok"]
+    assert drift_report(
+        checked, ["ip kube-proxy: cluster-ips element { 10.96.0.99 }: ..."], "nftables"
+    ) == (
+        "Drift (nftables mode: the kernel differs from the plan):\n"
+        "  ! 10.96.0.10:80 default/web:http: missing endpoint 10.244.1.10:8080 in "
+        "cluster-ip-1-backends\n"
+        "  ! ip kube-proxy: cluster-ips element { 10.96.0.99 }: ...\n"
+    )
+    assert drift_report([checked[1]], [], "iptables") == (
+        "Live (iptables mode): the kernel holds exactly what the plan says.\n"
+    )
+    assert checked[0].as_dict()["drift"] == list(checked[0].drift or ())
+    assert "drift" not in cluster_ip.as_dict()

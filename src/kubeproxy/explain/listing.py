@@ -247,14 +247,14 @@ def _live(r: Row) -> str:
     return f"DRIFT({len(r.drift)})" if r.drift else "ok"
 
 
-def drift_report(listed: Sequence[Row], kernel_only: Sequence[str]) -> str:
+def drift_report(listed: Sequence[Row], kernel_only: Sequence[str], mode: str) -> str:
     """Below the ``--live`` table: each row's drift, and what the kernel holds that no
-    frontend of the plan explains."""
+    frontend of the plan explains (``mode``: the proxy mode whose objects were read)."""
     out: list[str] = []
     for r in listed:
         for d in r.drift or ():
             out.append(f"  ! {r.frontend} {r.service}:{r.port or r.protocol}: {d}\n")
     out.extend(f"  ! {k}\n" for k in kernel_only)
     if not out:
-        return "Live: the kernel holds exactly what the plan says for every frontend.\n"
-    return "Drift (kernel differs from the plan):\n" + "".join(out)
+        return f"Live ({mode} mode): the kernel holds exactly what the plan says.\n"
+    return f"Drift ({mode} mode: the kernel differs from the plan):\n" + "".join(out)

@@ -233,6 +233,18 @@ class Lab:
         data: dict[str, Any] = json.loads(result.stdout)
         return data
 
+    def list_live(self, manifests: Path, *args: str) -> tuple[int, dict[str, Any]]:
+        """``kubeproxy list --live -o json`` in node-a's namespace, with the flags of
+        :meth:`kubeproxy_args`: its exit status (1: drift) and its output."""
+        command = self.kubeproxy_command(
+            "list", *self.proxy_flags(manifests), *args, "--live", "-o", "json"
+        )
+        result = self.run(command)
+        if result.returncode not in (0, 1):
+            raise RuntimeError(f"kubeproxy list failed: {result.stderr}")
+        data: dict[str, Any] = json.loads(result.stdout)
+        return result.returncode, data
+
     def sync_once(self, manifests: Path, *extra: str) -> subprocess.CompletedProcess[str]:
         """Run ``kubeproxy run --once`` for node-a in the node namespace."""
         return self.run(self.kubeproxy_args(manifests, "--once", *extra))
