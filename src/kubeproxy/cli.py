@@ -280,8 +280,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def load_configuration(args: argparse.Namespace) -> configfile.KubeProxyConfiguration:
-    """File (if any) + flags + upstream defaults, validated; ConfigError lists every problem."""
+def load_configuration(
+    args: argparse.Namespace,
+    *,
+    blank_mode: Callable[[configfile.KubeProxyConfiguration], str] | None = None,
+) -> configfile.KubeProxyConfiguration:
+    """File (if any) + flags + upstream defaults, validated; ConfigError lists every problem.
+
+    ``blank_mode``: when neither the file nor the flags choose a proxy mode, the mode to
+    use instead of the default (``--live``: the one running on the node)."""
     # Decode errors are kept and reported with the validation errors of everything that
     # could be decoded, so one run shows every problem of the file.
     errors: list[str] = []
@@ -305,7 +312,8 @@ def load_configuration(args: argparse.Namespace) -> configfile.KubeProxyConfigur
         cfg = configfile.apply_flags(
             cfg, configfile.given_flags(args), config_file=args.config is not None, warn=log.warning
         )
-        cfg = configfile.complete(cfg)
+        mode = blank_mode(cfg) if blank_mode is not None and not cfg.mode else None
+        cfg = configfile.complete(cfg, blank_mode=mode)
     except (configfile.ConfigFileError, configfile.FlagError, OptionsError) as err:
         raise ConfigError(str(err)) from None
     errors += configfile.validate(cfg)
@@ -672,8 +680,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.command == "cleanup" or getattr(args, "cleanup", False):
         return _cleanup(getattr(args, "ebpf_pin_path", None))
+    live = args.command in ("explain", "list") and args.live
     try:
-        cfg = load_configuration(args)
+        cfg = load_configuration(args, blank_mode=_running_mode(args) if live else None)
         logs.setup(
             cfg.logging.verbosity,
             fmt=cfg.logging.format,
@@ -728,6 +737,22 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except SourceError as err:  # run --once only: run itself never gives up
         return _source_failed(err)
+
+
+def _running_mode(
+    args: argparse.Namespace,
+) -> Callable[[configfile.KubeProxyConfiguration], str]:
+    """``--live`` without a proxy mode: the mode running on this node, said on stderr."""
+
+    def find(cfg: configfile.KubeProxyConfiguration) -> str:
+        from kubeproxy.explain.running import running_mode
+
+        pin = Path(getattr(args, "ebpf_pin_path", None) or ProxyConfig.ebpf_pin_path)
+        found = running_mode(cfg.metrics_bind_address, pin)
+        log.info("Proxy mode %s: %s (--proxy-mode chooses another)", found.mode, found.how)
+        return found.mode
+
+    return find
 
 
 def _source_failed(err: SourceError) -> int:

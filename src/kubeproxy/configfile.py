@@ -726,16 +726,19 @@ def _masquerade_section(mode: str) -> str:
     return "nftables" if mode in ("nftables", "ebpf") else "iptables"
 
 
-def complete(cfg: KubeProxyConfiguration) -> KubeProxyConfiguration:
+def complete(
+    cfg: KubeProxyConfiguration, *, blank_mode: str | None = None
+) -> KubeProxyConfiguration:
     """Upstream's ``platformApplyDefaults`` (Linux), run after flags are applied.
 
-    A blank mode becomes :data:`DEFAULT_MODE`. Upstream reads the mode-independent values
+    A blank mode becomes :data:`DEFAULT_MODE` (or ``blank_mode``: ``explain --live``
+    uses the mode running on the node). Upstream reads the mode-independent values
     (syncPeriod, minSyncPeriod, masqueradeAll) of a blank-mode file from the iptables
     section, so they move with the mode to the section it resolves to.
     """
     if not cfg.mode:
         source = cfg.iptables
-        cfg = dataclasses.replace(cfg, mode=DEFAULT_MODE)
+        cfg = dataclasses.replace(cfg, mode=blank_mode or DEFAULT_MODE)
         cfg = _with_mode_values(
             cfg, source.sync_period, source.min_sync_period, source.masquerade_all
         )

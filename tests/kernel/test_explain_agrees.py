@@ -15,27 +15,31 @@ outcome compared:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from kubeproxy.backends.iptables.names import ServicePortChains
+from kubeproxy.explain.running import fetch_url
 from kubeproxy.lab.cluster import (
     CLIENT_IP,
     CLIENT_IP6,
+    CLUSTER_CIDRS,
     NODE,
     NODE_IP,
     NODE_IP6,
     POD_CIDRS,
     REMOTE_NODE_IP,
     Lab,
+    stop_process,
 )
 from kubeproxy.lab.echo import tcp_ask, udp_ask
 from kubeproxy.lab.netns import ns_exec
 from kubeproxy.lab.objects import Ep, ManifestDir, endpoint_slice, node, service
 from kubeproxy.model.types import L4Protocol, NamespacedName, ServicePortName
-from tests.kernel.conftest import ALL_MODES, HTTP, PODS, eps, ip, sync
+from tests.kernel.conftest import ALL_MODES, HTTP, PODS, eps, ip, sync, wait_for
 from tests.kernel.test_detect_local import host_interface
 from tests.kernel.test_features import load_balancer
 from tests.kernel.test_traffic import nodeport
@@ -499,3 +503,32 @@ def test_list_live_checks_every_frontend(lab: Lab, manifests: ManifestDir) -> No
     code, listed = lab.list_live(manifests.path, "web")
     assert (code, listed["kernelOnly"]) == (0, [])
     assert {r["service"] for r in listed["frontends"]} == {"default/web"}
+
+
+def test_live_finds_the_mode_running_here(lab: Lab, manifests: ManifestDir) -> None:
+    """Without --proxy-mode, ``--live`` compares with the mode running on the node: the
+    one whose rules the kernel holds, or the one the running proxy's /proxyMode names."""
+    manifests.write("svc.yaml", service("web", "10.96.52.1"), endpoint_slice("web", eps("local-1")))
+    sync(lab, manifests)
+    mode = "nftables" if lab.mode == "nftables" else "iptables"
+    flags = (
+        "--manifests", str(manifests.path), "--hostname-override", NODE,
+        "--cluster-cidr", ",".join(CLUSTER_CIDRS), "--metrics-bind-address", "127.0.0.1:10249",
+    )  # fmt: skip
+    done = lab.run(lab.kubeproxy_command("list", *flags, "--live", "-o", "json"))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["mode"] == mode
+    assert f"Proxy mode {mode}: the kernel holds that mode's rules" in done.stderr
+    if lab.mode != "nftables":
+        return
+    proxy = lab.start(manifests.path, "--metrics-bind-address", "127.0.0.1:10249")
+    try:
+        url = "http://127.0.0.1:10249/proxyMode"
+        wait_for(lambda: lab.executor(lab.node_ns).call(fetch_url, url) == "nftables")
+        packet = ("--src", ip("client"), "--dst", "10.96.52.1", "--port", "80")
+        done = lab.run(lab.kubeproxy_command("explain", *flags, *packet, "--live", "-o", "json"))
+        assert done.returncode == 0, done.stderr
+        assert f"Proxy mode nftables: the running proxy's {url} says so" in done.stderr
+        assert json.loads(done.stdout)["drift"] == []
+    finally:
+        stop_process(proxy)
