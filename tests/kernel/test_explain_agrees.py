@@ -415,17 +415,24 @@ def test_live_reports_drift(lab: Lab, manifests: ManifestDir) -> None:
     packet = ("--src", ip("client"), "--dst", "10.96.50.1", "--port", "80")
     assert lab.explain(manifests.path, *packet)["drift"] == []
     # Someone removes an endpoint behind the proxy's back.
+    remove_by_hand(lab, manifests, "10.96.50.1", "remote-1")
+    drift = lab.explain(manifests.path, *packet)["drift"]
+    assert drift and all(ip("remote-1") in d for d in drift), drift
+
+
+def remove_by_hand(lab: Lab, manifests: ManifestDir, vip: str, pod: str) -> None:
+    """Take ``pod`` out of the rules of Service ``web`` (``vip``:80) behind the proxy's
+    back: its backends-map element (nftables) or its KUBE-SEP- chain's rule (iptables)."""
     if lab.mode == "nftables":
-        backends, index = explain_index(lab.explain(manifests.path, *packet), ip("remote-1"))
-        element = f"{{ 10.96.50.1 . tcp . 80 . {index} }}"
+        packet = ("--src", ip("client"), "--dst", vip, "--port", "80")
+        backends, index = explain_index(lab.explain(manifests.path, *packet), ip(pod))
+        element = f"{{ {vip} . tcp . 80 . {index} }}"
         ns_exec(lab.node_ns, "nft", "delete", "element", "ip", "kube-proxy", backends, element)
     else:
         name = ServicePortName(NamespacedName("default", "web"), "http", L4Protocol.TCP)
-        sep = ServicePortChains(name).sep(f"{ip('remote-1')}:8080")
+        sep = ServicePortChains(name).sep(f"{ip(pod)}:8080")
         binary = "iptables-legacy" if lab.mode == "iptables-legacy" else "iptables-nft"
         ns_exec(lab.node_ns, binary, "-t", "nat", "-F", sep)
-    drift = lab.explain(manifests.path, *packet)["drift"]
-    assert drift and all(ip("remote-1") in d for d in drift), drift
 
 
 def explain_index(explained: dict[str, Any], address: str) -> tuple[str, str]:
@@ -461,17 +468,8 @@ def test_list_live_checks_every_frontend(lab: Lab, manifests: ManifestDir) -> No
     assert all(r["drift"] == [] for r in listed["frontends"]), listed
     assert listed["mode"] == ("nftables" if lab.mode == "nftables" else "iptables")
 
-    # Someone removes an endpoint of web behind the proxy's back (as test_live_reports_drift).
-    packet = ("--src", ip("client"), "--dst", "10.96.51.1", "--port", "80")
-    if lab.mode == "nftables":
-        backends, index = explain_index(lab.explain(manifests.path, *packet), ip("remote-1"))
-        element = f"{{ 10.96.51.1 . tcp . 80 . {index} }}"
-        ns_exec(lab.node_ns, "nft", "delete", "element", "ip", "kube-proxy", backends, element)
-    else:
-        name = ServicePortName(NamespacedName("default", "web"), "http", L4Protocol.TCP)
-        sep = ServicePortChains(name).sep(f"{ip('remote-1')}:8080")
-        binary = "iptables-legacy" if lab.mode == "iptables-legacy" else "iptables-nft"
-        ns_exec(lab.node_ns, binary, "-t", "nat", "-F", sep)
+    # Someone removes an endpoint of web behind the proxy's back.
+    remove_by_hand(lab, manifests, "10.96.51.1", "remote-1")
     code, listed = lab.list_live(manifests.path)
     drifted = {r["frontend"]: r["drift"] for r in listed["frontends"] if r["drift"]}
     assert code == 1
