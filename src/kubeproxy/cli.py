@@ -240,7 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument(
         "--live",
         action="store_true",
-        help="also read this node's addresses and the kernel's rules, and report drift",
+        help="also read this node's addresses and the kernel's rules, and report drift; "
+        "without --proxy-mode, in the mode running here (the running proxy's /proxyMode, "
+        "else the rules the kernel holds)",
     )
     explain.add_argument("-o", "--output", choices=("text", "json"), default="text")
 
@@ -268,8 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument(
         "--live",
         action="store_true",
-        help="also read what this node's kernel holds for every frontend (in the proxy "
-        "mode running here) and mark drift; exit status 1 on any drift",
+        help="also read what this node's kernel holds for every frontend and mark drift "
+        "(without --proxy-mode, in the mode running here, as explain --live); without -n "
+        "or names, also the rules no Service explains; exit status 1 on any drift",
     )
 
     cleanup = sub.add_parser(
