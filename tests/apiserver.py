@@ -37,6 +37,7 @@ What a test can do to it: mutate objects (:meth:`~ApiServer.create`,
 optionally mid-line), :meth:`~ApiServer.expire_watches` (410 ERROR events),
 :meth:`~ApiServer.stop` / :meth:`~ApiServer.start` (down/up on the same port),
 :meth:`~ApiServer.fail_with` (answer every request with an error status),
+:meth:`~ApiServer.forbid` (403 for one resource, as RBAC),
 :meth:`~ApiServer.slow_watches` (every watch event late), and read
 :attr:`~ApiServer.requests` to see what the client asked for.
 
@@ -207,6 +208,17 @@ class ApiError(Exception):
         return status(self.code, self.reason, self.message, self.causes)
 
 
+def _forbidden(rtype: ResourceType, verb: str) -> ApiError:
+    """RBAC's refusal, worded as the API server words it."""
+    resource = f"{rtype.plural}.{rtype.group}" if rtype.group else rtype.plural
+    return ApiError(
+        403,
+        "Forbidden",
+        f'{resource} is forbidden: User "system:anonymous" cannot {verb} resource '
+        f'"{rtype.plural}" in API group "{rtype.group}" at the cluster scope',
+    )
+
+
 def _too_old(rv: int, compacted: int) -> ApiError:
     return ApiError(410, "Expired", f"too old resource version: {rv} ({compacted})")
 
@@ -268,6 +280,7 @@ class ApiServer:
         self._watchers: set[_Watcher] = set()
         self._runner: web.AppRunner | None = None
         self._failure: tuple[int, str] | None = None
+        self._forbidden: set[str] = set()
         self.watch_delay: float | None = None
         self._gates: list[Gate] = []
         self._changed = asyncio.Event()
@@ -326,6 +339,11 @@ class ApiServer:
     def slow_watches(self, delay: float | None) -> None:
         """Hold every watch event line ``delay`` seconds before sending it (None: not)."""
         self.watch_delay = delay
+
+    def forbid(self, plural: str) -> None:
+        """Answer every request for ``plural`` (``endpointslices``...) with 403, as RBAC
+        does when the client's role lacks the verb."""
+        self._forbidden.add(plural)
 
     def fail_with(self, code: int | None, reason: str = "InternalError") -> None:
         """Answer every request with ``code`` (None: serve normally again)."""
@@ -439,7 +457,10 @@ class ApiServer:
             if discovery is not None:
                 return _json(200, discovery)
             rtype, namespace = self._route(request.path)
-            if params.get("watch") in ("true", "1"):
+            watch = params.get("watch") in ("true", "1")
+            if rtype.plural in self._forbidden:
+                raise _forbidden(rtype, "watch" if watch else "list")
+            if watch:
                 return await self._watch(request, rtype, namespace, params)
             return _json(200, self._list(rtype, namespace, params))
         except ApiError as err:

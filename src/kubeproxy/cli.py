@@ -64,6 +64,7 @@ from kubeproxy.options import IPTABLES_BACKENDS, OptionsError, split_config
 from kubeproxy.profiling import start_heap_tracing
 from kubeproxy.sources import Source, initial_state
 from kubeproxy.sources.events import dispatch
+from kubeproxy.sources.oneshot import DEFAULT_TIMEOUT, Bounded, SourceError
 from kubeproxy.sources.standalone import StandaloneSource
 
 log = logging.getLogger("kubeproxy")
@@ -136,6 +137,37 @@ def _add_pin_path(p: argparse.ArgumentParser) -> None:
     )
 
 
+def request_timeout(text: str) -> float:
+    """kubectl's ``--request-timeout``: seconds, or a duration (``1s``, ``2m``, ``3h``);
+    ``0`` is no limit."""
+    try:
+        seconds = (
+            float(text) if re.fullmatch(r"-?\d+", text) else configfile.Duration.parse(text).seconds
+        )
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    if seconds < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is negative")
+    return seconds
+
+
+def _add_request_timeout(p: argparse.ArgumentParser, *, run: bool = False) -> None:
+    scope = "with --once: " if run else ""
+    p.add_argument(
+        "--request-timeout",
+        type=request_timeout,
+        metavar="DURATION",
+        help=f"{scope}how long to wait for the API server's complete state before giving up "
+        "with exit status 1 (as kubectl's: 30s, 2m...; a bare number is seconds; 0 waits "
+        f"forever; default {DEFAULT_TIMEOUT:g}s). A 401 or 403 gives up at once"
+        + (
+            "; without --once, run retries the API server until it answers, as kube-proxy"
+            if run
+            else ""
+        ),
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kubeproxy", description="A Python reimplementation of Kubernetes kube-proxy."
@@ -148,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_proxy_flags(run)
     run.add_argument("--version", action="version", version=version)
     run.add_argument("--once", action="store_true", help="sync once and exit")
+    _add_request_timeout(run, run=True)
     run.add_argument(
         "--init-only",
         action="store_true",
@@ -169,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
         "render", help="print what 'run' would apply (the nft script); touches nothing"
     )
     _add_proxy_flags(render)
+    _add_request_timeout(render)
     render.add_argument(
         "--format",
         choices=("nft", "json", "yaml"),
@@ -189,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
         "and the kernel objects; touches nothing",
     )
     _add_proxy_flags(explain)
+    _add_request_timeout(explain)
     explain.add_argument("--src", required=True, help="the packet's source IP")
     explain.add_argument("--dst", required=True, help="the packet's destination IP")
     explain.add_argument("--port", required=True, type=int, help="the destination port")
@@ -209,7 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument(
         "--live",
         action="store_true",
-        help="also read this node's addresses and the kernel's rules, and report drift",
+        help="also read this node's addresses and the kernel's rules, and report drift; "
+        "without --proxy-mode, in the mode running here (the running proxy's /proxyMode, "
+        "else the rules the kernel holds)",
     )
     explain.add_argument("-o", "--output", choices=("text", "json"), default="text")
 
@@ -217,7 +254,30 @@ def build_parser() -> argparse.ArgumentParser:
         "list", help="every frontend (ClusterIP, NodePort, external, LB) and its endpoints"
     )
     _add_proxy_flags(listing)
-    listing.add_argument("-o", "--output", choices=("text", "wide", "json"), default="text")
+    _add_request_timeout(listing)
+    listing.add_argument(
+        "-o",
+        "--output",
+        choices=("text", "wide", "json"),
+        default="text",
+        help="wide and json name every endpoint: address, node, zone, ready / serving / "
+        "terminating, on this node or not, used by the frontend or not",
+    )
+    listing.add_argument(
+        "-n",
+        "--namespace",
+        help="only Services in this namespace (default: every namespace)",
+    )
+    listing.add_argument(
+        "names", nargs="*", metavar="NAME", help="only the Services of these names"
+    )
+    listing.add_argument(
+        "--live",
+        action="store_true",
+        help="also read what this node's kernel holds for every frontend and mark drift "
+        "(without --proxy-mode, in the mode running here, as explain --live); without -n "
+        "or names, also the rules no Service explains; exit status 1 on any drift",
+    )
 
     cleanup = sub.add_parser(
         "cleanup", help="remove everything kubeproxy created, and nothing else"
@@ -227,8 +287,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def load_configuration(args: argparse.Namespace) -> configfile.KubeProxyConfiguration:
-    """File (if any) + flags + upstream defaults, validated; ConfigError lists every problem."""
+def load_configuration(
+    args: argparse.Namespace,
+    *,
+    blank_mode: Callable[[configfile.KubeProxyConfiguration], str] | None = None,
+) -> configfile.KubeProxyConfiguration:
+    """File (if any) + flags + upstream defaults, validated; ConfigError lists every problem.
+
+    ``blank_mode``: when neither the file nor the flags choose a proxy mode, the mode to
+    use instead of the default (``--live``: the one running on the node)."""
     # Decode errors are kept and reported with the validation errors of everything that
     # could be decoded, so one run shows every problem of the file.
     errors: list[str] = []
@@ -252,8 +319,9 @@ def load_configuration(args: argparse.Namespace) -> configfile.KubeProxyConfigur
         cfg = configfile.apply_flags(
             cfg, configfile.given_flags(args), config_file=args.config is not None, warn=log.warning
         )
-        blank_mode = not cfg.mode
-        cfg = configfile.complete(cfg)
+        was_blank = not cfg.mode
+        mode = blank_mode(cfg) if blank_mode is not None and was_blank else None
+        cfg = configfile.complete(cfg, blank_mode=mode)
     except (configfile.ConfigFileError, configfile.FlagError, OptionsError) as err:
         raise ConfigError(str(err)) from None
     errors += configfile.validate(cfg)
@@ -268,7 +336,7 @@ def load_configuration(args: argparse.Namespace) -> configfile.KubeProxyConfigur
         raise ConfigError(f"invalid configuration{where}:\n  " + "\n  ".join(errors))
     for warning in configfile.feature_gate_warnings(cfg):
         log.warning("%s", warning)
-    if blank_mode and args.command == "run":
+    if was_blank and args.command == "run":
         log.info(
             "Using the %s proxy mode: the mode is blank, which means %s, as upstream; "
             "nftables mode is faster at scale (kernel 5.13 or later: --proxy-mode nftables)",
@@ -368,8 +436,24 @@ def make_source(
     *,
     observe: Callable[[str, str, str, float], None] | None = None,
 ) -> Source:
-    """``observe``: told about each request to the API server (for its metrics)."""
+    """``observe``: told about each request to the API server (for its metrics).
+
+    One-shot commands (``render``, ``explain``, ``list``, ``run --once``) read the API
+    through :class:`~kubeproxy.sources.oneshot.Bounded`: they give up after
+    ``--request-timeout`` (or at once when denied) instead of retrying forever as ``run``
+    does. ``run --once`` is bounded too: a script or an init container waits for it."""
+    one_shot = args.command != "run" or getattr(args, "once", False)
+    timeout = getattr(args, "request_timeout", None)
+    if timeout is not None and not one_shot:
+        raise ConfigError(
+            "--request-timeout: only one-shot commands give up (render, explain, list, "
+            "run --once); run retries the API server until it answers, as kube-proxy"
+        )
     if args.manifests is not None:
+        if timeout is not None:
+            raise ConfigError(
+                "--request-timeout: bounds waiting for the API server, not --manifests"
+            )
         if not args.manifests.is_dir():
             raise ConfigError(f"--manifests: {args.manifests} is not a directory")
         return StandaloneSource(
@@ -381,7 +465,7 @@ def make_source(
     from kubeproxy.sources.kube import KubeSource
 
     cc = cfg.client_connection
-    return KubeSource.from_flags(
+    source = KubeSource.from_flags(
         kubeconfig=cc.kubeconfig or None,
         master=getattr(args, "kp_master", None),
         node_name=config.hostname,
@@ -390,8 +474,11 @@ def make_source(
         burst=cc.burst,
         content_type=cc.content_type,
         observe=observe,
-        announce=args.command == "run" and not getattr(args, "once", False),
+        announce=not one_shot,
     )
+    if not one_shot:
+        return source
+    return Bounded(source, (timeout if timeout is not None else DEFAULT_TIMEOUT) or None)
 
 
 def _init_only(cfg: configfile.KubeProxyConfiguration, config: ProxyConfig) -> int:
@@ -437,10 +524,18 @@ def _render_objects(source: Source, fmt: str) -> int:
     return 0
 
 
-async def _snapshot(config: ProxyConfig, source: Source) -> Snapshot:
+async def _snapshot(
+    config: ProxyConfig, source: Source, *, guessed: bool, live: bool = False
+) -> Snapshot:
+    """The source's state as a sync sees it; warnings (stderr) when the node is not
+    known for sure (``guessed``: its name is this machine's hostname)."""
+    from kubeproxy.explain.command import node_warnings
+
     state = ProxyState(config.hostname, config.bind_ip())
     dispatch(state, await initial_state(source))
     snapshot, _ = state.collect()
+    for warning in node_warnings(snapshot.node, state.node is not None, guessed=guessed, live=live):
+        log.warning("%s", warning)
     return snapshot
 
 
@@ -469,20 +564,37 @@ def _explain(config: ProxyConfig, snapshot: Snapshot, args: argparse.Namespace) 
     return 1 if done.drift else 0
 
 
-def _list(config: ProxyConfig, snapshot: Snapshot, fmt: str) -> int:
+def _list(config: ProxyConfig, snapshot: Snapshot, args: argparse.Namespace) -> int:
     from kubeproxy.explain import listing
     from kubeproxy.explain.command import list_frontends
 
-    listed = list_frontends(config, snapshot)
+    fmt = args.output
+    if not args.live:
+        listed = list_frontends(config, snapshot, args.namespace, args.names)
+        if fmt == "json":
+            sys.stdout.write(json.dumps([r.as_dict() for r in listed], indent=2) + "\n")
+        else:
+            sys.stdout.write(listing.table(listed, wide=fmt == "wide"))
+        return 0
+    from kubeproxy.explain.command import list_live, proxy_mode
+
+    listed, kernel_only = list_live(config, snapshot, args.namespace, args.names)
+    mode = proxy_mode(config) if config.mode != "ebpf" else "ebpf"
     if fmt == "json":
-        sys.stdout.write(json.dumps([r.as_dict() for r in listed], indent=2) + "\n")
+        data = {
+            "mode": mode,
+            "frontends": [r.as_dict() for r in listed],
+            "kernelOnly": kernel_only,
+        }
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
     else:
         sys.stdout.write(listing.table(listed, wide=fmt == "wide"))
-    return 0
+        sys.stdout.write(listing.drift_report(listed, kernel_only, mode))
+    return 1 if kernel_only or any(r.drift for r in listed) else 0
 
 
-async def _render(config: ProxyConfig, source: Source, fmt: str) -> int:
-    snapshot = await _snapshot(config, source)
+async def _render(config: ProxyConfig, source: Source, fmt: str, *, guessed: bool) -> int:
+    snapshot = await _snapshot(config, source, guessed=guessed)
     if fmt == "json":
         sys.stdout.write(json.dumps(describe_snapshot(config, snapshot), indent=2) + "\n")
     else:
@@ -590,8 +702,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.command == "cleanup" or getattr(args, "cleanup", False):
         return _cleanup(getattr(args, "ebpf_pin_path", None))
+    live = args.command in ("explain", "list") and args.live
     try:
-        cfg = load_configuration(args)
+        cfg = load_configuration(args, blank_mode=_running_mode(args) if live else None)
         logs.setup(
             cfg.logging.verbosity,
             fmt=cfg.logging.format,
@@ -602,12 +715,14 @@ def main(argv: list[str] | None = None) -> int:
             log.info("Wrote the effective configuration to %s", args.write_config_to)
             return 0
         config = proxy_config(cfg, args)
-        metrics = Metrics(config.mode)
+        metrics = Metrics(config.mode, features=configfile.feature_states(cfg))
         source = make_source(cfg, config, args, observe=metrics.api_request)
     except ConfigError as err:
         # As upstream: the error (every problem at once), no usage banner, exit 1.
         sys.stderr.write(f"Error: {err}\n")
         return 1
+    # Query commands look at one node: the one named, or (as kube-proxy) this machine.
+    guessed = not cfg.hostname_override.strip()
     if args.command == "render":
         try:
             if args.objects:
@@ -618,15 +733,22 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError("--format yaml: only with --objects")
         except ConfigError as err:
             parser.error(str(err))
-        return asyncio.run(_render(config, source, args.format or "nft"))
+        try:
+            return asyncio.run(_render(config, source, args.format or "nft", guessed=guessed))
+        except SourceError as err:
+            return _source_failed(err)
     if args.command in ("explain", "list"):
         try:
-            snapshot = asyncio.run(_snapshot(config, source))
+            snapshot = asyncio.run(
+                _snapshot(config, source, guessed=guessed, live=getattr(args, "live", False))
+            )
             if args.command == "list":
-                return _list(config, snapshot, args.output)
+                return _list(config, snapshot, args)
             return _explain(config, snapshot, args)
         except ConfigError as err:
             parser.error(str(err))
+        except SourceError as err:
+            return _source_failed(err)
     if getattr(args, "init_only", False):
         return _init_only(cfg, config)
     try:
@@ -635,6 +757,30 @@ def main(argv: list[str] | None = None) -> int:
         # bindAddressHardFail: as upstream, the proxy exits non-zero.
         log.error("Error running ProxyServer: %s", err)
         return 1
+    except SourceError as err:  # run --once only: run itself never gives up
+        return _source_failed(err)
+
+
+def _running_mode(
+    args: argparse.Namespace,
+) -> Callable[[configfile.KubeProxyConfiguration], str]:
+    """``--live`` without a proxy mode: the mode running on this node, said on stderr."""
+
+    def find(cfg: configfile.KubeProxyConfiguration) -> str:
+        from kubeproxy.explain.running import running_mode
+
+        pin = Path(getattr(args, "ebpf_pin_path", None) or ProxyConfig.ebpf_pin_path)
+        found = running_mode(cfg.metrics_bind_address, pin)
+        log.info("Proxy mode %s: %s (--proxy-mode chooses another)", found.mode, found.how)
+        return found.mode
+
+    return find
+
+
+def _source_failed(err: SourceError) -> int:
+    """A one-shot command without the source's state: the server and the error, exit 1."""
+    sys.stderr.write(f"Error: {err}\n")
+    return 1
 
 
 if __name__ == "__main__":

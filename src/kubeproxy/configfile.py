@@ -726,16 +726,19 @@ def _masquerade_section(mode: str) -> str:
     return "nftables" if mode in ("nftables", "ebpf") else "iptables"
 
 
-def complete(cfg: KubeProxyConfiguration) -> KubeProxyConfiguration:
+def complete(
+    cfg: KubeProxyConfiguration, *, blank_mode: str | None = None
+) -> KubeProxyConfiguration:
     """Upstream's ``platformApplyDefaults`` (Linux), run after flags are applied.
 
-    A blank mode becomes :data:`DEFAULT_MODE`. Upstream reads the mode-independent values
+    A blank mode becomes :data:`DEFAULT_MODE` (or ``blank_mode``: ``explain --live``
+    uses the mode running on the node). Upstream reads the mode-independent values
     (syncPeriod, minSyncPeriod, masqueradeAll) of a blank-mode file from the iptables
     section, so they move with the mode to the section it resolves to.
     """
     if not cfg.mode:
         source = cfg.iptables
-        cfg = dataclasses.replace(cfg, mode=DEFAULT_MODE)
+        cfg = dataclasses.replace(cfg, mode=blank_mode or DEFAULT_MODE)
         cfg = _with_mode_values(
             cfg, source.sync_period, source.min_sync_period, source.masquerade_all
         )
@@ -892,6 +895,31 @@ KNOWN_FEATURE_GATES: Mapping[str, bool] = {
     "ServiceTrafficDistribution": True,
     "TopologyAwareHints": True,
 }
+
+
+# Each known gate's stage, as component-base's featuregate labels kubernetes_feature_enabled
+# (its PreRelease: "ALPHA", "BETA", "" for GA, "DEPRECATED"), at the release whose defaults
+# KNOWN_FEATURE_GATES has (1.34).
+FEATURE_GATE_STAGES: Mapping[str, str] = {
+    "AllAlpha": "ALPHA",
+    "AllBeta": "BETA",
+    "ContextualLogging": "BETA",
+    "KubeProxyDrainingTerminatingNodes": "",
+    "LoadBalancerIPMode": "",
+    "LoggingAlphaOptions": "ALPHA",
+    "LoggingBetaOptions": "BETA",
+    "MultiCIDRServiceAllocator": "",
+    "NFTablesProxyMode": "",
+    "PreferSameTrafficDistribution": "BETA",
+    "ServiceTrafficDistribution": "",
+    "TopologyAwareHints": "",
+}
+
+
+def feature_states(cfg: KubeProxyConfiguration) -> list[tuple[str, str, bool]]:
+    """(name, stage, enabled) of every gate kubeproxy knows, for kubernetes_feature_enabled."""
+    gates = effective_feature_gates(cfg)
+    return [(name, FEATURE_GATE_STAGES[name], gates[name]) for name in sorted(KNOWN_FEATURE_GATES)]
 
 
 def effective_feature_gates(cfg: KubeProxyConfiguration) -> dict[str, bool]:

@@ -39,6 +39,15 @@ entries. Upstream's reconciler scans the table on every sync; kubeproxy deletes 
 after a sync that made UDP entries stale, so a histogram sample is one such cleanup (per
 family) and syncs with nothing stale add none.
 
+component-base's two metadata gauges, as every Kubernetes component exposes them:
+``kubernetes_build_info{major,minor,git_version,git_commit,git_tree_state,build_date,
+go_version,compiler,platform}`` 1 (:func:`build_info`: kubeproxy's version; the runtime in
+``go_version`` and ``compiler`` is Python's, e.g. ``python3.11.2`` / ``cpython``; the git
+fields and build date are those of an unstamped upstream build, as kubeproxy is not
+stamped), and ``kubernetes_feature_enabled{name,stage}`` 0 or 1 for every feature gate
+kubeproxy knows (``stage`` as upstream: ``ALPHA``, ``BETA``, empty for GA), from the
+effective configuration.
+
 Process metrics, as upstream's Go registry has (``process_*``: CPU seconds, resident and
 virtual memory, start time, open and max fds), from prometheus_client's ProcessCollector;
 the Go runtime collectors' analogue is ``python_info`` and ``python_gc_*``.
@@ -87,6 +96,7 @@ import asyncio
 import contextlib
 import html
 import json
+import platform
 import re
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -106,7 +116,7 @@ from prometheus_client import (
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kubeproxy import logs, profiling
+from kubeproxy import __version__, logs, profiling
 from kubeproxy.backends import SyncResult
 from kubeproxy.health.listener import BindAddress, HttpListener, json_response
 
@@ -137,10 +147,57 @@ SYNC_FAILURES = {
 }
 
 
+# Go's GOARCH for the machine names Linux reports (upstream's platform label is GOOS/GOARCH).
+_GOARCH = {
+    "x86_64": "amd64",
+    "aarch64": "arm64",
+    "armv7l": "arm",
+    "i686": "386",
+    "ppc64le": "ppc64le",
+    "s390x": "s390x",
+    "riscv64": "riscv64",
+}
+
+BUILD_INFO_LABELS = (
+    "major",
+    "minor",
+    "git_version",
+    "git_commit",
+    "git_tree_state",
+    "build_date",
+    "go_version",
+    "compiler",
+    "platform",
+)
+
+
+def build_info(version: str = __version__) -> dict[str, str]:
+    """The labels of ``kubernetes_build_info``, as component-base's version.Get() fills
+    them, for this kubeproxy and this Python."""
+    major, minor = [*version.split("."), "", ""][:2]
+    machine = platform.machine().lower()
+    return {
+        "major": major,
+        "minor": minor,
+        "git_version": f"v{version}",
+        # Not stamped at build time: what an unstamped upstream build reports.
+        "git_commit": "",
+        "git_tree_state": "",
+        "build_date": "1970-01-01T00:00:00Z",
+        "go_version": f"python{platform.python_version()}",
+        "compiler": platform.python_implementation().lower(),
+        "platform": f"{platform.system().lower()}/{_GOARCH.get(machine, machine)}",
+    }
+
+
 class Metrics:
     """The metrics of one proxy in ``mode`` (the mode decides a few names, as upstream)."""
 
-    def __init__(self, mode: str = "nftables") -> None:
+    def __init__(
+        self, mode: str = "nftables", *, features: Iterable[tuple[str, str, bool]] = ()
+    ) -> None:
+        """``features``: (name, stage, enabled) of every known feature gate
+        (:func:`kubeproxy.configfile.feature_states`)."""
         self.mode = mode
         self.registry = CollectorRegistry(auto_describe=True)
         # Upstream's registry carries the process and Go runtime collectors; these are
@@ -148,6 +205,24 @@ class Metrics:
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
+        # component-base's legacy registry: every component's build and feature gates.
+        info = build_info()
+        Gauge(
+            "kubernetes_build_info",
+            "A metric with a constant '1' value labeled by major, minor, git version, git "
+            "commit, git tree state, build date, Go version, and compiler from which "
+            "Kubernetes was built, and platform on which it is running.",
+            BUILD_INFO_LABELS,
+            registry=self.registry,
+        ).labels(*(info[label] for label in BUILD_INFO_LABELS)).set(1)
+        self.features = Gauge(
+            "kubernetes_feature_enabled",
+            "This metric records the data about the stage and enablement of a k8s feature.",
+            ("name", "stage"),
+            registry=self.registry,
+        )
+        for name, stage, enabled in features:
+            self.features.labels(name, stage).set(1 if enabled else 0)
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
             return Histogram(f"kubeproxy_{name}", doc, buckets=buckets, registry=self.registry)

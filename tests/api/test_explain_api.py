@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.api.conftest import NODE, run
 from tests.apiserver import ApiServer, service_cidr_object
 from tests.unit.conftest import node_obj, service_obj, slice_obj
@@ -17,7 +19,8 @@ from tests.unit.conftest import node_obj, service_obj, slice_obj
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 
-async def kubeproxy(*args: str) -> Any:
+async def command(*args: str) -> tuple[int, str, str]:
+    """``kubeproxy ARGS`` in a process of its own: exit status, stdout, stderr."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -28,7 +31,13 @@ async def kubeproxy(*args: str) -> Any:
         env=dict(os.environ, PYTHONPATH=str(SRC)),
     )
     out, err = await proc.communicate()
-    assert proc.returncode == 0, err.decode()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def kubeproxy(*args: str) -> Any:
+    code, out, err = await command(*args)
+    assert code == 0, err
     return json.loads(out)
 
 
@@ -55,5 +64,68 @@ def test_explain_and_list_against_the_api() -> None:
             # The ServiceCIDR object from the API: unallocated addresses are dropped.
             packet = ["--src", "10.1.0.9", "--dst", "10.96.7.7", "--port", "80"]
             assert (await kubeproxy("explain", *flags, *packet))["verdict"] == "DROP"
+
+    run(scenario, timeout=60)
+
+
+PACKET = ("--src", "10.1.0.9", "--dst", "10.96.0.10", "--port", "80")
+
+
+@pytest.mark.parametrize("which", ["list", "explain", "render"])
+def test_one_shot_commands_give_up_on_a_dead_server(which: str) -> None:
+    """Nothing listens: after --request-timeout the command exits 1, naming the server
+    and the last error (run itself retries forever: test_kube_source)."""
+
+    async def scenario() -> None:
+        api = ApiServer()
+        await api.start()
+        await api.stop()  # the port is known and refuses connections
+        extra = PACKET if which == "explain" else ()
+        code, out, err = await command(
+            which, "--master", api.url, "--hostname-override", NODE,
+            "--request-timeout", "1s", *extra,
+        )  # fmt: skip
+        assert code == 1, err
+        assert out == ""
+        last = err.splitlines()[-1]
+        assert last.startswith(f"Error: API server {api.url}: no complete state within 1s")
+        assert "last error: cannot " in last and "Connect" in last
+
+    run(scenario, timeout=60)
+
+
+@pytest.mark.parametrize("which", ["list", "explain"])
+def test_one_shot_commands_name_the_verb_and_resource_they_are_denied(which: str) -> None:
+    """RBAC refuses EndpointSlices: the command does not wait for a deadline (there is
+    none: --request-timeout 0) but exits 1 at once, naming the verb and the resource."""
+
+    async def scenario() -> None:
+        async with ApiServer() as api:
+            api.forbid("endpointslices")
+            extra = PACKET if which == "explain" else ()
+            code, _, err = await command(
+                which, "--master", api.url, "--hostname-override", NODE,
+                "--request-timeout", "0", *extra,
+            )  # fmt: skip
+            assert code == 1, err
+            assert err.splitlines()[-1] == (
+                f"Error: API server {api.url}: cannot list endpointslices: HTTP 403 "
+                "(Forbidden): endpointslices.discovery.k8s.io is forbidden: User "
+                '"system:anonymous" cannot list resource "endpointslices" in API group '
+                '"discovery.k8s.io" at the cluster scope'
+            )
+
+    run(scenario, timeout=60)
+
+
+def test_one_shot_commands_give_up_when_unauthorized() -> None:
+    async def scenario() -> None:
+        async with ApiServer(token="secret") as api:
+            code, _, err = await command(
+                "list", "--master", api.url, "--hostname-override", NODE, "--request-timeout", "0"
+            )
+            assert code == 1, err
+            assert err.splitlines()[-1].startswith(f"Error: API server {api.url}: cannot ")
+            assert "HTTP 401 (Unauthorized)" in err.splitlines()[-1]
 
     run(scenario, timeout=60)

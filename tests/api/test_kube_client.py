@@ -237,6 +237,32 @@ def test_bad_kubeconfigs_are_config_errors(
         load_connection(str(path), None)
 
 
+@pytest.mark.parametrize(
+    "cluster,user,named",
+    [
+        ({"certificate-authority": "ca.crt"}, {}, "certificate-authority {dir}/ca.crt"),
+        (
+            {"insecure-skip-tls-verify": True},
+            {"client-certificate": "/nonexistent/c.crt", "client-key": "c.key"},
+            "client-certificate /nonexistent/c.crt",
+        ),
+    ],
+)
+def test_a_missing_credential_file_is_named(
+    tmp_path: Path, cluster: dict[str, Any], user: dict[str, Any], named: str
+) -> None:
+    """The ssl module says only "No such file or directory": the error names the
+    kubeconfig field and the file (relative to the kubeconfig's directory, as kubectl)."""
+    path = kubeconfig(tmp_path / "config", "https://127.0.0.1:6443", user, **cluster)
+    with pytest.raises(ConfigError) as err:
+        load_connection(path, None)
+    assert str(err.value) == (
+        "cannot use the API server credentials: "
+        + named.format(dir=tmp_path)
+        + ": No such file or directory"
+    )
+
+
 def test_content_types(caplog: pytest.LogCaptureFixture) -> None:
     load_connection(None, "http://127.0.0.1:1", content_type="application/json")
     with caplog.at_level(logging.INFO, logger="kubeproxy.sources"):

@@ -265,12 +265,34 @@ def test_explain_agrees_with_the_ipvs_kernel(lab: Lab, tmp_path: Path) -> None:
         replies = [lab.executor(lab.client_ns).call(tcp_ask, "10.96.0.31", 80) for _ in range(4)]
         assert {r.pod for r in replies} == {"backend-1", "backend-2"}
         assert CLIENT_IP not in {r.client_ip for r in replies}
+        code, listed = list_json(lab, *flags)
+        assert (code, listed["mode"], listed["kernelOnly"]) == (0, "ipvs", []), listed
+        assert [r["drift"] for r in listed["frontends"]] == [[]]
         ns_exec(lab.node_ns, "ipvsadm", "-d", "-t", "10.96.0.31:80", "-r", f"{B2}:8080")
         drift = explain_json(lab, *flags, *packet)["drift"]
         assert drift == [f"missing ipvs: TCP/10.96.0.31:80 -> {B2}:8080 weight 1"], drift
+        # list --live: the same drift on that frontend, and exit status 1.
+        code, listed = list_json(lab, *flags)
+        assert code == 1
+        assert [r["drift"] for r in listed["frontends"]] == [drift]
+        # A Service gone from the source while its virtual server and address stay.
+        mdir.remove("web.yaml")
+        code, listed = list_json(lab, *flags)
+        assert (code, listed["frontends"]) == (1, [])
+        assert listed["kernelOnly"] == [
+            "ipvs: virtual server TCP/10.96.0.31:80 rr: no Service has this frontend (stale)",
+            "kube-ipvs0: address 10.96.0.31: no Service has it (stale)",
+        ]
     finally:
         set_sysctls(lab.node_ns, {"net.ipv4.ip_forward": "1"})
         cleanup_ns(lab.node_ns)
+
+
+def list_json(lab: Lab, *args: str) -> tuple[int, dict[str, Any]]:
+    done = lab.run(lab.kubeproxy_command("list", *args, "--live", "-o", "json"))
+    assert done.returncode in (0, 1), done.stderr  # 1: drift found
+    data: dict[str, Any] = json.loads(done.stdout)
+    return done.returncode, data
 
 
 def explain_json(lab: Lab, *args: str) -> dict[str, Any]:

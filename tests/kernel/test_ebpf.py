@@ -381,10 +381,19 @@ def test_explain_says_what_the_hooks_do_and_the_kernel_agrees(
     assert bpf.client(lab.pods["client"].netns, "tcp", "10.96.7.3", 80, 3)["answers"] == {
         "ECONNREFUSED": 3
     }
+    # list --live: every frontend, nftables' objects and the hooks' map entries.
+    code, listed = lab.list_live(manifests.path, *bpf.flags())
+    assert (code, listed["mode"], listed["kernelOnly"]) == (0, "ebpf", []), listed
+    assert all(r["drift"] == [] for r in listed["frontends"]), listed
     # The plan changes but the proxy has not synced it: the map read finds the difference.
     web(manifests, "local-1", "remote-1", "local-2")
     stale = explain(ip("client"), VIP)
-    assert f"missing endpoint {ip('local-2')}:8080 in kp_svc4 ({VIP}:80/TCP)" in stale["drift"]
+    missing = f"missing endpoint {ip('local-2')}:8080 in kp_svc4 ({VIP}:80/TCP)"
+    assert missing in stale["drift"]
+    code, listed = lab.list_live(manifests.path, *bpf.flags())
+    drifted = {r["frontend"]: r["drift"] for r in listed["frontends"] if r["drift"]}
+    assert code == 1
+    assert missing in drifted[f"{VIP}:80"], drifted
 
 
 HOOKS = sorted(

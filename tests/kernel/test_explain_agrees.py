@@ -15,27 +15,31 @@ outcome compared:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from kubeproxy.backends.iptables.names import ServicePortChains
+from kubeproxy.explain.running import fetch_url
 from kubeproxy.lab.cluster import (
     CLIENT_IP,
     CLIENT_IP6,
+    CLUSTER_CIDRS,
     NODE,
     NODE_IP,
     NODE_IP6,
     POD_CIDRS,
     REMOTE_NODE_IP,
     Lab,
+    stop_process,
 )
 from kubeproxy.lab.echo import tcp_ask, udp_ask
 from kubeproxy.lab.netns import ns_exec
 from kubeproxy.lab.objects import Ep, ManifestDir, endpoint_slice, node, service
 from kubeproxy.model.types import L4Protocol, NamespacedName, ServicePortName
-from tests.kernel.conftest import ALL_MODES, HTTP, PODS, eps, ip, sync
+from tests.kernel.conftest import ALL_MODES, HTTP, PODS, eps, ip, sync, wait_for
 from tests.kernel.test_detect_local import host_interface
 from tests.kernel.test_features import load_balancer
 from tests.kernel.test_traffic import nodeport
@@ -411,17 +415,24 @@ def test_live_reports_drift(lab: Lab, manifests: ManifestDir) -> None:
     packet = ("--src", ip("client"), "--dst", "10.96.50.1", "--port", "80")
     assert lab.explain(manifests.path, *packet)["drift"] == []
     # Someone removes an endpoint behind the proxy's back.
+    remove_by_hand(lab, manifests, "10.96.50.1", "remote-1")
+    drift = lab.explain(manifests.path, *packet)["drift"]
+    assert drift and all(ip("remote-1") in d for d in drift), drift
+
+
+def remove_by_hand(lab: Lab, manifests: ManifestDir, vip: str, pod: str) -> None:
+    """Take ``pod`` out of the rules of Service ``web`` (``vip``:80) behind the proxy's
+    back: its backends-map element (nftables) or its KUBE-SEP- chain's rule (iptables)."""
     if lab.mode == "nftables":
-        backends, index = explain_index(lab.explain(manifests.path, *packet), ip("remote-1"))
-        element = f"{{ 10.96.50.1 . tcp . 80 . {index} }}"
+        packet = ("--src", ip("client"), "--dst", vip, "--port", "80")
+        backends, index = explain_index(lab.explain(manifests.path, *packet), ip(pod))
+        element = f"{{ {vip} . tcp . 80 . {index} }}"
         ns_exec(lab.node_ns, "nft", "delete", "element", "ip", "kube-proxy", backends, element)
     else:
         name = ServicePortName(NamespacedName("default", "web"), "http", L4Protocol.TCP)
-        sep = ServicePortChains(name).sep(f"{ip('remote-1')}:8080")
+        sep = ServicePortChains(name).sep(f"{ip(pod)}:8080")
         binary = "iptables-legacy" if lab.mode == "iptables-legacy" else "iptables-nft"
         ns_exec(lab.node_ns, binary, "-t", "nat", "-F", sep)
-    drift = lab.explain(manifests.path, *packet)["drift"]
-    assert drift and all(ip("remote-1") in d for d in drift), drift
 
 
 def explain_index(explained: dict[str, Any], address: str) -> tuple[str, str]:
@@ -432,3 +443,90 @@ def explain_index(explained: dict[str, Any], address: str) -> tuple[str, str]:
             backends = line.split(": ", 1)[1].split(" element", 1)[0]
             return backends, str(line.split(" : ")[0].rsplit(" . ", 1)[1])
     raise AssertionError(f"{address} not in {explained['kernelObjects']}")
+
+
+def test_list_live_checks_every_frontend(lab: Lab, manifests: ManifestDir) -> None:
+    """``list --live``: every frontend compared with the kernel (no drift right after a
+    sync); an endpoint removed behind the proxy's back is drift on that frontend only;
+    a Service gone from the source while its rules stay is named as the kernel's alone."""
+    manifests.write(
+        "svc.yaml",
+        nodeport("web", "10.96.51.1", 30551),
+        endpoint_slice("web", eps("local-1", "remote-1")),
+        service("db", "10.96.51.2"),
+        endpoint_slice("db", eps("remote-2")),
+        service("empty", "10.96.51.3"),
+    )
+    sync(lab, manifests)
+    code, listed = lab.list_live(manifests.path)
+    frontends = {(r["frontend"], r["service"]): r for r in listed["frontends"]}
+    assert set(frontends) >= {
+        ("10.96.51.1:80", "default/web"), ("*:30551", "default/web"),
+        ("10.96.51.2:80", "default/db"), ("10.96.51.3:80", "default/empty"),
+    }  # fmt: skip
+    assert (code, listed["kernelOnly"]) == (0, []), listed
+    assert all(r["drift"] == [] for r in listed["frontends"]), listed
+    assert listed["mode"] == ("nftables" if lab.mode == "nftables" else "iptables")
+
+    # Someone removes an endpoint of web behind the proxy's back.
+    remove_by_hand(lab, manifests, "10.96.51.1", "remote-1")
+    code, listed = lab.list_live(manifests.path)
+    drifted = {r["frontend"]: r["drift"] for r in listed["frontends"] if r["drift"]}
+    assert code == 1
+    assert "10.96.51.1:80" in drifted, listed
+    assert all(ip("remote-1") in d for lines in drifted.values() for d in lines), drifted
+    assert "10.96.51.2:80" not in drifted
+
+    # A sync puts web right again; then db and empty leave the source, and the kernel
+    # still has their rules (no sync since).
+    sync(lab, manifests)
+    manifests.write(
+        "svc.yaml",
+        nodeport("web", "10.96.51.1", 30551),
+        endpoint_slice("web", eps("local-1", "remote-1")),
+    )
+    code, listed = lab.list_live(manifests.path)
+    assert code == 1
+    assert all(r["drift"] == [] for r in listed["frontends"]), listed
+    stale = listed["kernelOnly"]
+    assert stale and all("(stale)" in line for line in stale), stale
+    if lab.mode == "nftables":
+        assert any("10.96.51.2 . tcp . 80" in line for line in stale), stale
+    else:
+        chains = ServicePortChains(
+            ServicePortName(NamespacedName("default", "db"), "http", L4Protocol.TCP)
+        )
+        assert any(chains.svc in line for line in stale), stale
+    # Narrowed to one Service, list --live checks its frontends only.
+    code, listed = lab.list_live(manifests.path, "web")
+    assert (code, listed["kernelOnly"]) == (0, [])
+    assert {r["service"] for r in listed["frontends"]} == {"default/web"}
+
+
+def test_live_finds_the_mode_running_here(lab: Lab, manifests: ManifestDir) -> None:
+    """Without --proxy-mode, ``--live`` compares with the mode running on the node: the
+    one whose rules the kernel holds, or the one the running proxy's /proxyMode names."""
+    manifests.write("svc.yaml", service("web", "10.96.52.1"), endpoint_slice("web", eps("local-1")))
+    sync(lab, manifests)
+    mode = "nftables" if lab.mode == "nftables" else "iptables"
+    flags = (
+        "--manifests", str(manifests.path), "--hostname-override", NODE,
+        "--cluster-cidr", ",".join(CLUSTER_CIDRS), "--metrics-bind-address", "127.0.0.1:10249",
+    )  # fmt: skip
+    done = lab.run(lab.kubeproxy_command("list", *flags, "--live", "-o", "json"))
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["mode"] == mode
+    assert f"Proxy mode {mode}: the kernel holds that mode's rules" in done.stderr
+    if lab.mode != "nftables":
+        return
+    proxy = lab.start(manifests.path, "--metrics-bind-address", "127.0.0.1:10249")
+    try:
+        url = "http://127.0.0.1:10249/proxyMode"
+        wait_for(lambda: lab.executor(lab.node_ns).call(fetch_url, url) == "nftables")
+        packet = ("--src", ip("client"), "--dst", "10.96.52.1", "--port", "80")
+        done = lab.run(lab.kubeproxy_command("explain", *flags, *packet, "--live", "-o", "json"))
+        assert done.returncode == 0, done.stderr
+        assert f"Proxy mode nftables: the running proxy's {url} says so" in done.stderr
+        assert json.loads(done.stdout)["drift"] == []
+    finally:
+        stop_process(proxy)

@@ -79,3 +79,18 @@ def test_watch_events_reach_the_kernel(lab: Lab, api: NetnsApi, tmp_path: Path) 
     text = log.read_text()
     assert "Synced full" in text
     assert "Synced partial" in text
+
+
+def test_run_once_gives_up_on_an_absent_api_server(lab: Lab) -> None:
+    """``run --once`` is a one-shot (scripts, init containers wait for it): with nothing
+    listening it exits 1 after --request-timeout, naming the server; ``run`` itself keeps
+    retrying (tests/unit/test_oneshot.py)."""
+    master = "http://127.0.0.1:1"
+    command = lab.kubeproxy_command(
+        "run", "--once", "--master", master, "--hostname-override", NODE,
+        "--request-timeout", "1s",
+    )  # fmt: skip
+    result = lab.run(command)
+    assert result.returncode == 1, result.stderr
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith(f"Error: API server {master}: no complete state within 1s"), last

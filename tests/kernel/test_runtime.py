@@ -69,6 +69,9 @@ def test_health_and_metrics_servers(lab: Lab, manifests: ManifestDir, tmp_path: 
             'kubeproxy_proxy_healthz_total{code="200"}',
             'kubeproxy_proxy_healthz_total{code="503"}',
             'kubeproxy_proxy_livez_total{code="200"}',
+            # component-base's, from the proxy's own configuration.
+            'kubernetes_build_info{build_date="',
+            'kubernetes_feature_enabled{name="NFTablesProxyMode",stage=""} 1.0',
         ):
             assert name in text, name
         # The metrics port is loopback-only by default, as upstream.

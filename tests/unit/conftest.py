@@ -192,6 +192,7 @@ def endpoint(
     serving: bool | None = None,
     terminating: bool = False,
     node: str | None = None,
+    zone: str | None = None,
     zone_hints: tuple[str, ...] = (),
     node_hints: tuple[str, ...] = (),
 ) -> Endpoint:
@@ -199,6 +200,7 @@ def endpoint(
         ip=ip,
         port=port,
         node_name=node,
+        zone=zone,
         ready=ready,
         serving=ready if serving is None else serving,
         terminating=terminating,

@@ -8,12 +8,22 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from kubeproxy.backends.iptables.names import ServicePortChains
+from kubeproxy.dataplane.process import ToolError
 from kubeproxy.explain import live
-from kubeproxy.explain.objects import kernel_objects
-from kubeproxy.explain.packet import Explanation, Outcome, Packet, explain
-from kubeproxy.model.plan import FamilyPlan, plan_service_port
-from kubeproxy.model.types import Endpoint, ServicePort
+from kubeproxy.explain.objects import KernelObject, kernel_objects
+from kubeproxy.explain.packet import (
+    Explanation,
+    Origin,
+    Outcome,
+    Packet,
+    explain,
+    explain_frontend,
+)
+from kubeproxy.model.plan import FamilyPlan, FrontendKind, plan_service_port
+from kubeproxy.model.types import Endpoint, ServicePort, TrafficPolicy
 from tests.unit.conftest import endpoint, service_port
 from tests.unit.test_explain import CLIENT, NODE_IP, POD, family
 
@@ -226,3 +236,70 @@ def test_ipvs_drift_finds_missing_changed_and_extra_real_servers() -> None:
     assert live.ipvs_drift(objects, replace(same, services={}, real_servers={})) == [
         f"missing ipvs: virtual server {vs} rr"
     ]
+
+
+def test_explain_frontend_reaches_each_frontend_from_outside() -> None:
+    """list --live explains every frontend without a packet: from outside, inside the
+    source ranges, a NodePort on the given node address (ipvs: one per address)."""
+    fam = family()
+    svc = replace(
+        service_port(node_port=30080, etp=TrafficPolicy.LOCAL, load_balancer_ips=("198.51.100.7",)),
+        load_balancer_source_ranges=("192.0.2.0/24",),
+    )
+    plan = plan_service_port(svc, EPS, fam)
+    assert plan is not None
+    by_kind = {f.kind: f for f in plan.frontends}
+    lb = explain_frontend(plan, by_kind[FrontendKind.LOAD_BALANCER], fam, {svc.name: EPS})
+    assert (lb.verdict, lb.origin, lb.packet.src) == (Outcome.DNAT, Origin.OUTSIDE, "192.0.2.1")
+    assert lb.endpoints == ("10.244.1.10:8080",)  # Local policy: node-a's only
+    node_port = by_kind[FrontendKind.NODE_PORT]
+    ipvs = explain_frontend(plan, node_port, fam, {svc.name: EPS}, mode="ipvs", node_ip=NODE_IP)
+    assert str(kernel_objects(ipvs, fam)[0]) == f"ipvs: virtual server TCP/{NODE_IP}:30080 rr"
+    cluster_ip = by_kind[FrontendKind.CLUSTER_IP]
+    mine = explain_frontend(plan, cluster_ip, fam, {svc.name: EPS}, origin=Origin.NODE)
+    assert (mine.origin, mine.verdict, len(mine.endpoints)) == (Origin.NODE, Outcome.DNAT, 2)
+
+
+def test_what_only_the_kernel_holds() -> None:
+    table = "ip kube-proxy"
+    kernel = {
+        "cluster-ips": {"10.96.0.10": None, "10.96.0.99": None},
+        "cluster-ip-2-dests": {"10.96.0.10 . tcp . 80": None},
+    }
+    want = [("cluster-ips", "10.96.0.10"), ("cluster-ip-2-dests", "10.96.0.10 . tcp . 80")]
+    assert live.nft_kernel_only(table, kernel, want) == [
+        "ip kube-proxy: cluster-ips element { 10.96.0.99 }: no Service has it (stale)"
+    ]
+    save = "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-AAA - [0:0]\n:KUBE-SEP-BBB - [0:0]\nCOMMIT\n"
+    assert live.iptables_kernel_only(save, {"KUBE-SVC-AAA"}) == [
+        "nat: chain KUBE-SEP-BBB: no Service has it (stale)"
+    ]
+    view = live.IpvsView(
+        {"TCP/10.96.0.10:80": "rr", "TCP/10.96.0.99:80": "rr", "TCP/192.168.50.1:22": "rr"},
+        {},
+        frozenset({"10.96.0.10", "10.96.0.99"}),
+        {},
+    )
+    ours = [KernelObject("virtual-server", "ipvs", "TCP/10.96.0.10:80", "rr")]
+    # Someone else's virtual server on a node address is not ours to judge.
+    assert live.ipvs_kernel_only(view, ours, {"10.96.0.10"}) == [
+        "ipvs: virtual server TCP/10.96.0.99:80 rr: no Service has this frontend (stale)",
+        "kube-ipvs0: address 10.96.0.99: no Service has it (stale)",
+    ]
+
+
+def test_the_kernel_is_read_once_per_question() -> None:
+    asked: list[tuple[str, ...]] = []
+
+    def read(binary: str, args: list[str]) -> str:
+        asked.append((binary, *args))
+        if args[-1] == "missing":
+            raise ToolError("no such set")
+        return "answer"
+
+    reader = live.KernelReader(read)
+    for _ in range(3):
+        assert reader("nft", ["list", "set", "ip", "kube-proxy", "a"]) == "answer"
+        with pytest.raises(ToolError):
+            reader("nft", ["list", "set", "ip", "kube-proxy", "missing"])
+    assert len(asked) == 2

@@ -385,6 +385,17 @@ def test_render_prints_ipvsadm_ipset_and_iptables_inputs(tmp_path: Path) -> None
     assert w.ipvs.calls == [] and w.links.calls == []
 
 
+def test_render_puts_node_ports_on_the_node_objects_address(tmp_path: Path) -> None:
+    """render describes the node the flags name: its NodePort virtual servers are on the
+    Node object's primary IP, never on the addresses of the machine render runs on."""
+    w = World(tmp_path)
+    w.links.node = {"10.1.2.3", "127.0.0.1"}  # this machine: not node-a
+    text = w.backend.render(snap((web(node_port=30080), eps("10.244.1.1"))))
+    assert "-A -t 192.168.50.1:30080 -s rr\n" in text
+    assert "10.1.2.3" not in text
+    assert "add KUBE-NODE-PORT-TCP 30080\n" in text
+
+
 # ----------------------------------------------------------- the fakes' refusals
 
 

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from kubeproxy import __version__, configfile
 from kubeproxy.backends import SyncResult
 from kubeproxy.health import HealthServer, ProxyHealth
 from kubeproxy.metrics import (
@@ -13,6 +14,7 @@ from kubeproxy.metrics import (
     SYNC_DURATION_BUCKETS,
     Metrics,
     MetricsServer,
+    build_info,
 )
 from tests.unit.test_health import T0, FakeClock, fetch, started
 
@@ -54,6 +56,9 @@ EXPECTED = {
     "rest_client_requests_total": "counter",
     "rest_client_request_duration_seconds": "histogram",
     "go_goroutines": "gauge",
+    # component-base's, as every Kubernetes component has them.
+    "kubernetes_build_info": "gauge",
+    "kubernetes_feature_enabled": "gauge",
 }
 
 RESULT = SyncResult(full=True, elements=7, chains=3, no_local_internal=1, no_local_external=2)
@@ -268,3 +273,43 @@ def test_configz_shows_the_configuration() -> None:
             assert reply.json() == {"kubeproxy.config.k8s.io": {"mode": "nftables"}}
 
     asyncio.run(scenario())
+
+
+def test_build_info_has_component_bases_labels() -> None:
+    metrics = Metrics()
+    families = {m.name: m for m in metrics.registry.collect()}
+    (sample,) = families["kubernetes_build_info"].samples
+    assert families["kubernetes_build_info"].type == "gauge"
+    # component-base/metrics/prometheus/version: these labels, in this order, value 1.
+    assert list(sample.labels) == [
+        "major", "minor", "git_version", "git_commit", "git_tree_state", "build_date",
+        "go_version", "compiler", "platform",
+    ]  # fmt: skip
+    assert sample.value == 1
+    assert sample.labels["git_version"] == f"v{__version__}"
+    assert (sample.labels["major"], sample.labels["minor"]) == tuple(__version__.split(".")[:2])
+    assert sample.labels["platform"].startswith("linux/")
+    assert sample.labels["go_version"].startswith("python3.")
+    assert build_info("1.2.3")["git_version"] == "v1.2.3"
+
+
+def test_feature_enabled_for_every_known_gate() -> None:
+    cfg = configfile.apply_flags(
+        configfile.default_config(),
+        {"feature-gates": {"PreferSameTrafficDistribution": False, "Unknown": True}},
+        config_file=False,
+    )
+    metrics = Metrics(features=configfile.feature_states(cfg))
+    value = metrics.registry.get_sample_value
+    name = "kubernetes_feature_enabled"
+    assert value(name, {"name": "PreferSameTrafficDistribution", "stage": "BETA"}) == 0
+    assert value(name, {"name": "NFTablesProxyMode", "stage": ""}) == 1
+    assert value(name, {"name": "AllAlpha", "stage": "ALPHA"}) == 0
+    samples = {
+        s.labels["name"] for m in metrics.registry.collect() if m.name == name for s in m.samples
+    }
+    # Every gate kubeproxy knows, and only those (an unknown one is ignored, with a warning).
+    assert samples == set(configfile.KNOWN_FEATURE_GATES)
+    assert set(configfile.FEATURE_GATE_STAGES) == set(configfile.KNOWN_FEATURE_GATES)
+    text = metrics.exposition().decode()
+    assert 'kubernetes_feature_enabled{name="LoadBalancerIPMode",stage=""} 1.0' in text

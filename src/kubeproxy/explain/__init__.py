@@ -7,8 +7,11 @@
   rules, that implement it, from the backends' own renderers.
 * :mod:`.socket_hooks` (pure) — ebpf mode: whether its socket hooks take the connection (and
   their map entries), or the nftables explanation stands.
-* :mod:`.listing` (pure) — every frontend with its policies and endpoint counts.
+* :mod:`.listing` (pure) — every frontend with its policies, endpoints and (``--live``)
+  drift.
 * :mod:`.output` (pure) — text and JSON for ``explain``.
 * :mod:`.live` — ``--live``: reads the kernel and compares (the comparison is pure).
-* :mod:`.command` — plans from configuration and snapshot, as a sync makes them.
+* :mod:`.running` — ``--live`` without ``--proxy-mode``: the mode running on the node.
+* :mod:`.command` — plans from configuration and snapshot, as a sync makes them; one
+  packet (``explain``) or every frontend (``list``, ``list --live``).
 """

@@ -7,14 +7,26 @@ use; here the configuration and the snapshot become the same plans a sync progra
 or list. ``--live`` is the only side effect: it reads the node's addresses and the
 kernel's objects (:mod:`kubeproxy.explain.live`; in ebpf mode also the pinned map of
 the socket hooks, :mod:`kubeproxy.explain.socket_hooks`).
+
+``list --live`` (:func:`list_live`) checks every frontend the way ``explain --live``
+checks one packet's: each frontend is explained for a new connection from outside
+(:func:`~kubeproxy.explain.packet.explain_frontend`; ipvs mode: on each NodePort
+address; ebpf mode: also from this node, through the socket hooks), its kernel objects
+computed by the same renderers and compared with the same pure functions, the kernel
+read once for all of them (:class:`_Kernel`). Unfiltered, it also reports what the
+kernel holds that no frontend explains.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from kubeproxy.backends.iptables import render as ipt
 from kubeproxy.backends.ipvs.names import DUMMY_DEVICE
+from kubeproxy.backends.ipvs.render import node_port_addresses
+from kubeproxy.backends.nftables import render as nft
 from kubeproxy.backends.planning import family_plans, service_port_plans
 from kubeproxy.config import ConfigError, ProxyConfig
 from kubeproxy.dataplane.bpf.socklb import pinned_entry, unlinked_hooks
@@ -23,8 +35,8 @@ from kubeproxy.dataplane.iptables.runner import IptablesCommand, detect_flavor
 from kubeproxy.dataplane.ipvs import IpvsError
 from kubeproxy.dataplane.process import ToolError
 from kubeproxy.explain import live, socket_hooks
-from kubeproxy.explain.listing import Row, rows
-from kubeproxy.explain.objects import KernelObject, kernel_objects
+from kubeproxy.explain.listing import Row, row, rows, select, sort_key
+from kubeproxy.explain.objects import KernelObject, kernel_objects, nft_table
 from kubeproxy.explain.packet import (
     Explanation,
     NodeAddresses,
@@ -32,9 +44,10 @@ from kubeproxy.explain.packet import (
     Outcome,
     Packet,
     explain,
+    explain_frontend,
 )
-from kubeproxy.model.plan import FamilyPlan, ServicePortPlan
-from kubeproxy.model.state import Snapshot
+from kubeproxy.model.plan import FamilyPlan, FrontendKind, ServicePortPlan
+from kubeproxy.model.state import NodeState, Snapshot
 from kubeproxy.model.types import IPFamily
 
 
@@ -114,29 +127,194 @@ def _socket_drift(config: ProxyConfig, result: Explanation) -> list[str]:
     return socket_hooks.socket_drift(result, have, unlinked_hooks(pin_dir))
 
 
+class _Kernel:
+    """The kernel's answers for one command, each read at most once (``whole``: ipvs
+    mode's whole table at once, for ``list --live``; else only what is asked)."""
+
+    def __init__(self, config: ProxyConfig, *, whole: bool = False) -> None:
+        self.config = config
+        self.whole = whole
+        self.read = live.KernelReader()
+        self._saves: dict[IPFamily, str | Exception] = {}
+        self._ipvs: live.IpvsView | None = None
+
+    def iptables_save(self, family: IPFamily) -> str:
+        """``iptables-save -t nat`` of the iptables the proxy drives."""
+        if family not in self._saves:
+            flavor = self.config.iptables_backend
+            chosen = (
+                detect_flavor() if flavor == "auto" else ("legacy" if flavor == "legacy" else "nft")
+            )
+            try:
+                self._saves[family] = IptablesCommand(family, chosen).save("nat")
+            except (ToolError, RuntimeError) as err:
+                self._saves[family] = err
+        save = self._saves[family]
+        if isinstance(save, Exception):
+            raise save
+        return save
+
+    def ipvs(self, objects: tuple[KernelObject, ...]) -> live.IpvsView:
+        if not self.whole:
+            return live.read_ipvs(objects, self.read)
+        if self._ipvs is None:
+            self._ipvs = live.read_ipvs(None, self.read)
+        return self._ipvs
+
+
+_READ_ERRORS = (ToolError, RuntimeError, IpvsError, IpsetError)
+
+
 def _drift(
-    config: ProxyConfig, result: Explanation, fam: FamilyPlan, objects: tuple[KernelObject, ...]
+    config: ProxyConfig,
+    result: Explanation,
+    fam: FamilyPlan,
+    objects: tuple[KernelObject, ...],
+    kernel: _Kernel | None = None,
 ) -> list[str]:
+    kernel = kernel or _Kernel(config)
     try:
         if proxy_mode(config) == "ipvs":
-            return live.ipvs_drift(objects, live.read_ipvs(objects))
+            return live.ipvs_drift(objects, kernel.ipvs(objects))
         if proxy_mode(config) == "nftables":
-            chains, elements = live.read_nft(result, fam, objects)
+            chains, elements = live.read_nft(result, fam, objects, kernel.read)
             if not chains:
                 return [f"no table {fam.family.value} kube-proxy: kubeproxy has not synced here"]
             return live.nft_drift(result, fam, objects, chains, elements)
-        flavor = config.iptables_backend
-        chosen = (
-            detect_flavor() if flavor == "auto" else ("legacy" if flavor == "legacy" else "nft")
-        )
-        save = IptablesCommand(fam.family, chosen).save("nat")
-        return live.iptables_drift(result, objects, save)
-    except (ToolError, RuntimeError, IpvsError, IpsetError) as err:
+        return live.iptables_drift(result, objects, kernel.iptables_save(fam.family))
+    except _READ_ERRORS as err:
         return [f"cannot read the kernel's rules: {err}"]
 
 
-def list_frontends(config: ProxyConfig, snapshot: Snapshot) -> list[Row]:
+def node_warnings(
+    node: NodeState, has_object: bool, *, guessed: bool, live: bool = False
+) -> list[str]:
+    """What the answer assumes about the node, when the source could not say (pure).
+
+    ``has_object``: the source has a Node named ``node.name``; ``guessed``: that name is
+    this machine's hostname, not ``--hostname-override``; ``live``: the node's addresses
+    come from the kernel (``--live``) rather than the Node object."""
+    out: list[str] = []
+    if guessed:
+        out.append(
+            f"No --hostname-override (hostnameOverride): this machine's hostname "
+            f"{node.name!r} is taken as the node's name, as kube-proxy does; give the "
+            "name of the node to look at"
+        )
+    if not has_object:
+        out.append(
+            f"No Node object named {node.name!r}: its addresses, zone and podCIDRs are "
+            + (
+                "unknown (the addresses are read from this machine: --live)"
+                if live
+                else "unknown: 'this node' is loopback only, NodePorts on its addresses "
+                "and topology hints are judged without them"
+            )
+        )
+    elif not node.primary_ips and not live:
+        out.append(
+            f"Node {node.name!r} has no InternalIP or ExternalIP address: 'this node' is "
+            "loopback only and its NodePort addresses are not known"
+        )
+    return out
+
+
+def list_live(
+    config: ProxyConfig,
+    snapshot: Snapshot,
+    namespace: str | None = None,
+    names: Collection[str] = (),
+) -> tuple[list[Row], list[str]]:
+    """Every (selected) frontend's row with its drift, and, when nothing is filtered out,
+    what the kernel holds that no frontend explains (see the module docstring)."""
+    mode = proxy_mode(config)
+    scheduler = config.ipvs.scheduler
+    kernel = _Kernel(config, whole=True)
+    addresses: frozenset[str] = frozenset()
+    if mode == "ipvs":
+        try:
+            addresses = live.node_addresses(kernel.read, skip=DUMMY_DEVICE)
+        except (ToolError, ValueError) as err:
+            raise ConfigError(f"--live: cannot read this node's addresses: {err}") from None
+    whole = namespace is None and not names
+    out: list[tuple[FrontendKind, Row]] = []
+    expected: list[KernelObject] = []
+    kernel_only: list[str] = []
+    for fam in family_plans(config, snapshot):
+        plans = select(_plans(snapshot, fam), namespace, names)
+        node_ips = node_port_addresses(fam, addresses)
+        fam_expected: list[KernelObject] = []
+        for plan in plans:
+            for frontend in plan.frontends:
+                via: list[str | None] = [None]
+                if mode == "ipvs" and frontend.kind is FrontendKind.NODE_PORT:
+                    via = list(node_ips)  # a virtual server on each NodePort address
+                drift: list[str] = []
+                for node_ip in via:
+                    result = explain_frontend(
+                        plan, frontend, fam, snapshot.endpoints, mode=mode, node_ip=node_ip,
+                        scheduler=scheduler,
+                    )  # fmt: skip
+                    objects = kernel_objects(result, fam, scheduler)
+                    fam_expected.extend(objects)
+                    drift += _drift(config, result, fam, objects, kernel)
+                if config.mode == "ebpf" and frontend.kind is not FrontendKind.NODE_PORT:
+                    mine = explain_frontend(
+                        plan, frontend, fam, snapshot.endpoints, origin=Origin.NODE
+                    )
+                    drift += _socket_drift(
+                        config, socket_hooks.through_hooks(mine, fam, snapshot.endpoints)
+                    )
+                r = row(plan, frontend, snapshot.endpoints, snapshot.node.name)
+                out.append((frontend.kind, replace(r, drift=tuple(drift))))
+        expected.extend(fam_expected)
+        if whole and mode != "ipvs":
+            kernel_only += _kernel_only(config, fam, plans, kernel)
+    if whole and mode == "ipvs":
+        bound = {o.name for o in expected if o.kind == "address"}
+        try:
+            kernel_only += live.ipvs_kernel_only(kernel.ipvs(()), expected, bound)
+        except _READ_ERRORS as err:
+            kernel_only.append(f"cannot read the kernel's rules: {err}")
+    out.sort(key=lambda r: sort_key(*r))
+    return [r for _, r in out], kernel_only
+
+
+def _kernel_only(
+    config: ProxyConfig, fam: FamilyPlan, plans: list[ServicePortPlan], kernel: _Kernel
+) -> list[str]:
+    """nftables (and ebpf) and iptables modes: what the kernel holds for a ServicePort
+    that no plan of ``fam`` has (rendered again here, as a sync would)."""
+    try:
+        if proxy_mode(config) == "nftables":
+            want = [
+                (set_name, key)
+                for rules in (nft.render_service_port(plan, fam) for plan in plans)
+                for elements in (*(d.elements for d in rules.destinations), rules.shared)
+                for set_name, key, _ in elements
+            ]
+            have = live.read_nft_service_elements(fam, kernel.read)
+            return live.nft_kernel_only(nft_table(fam), have, want)
+        chains = {
+            name
+            for plan in plans
+            for name, _ in ipt.render_service_port(plan, fam, ipt.Settings()).chains
+        }
+        return live.iptables_kernel_only(kernel.iptables_save(fam.family), chains)
+    except _READ_ERRORS as err:
+        return [f"cannot read the kernel's rules: {err}"]
+
+
+def list_frontends(
+    config: ProxyConfig,
+    snapshot: Snapshot,
+    namespace: str | None = None,
+    names: Collection[str] = (),
+) -> list[Row]:
+    """Every frontend's row, of the Services in ``namespace`` named ``names`` (see
+    :func:`~kubeproxy.explain.listing.select`)."""
     out: list[Row] = []
     for fam in family_plans(config, snapshot):
-        out.extend(rows(_plans(snapshot, fam), snapshot.endpoints, snapshot.node.name))
+        plans = select(_plans(snapshot, fam), namespace, names)
+        out.extend(rows(plans, snapshot.endpoints, snapshot.node.name))
     return out

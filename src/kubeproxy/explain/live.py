@@ -14,6 +14,12 @@ server and its real servers (netlink), ``kube-ipvs0``'s addresses and the ipsets
   extra endpoint (nftables); the ``KUBE-SEP-`` chains the Service chain jumps to and their
   ``--to-destination`` are compared with the candidates (iptables); the virtual
   server's real servers and weights with the plan's (ipvs).
+
+``list --live`` asks the same questions for every frontend, through one
+:class:`KernelReader` (each command's output read once: the nftables layout has a fixed
+number of sets, whatever the number of Services), and then what the kernel holds that
+no frontend of the plan explains (:func:`nft_kernel_only`, :func:`iptables_kernel_only`,
+:func:`ipvs_kernel_only`): a Service deleted while its rules stayed behind.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from dataclasses import dataclass
 
 from kubeproxy.backends.nftables.table import (
     DESTS_SUFFIX,
+    ELEMENT_SETS,
+    FIREWALL_ALLOW,
     LOCAL_OFFSET,
     is_backends,
     static_sets,
@@ -50,6 +58,27 @@ def read_command(binary: str, args: list[str]) -> str:
 
 
 _PACKAGES = {"ip": "iproute2", "nft": "nftables"}
+
+
+class KernelReader:
+    """A :data:`Reader` that runs each distinct command once and remembers its answer
+    (or its failure): ``list --live`` checks every frontend against the same sets."""
+
+    def __init__(self, read: Reader = read_command) -> None:
+        self._read = read
+        self._answers: dict[tuple[str, tuple[str, ...]], str | ToolError] = {}
+
+    def __call__(self, binary: str, args: list[str]) -> str:
+        key = (binary, tuple(args))
+        if key not in self._answers:
+            try:
+                self._answers[key] = self._read(binary, args)
+            except ToolError as err:
+                self._answers[key] = err
+        answer = self._answers[key]
+        if isinstance(answer, ToolError):
+            raise answer
+        return answer
 
 
 def node_addresses(read: Reader = read_command, skip: str | None = None) -> frozenset[str]:
@@ -202,6 +231,52 @@ def read_nft(
     return chains, elements
 
 
+# Sets and maps whose elements each belong to one ServicePort (firewall-allow is an
+# interval set, which the kernel prints merged: not comparable element by element).
+_SERVICE_SETS = frozenset(ELEMENT_SETS) - {FIREWALL_ALLOW}
+
+
+def read_nft_service_elements(
+    fam: FamilyPlan, read: Reader = read_command
+) -> dict[str, dict[str, str | None]]:
+    """The elements of every set and map of the table that holds ServicePorts' elements
+    (``service-ips``, ``no-endpoint-services``, ``cluster-ips``..., and each shared chain's
+    ``-dests`` set); empty when there is no table."""
+    family, name = nft_table(fam).split()
+    try:
+        listing = json.loads(read("nft", ["-j", "-t", "list", "table", family, name]))
+    except ToolError:
+        return {}
+    out: dict[str, dict[str, str | None]] = {}
+    for item in listing.get("nftables", []):
+        for kind in ("set", "map"):
+            obj = item.get(kind)
+            set_name = str(obj.get("name")) if isinstance(obj, dict) else ""
+            if set_name in _SERVICE_SETS or set_name.endswith(DESTS_SUFFIX):
+                try:
+                    text = read("nft", ["list", kind, family, name, set_name])
+                except ToolError:
+                    text = ""
+                out[set_name] = parse_elements(text)
+    return out
+
+
+def nft_kernel_only(
+    table: str,
+    kernel: Mapping[str, Mapping[str, str | None]],
+    expected: Iterable[tuple[str, str]],
+) -> list[str]:
+    """Elements of ``kernel`` (by set) that no ServicePort renders (``expected``: every
+    ServicePort's (set, key) pairs)."""
+    want = set(expected)
+    return [
+        f"{table}: {set_name} element {{ {key} }}: no Service has it (stale)"
+        for set_name, elements in sorted(kernel.items())
+        for key in sorted(elements)
+        if (set_name, key) not in want
+    ]
+
+
 # ----------------------------------------------------------------------- iptables
 
 
@@ -247,6 +322,21 @@ def iptables_drift(result: Explanation, objects: Sequence[KernelObject], save: s
     return drift
 
 
+# Chains of one ServicePort (or endpoint) in upstream's iptables layout.
+SERVICE_CHAIN_PREFIXES = ("KUBE-SVC-", "KUBE-SVL-", "KUBE-EXT-", "KUBE-FW-", "KUBE-SEP-")
+
+
+def iptables_kernel_only(save: str, expected_chains: Iterable[str]) -> list[str]:
+    """ServicePort and endpoint chains in the nat table that no Service has."""
+    chains, _ = parse_save(save)
+    want = set(expected_chains)
+    return [
+        f"nat: chain {chain}: no Service has it (stale)"
+        for chain in sorted(chains)
+        if chain.startswith(SERVICE_CHAIN_PREFIXES) and chain not in want
+    ]
+
+
 # --------------------------------------------------------------------------- ipvs
 
 
@@ -288,20 +378,45 @@ def ipvs_drift(objects: Sequence[KernelObject], view: IpvsView) -> list[str]:
     return drift
 
 
-def read_ipvs(objects: Sequence[KernelObject], read: Reader = read_command) -> IpvsView:
-    """The kernel's side of ``objects``: this namespace's IPVS table over netlink."""
+def ipvs_kernel_only(
+    view: IpvsView, expected: Iterable[KernelObject], addresses: Iterable[str]
+) -> list[str]:
+    """Virtual servers on ``kube-ipvs0``'s addresses that no frontend has, and addresses
+    on it no frontend needs (``addresses``: those the plan binds)."""
+    want = {o.name for o in expected if o.kind == "virtual-server"}
+    bound = set(addresses)
+    out = [
+        f"ipvs: virtual server {name} {how}: no Service has this frontend (stale)"
+        for name, how in sorted(view.services.items())
+        if name not in want and _vs_address(name) in view.addresses
+    ]
+    out.extend(
+        f"kube-ipvs0: address {a}: no Service has it (stale)"
+        for a in sorted(view.addresses - bound)
+    )
+    return out
+
+
+def _vs_address(name: str) -> str:
+    """The address of a virtual server named as :class:`ServiceKey` prints it."""
+    return name.partition("/")[2].rpartition(":")[0].strip("[]")
+
+
+def read_ipvs(objects: Sequence[KernelObject] | None, read: Reader = read_command) -> IpvsView:
+    """The kernel's side of ``objects`` (None: everything): this namespace's IPVS table
+    over netlink, ``kube-ipvs0``'s addresses and the ipsets."""
     from kubeproxy.backends.ipvs.names import DUMMY_DEVICE
     from kubeproxy.dataplane.ipset import IpsetCommand
     from kubeproxy.dataplane.ipvs.netlink import NetlinkIpvs
 
-    wanted = {o.name for o in objects if o.kind == "virtual-server"}
+    wanted = None if objects is None else {o.name for o in objects if o.kind == "virtual-server"}
     services: dict[str, str] = {}
     real: dict[str, dict[str, str]] = {}
     ipvs = NetlinkIpvs()
     try:
         for vs in ipvs.services():
             name = str(vs.key)
-            if name not in wanted:
+            if wanted is not None and name not in wanted:
                 continue
             services[name] = str(vs).removeprefix(f"{name} ")
             real[name] = {
@@ -315,10 +430,10 @@ def read_ipvs(objects: Sequence[KernelObject], read: Reader = read_command) -> I
     addresses: set[str] = set()
     for link in json.loads(read("ip", ["-j", "addr", "show", "dev", DUMMY_DEVICE]) or "[]"):
         addresses.update(str(i.get("local")) for i in link.get("addr_info", []))
-    sets = {o.name for o in objects if o.kind == "element"}
+    sets = None if objects is None else {o.name for o in objects if o.kind == "element"}
     members = {
         name: frozenset(state.members)
         for name, state in IpsetCommand().sets().items()
-        if name in sets
+        if sets is None or name in sets
     }
     return IpvsView(services, real, frozenset(addresses), members)

@@ -667,6 +667,42 @@ def _no_match(
     return Explanation(packet, mode, src.origin, verdict, tuple(reasons))
 
 
+# ---------------------------------------------------------------- one frontend
+
+
+# A client with nothing to do with the node (documentation ranges, RFC 5737 / 3849).
+_OUTSIDE_CLIENT = {IPFamily.IPv4: "203.0.113.1", IPFamily.IPv6: "2001:db8::1"}
+
+
+def explain_frontend(
+    plan: ServicePortPlan,
+    frontend: Frontend,
+    fam: FamilyPlan,
+    endpoints: Mapping[ServicePortName, Sequence[Endpoint]],
+    *,
+    mode: str = "nftables",
+    origin: Origin = Origin.OUTSIDE,
+    node_ip: str | None = None,
+    scheduler: str = "rr",
+) -> Explanation:
+    """A new connection to ``frontend`` of ``plan`` from ``origin`` (``list --live``: what
+    each frontend's rules are, without a packet to match). The client is allowed by the
+    frontend's source ranges; a NodePort is reached on ``node_ip`` (ipvs mode has one
+    virtual server per node address)."""
+    src = _OUTSIDE_CLIENT[fam.family]
+    if frontend.source_ranges:
+        net = ipaddress.ip_network(frontend.source_ranges[0])
+        src = str(net.network_address if net.num_addresses == 1 else net[1])
+    dst = frontend.ip or node_ip or _OUTSIDE_CLIENT[fam.family]
+    packet = Packet(src, dst, frontend.port, plan.service_port.protocol)
+    node = NodeAddresses(frozenset({node_ip} if node_ip else ()))
+    ctx = _Context(packet, fam, mode, _classify(packet, fam, node, origin), node, scheduler)
+    want_v6 = fam.family is IPFamily.IPv6
+    family_eps = [ep for ep in endpoints.get(plan.name, ()) if (":" in ep.ip) is want_v6]
+    decide = _decide_ipvs if mode == "ipvs" else _decide
+    return decide(ctx, plan, frontend, family_eps)
+
+
 # ------------------------------------------------------------------------ entry
 
 

@@ -223,15 +223,23 @@ class Lab:
     def explain(self, manifests: Path, *args: str) -> dict[str, Any]:
         """``kubeproxy explain --live -o json`` in node-a's namespace, with the flags of
         :meth:`kubeproxy_args` (``args``: the extra flags of the sync, then the packet's)."""
+        return self.live_json("explain", manifests, *args)[1]
+
+    def list_live(self, manifests: Path, *args: str) -> tuple[int, dict[str, Any]]:
+        """``kubeproxy list --live -o json``, as :meth:`explain`: its exit status and output."""
+        return self.live_json("list", manifests, *args)
+
+    def live_json(self, which: str, manifests: Path, *args: str) -> tuple[int, dict[str, Any]]:
+        """``kubeproxy WHICH --live -o json`` with node-a's flags: exit status, output."""
         command = self.kubeproxy_command(
-            "explain", *self.proxy_flags(manifests), *args, "--live", "-o", "json"
+            which, *self.proxy_flags(manifests), *args, "--live", "-o", "json"
         )
         result = self.run(command)
         # Exit status 1 reports drift (in the output); anything else is a failure.
         if result.returncode not in (0, 1):
-            raise RuntimeError(f"kubeproxy explain failed: {result.stderr}")
+            raise RuntimeError(f"kubeproxy {which} failed: {result.stderr}")
         data: dict[str, Any] = json.loads(result.stdout)
-        return data
+        return result.returncode, data
 
     def sync_once(self, manifests: Path, *extra: str) -> subprocess.CompletedProcess[str]:
         """Run ``kubeproxy run --once`` for node-a in the node namespace."""

@@ -117,6 +117,11 @@ class ProxyState:
         return self.pending
 
     @property
+    def node(self) -> Node | None:
+        """This node's Node object, if the source has one."""
+        return self._node
+
+    @property
     def pending(self) -> bool:
         return bool(
             self.service_changes.pending() or self.endpoint_changes.pending() or self._node_dirty

@@ -3,7 +3,8 @@
 Every source has the same interface, :class:`Source`: ``watch(stop)`` yields the complete
 initial state as its first batch of :class:`~kubeproxy.sources.events.Event`, then a batch
 whenever something changes. :mod:`~kubeproxy.sources.manifests` reads a directory of YAML;
-:mod:`~kubeproxy.sources.kube` lists and watches the Kubernetes API.
+:mod:`~kubeproxy.sources.kube` lists and watches the Kubernetes API;
+:mod:`~kubeproxy.sources.oneshot` bounds how long one-shot commands wait for a source.
 """
 
 from __future__ import annotations

@@ -60,6 +60,7 @@ from kubeproxy.sources.kube_client import (
     ApiClient,
     ApiError,
     Connection,
+    CredentialsError,
     RequestError,
     RequestObserver,
     load_connection,
@@ -74,6 +75,7 @@ from kubeproxy.sources.kube_informer import (
     Tuning,
     Wakeup,
 )
+from kubeproxy.sources.oneshot import Trouble
 
 log = logging.getLogger(__name__)
 
@@ -142,14 +144,43 @@ class KubeSource:
         self.announce = announce
         # The informers' (and the discovery's) failure trackers while watch() runs.
         self._health: list[Health] = []
+        self._trouble: Trouble | None = None
+        self._final = asyncio.Event()
 
     def problem(self) -> str | None:
         """Why the API server does not answer as it should now, or None (for the proxy's
-        logs and /healthz while it waits for the initial state)."""
+        logs and /healthz while it waits for the initial state): the failures not yet
+        followed by a success, unlike :attr:`trouble`, the last failure ever."""
         errors = [h.last_error for h in self._health if h.last_error is not None]
         if not errors:
             return None
         return f"{self.connection.server}: {'; '.join(errors)}"
+
+    # One-shot commands ask these when the initial state does not come (sources.oneshot).
+
+    @property
+    def server(self) -> str:
+        return self.connection.server
+
+    @property
+    def trouble(self) -> Trouble | None:
+        """The last failed request (list, watch or discovery), if any."""
+        return self._trouble
+
+    async def final_trouble(self) -> Trouble:
+        await self._final.wait()
+        assert self._trouble is not None
+        return self._trouble
+
+    def _failed(self, what: str, action: str, err: BaseException) -> None:
+        # Denied (after the credentials were refreshed once) or no credentials: the proxy
+        # retries, as upstream, but a one-shot command has nothing to wait for.
+        final = isinstance(err, CredentialsError) or (
+            isinstance(err, ApiError) and err.code in (401, 403)
+        )
+        self._trouble = Trouble(f"cannot {action} {what}: {err}", final)
+        if final:
+            self._final.set()
 
     @classmethod
     def from_flags(
@@ -185,7 +216,9 @@ class KubeSource:
             tasks: list[asyncio.Task[None]] = [asyncio.create_task(batcher.watch_stop())]
 
             def start(resource: Resource) -> None:
-                informer = Informer(client, resource, batcher.put, self.tuning, wakeup)
+                informer = Informer(
+                    client, resource, batcher.put, self.tuning, wakeup, on_failure=self._failed
+                )
                 informers.append(informer)
                 self._health.append(informer.health)
                 tasks.append(asyncio.create_task(informer.run(), name=f"watch-{resource.name}"))
@@ -219,7 +252,7 @@ class KubeSource:
 
     async def _service_cidrs_served(self, client: ApiClient, stop: asyncio.Event) -> bool | None:
         """Whether networking.k8s.io/v1 serves ServiceCIDRs; None if stopped first."""
-        health = Health("the networking.k8s.io/v1 API")
+        health = Health("the networking.k8s.io/v1 API", on_failure=self._failed)
         self._health.append(health)
         backoff = Backoff(self.tuning.backoff_initial, self.tuning.backoff_max)
         while not stop.is_set():

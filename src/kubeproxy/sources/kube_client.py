@@ -40,7 +40,7 @@ import msgspec
 from lightkube import KubeConfig
 from lightkube.config.client_adapter import user_auth, verify_cluster
 from lightkube.config.kubeconfig import SERVICE_ACCOUNT, SingleConfig
-from lightkube.config.models import User
+from lightkube.config.models import Cluster, User
 from lightkube.core.exceptions import ConfigError as LightkubeConfigError
 
 from kubeproxy import __version__
@@ -361,6 +361,8 @@ def load_connection(
     if not server.startswith(("https://", "http://")):
         raise ConfigError(f"API server URL {server!r} must start with https:// or http://")
     user = config.user or User()
+    if server.startswith("https://"):
+        _check_files(config, cluster, user)
     try:
         context = (
             verify_cluster(cluster, user, config.abs_file)
@@ -376,6 +378,28 @@ def load_connection(
         credentials=Credentials(auth, server),
         limiter=TokenBucket(qps or DEFAULT_QPS, burst or DEFAULT_BURST),
     )
+
+
+def _check_files(config: SingleConfig, cluster: Cluster, user: User) -> None:
+    """Every file the kubeconfig names for TLS (and lightkube will read: inline data wins
+    for the client's) can be read; else a ConfigError naming the field and the file (the
+    ssl module's own error, "No such file or directory", names neither)."""
+    files = [("certificate-authority", cluster.certificate_auth)]
+    if not user.client_cert_data:
+        files.append(("client-certificate", user.client_cert))
+    if not user.client_key_data:
+        files.append(("client-key", user.client_key))
+    for what, name in files:
+        if not name:
+            continue
+        path = config.abs_file(name)
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as err:
+            raise ConfigError(
+                f"cannot use the API server credentials: {what} {path}: {err.strerror or err}"
+            ) from None
 
 
 def check_content_type(content_type: str) -> None:

@@ -145,16 +145,29 @@ class Wakeup:
             await asyncio.wait_for(self._event.wait(), seconds)
 
 
-class Health:
-    """Logs the start of a failure streak and its end, once each, not every retry."""
+# Told about every failed attempt: (what, action, error), e.g. ("services", "list", err).
+FailureObserver = Callable[[str, str, BaseException], None]
 
-    def __init__(self, what: str, on_recovery: Callable[[], None] | None = None) -> None:
+
+class Health:
+    """Logs the start of a failure streak and its end, once each, not every retry.
+
+    ``on_failure`` hears of every failed attempt (the source keeps the last one, which a
+    one-shot command reports when it gives up: :mod:`kubeproxy.sources.oneshot`)."""
+
+    def __init__(
+        self,
+        what: str,
+        on_recovery: Callable[[], None] | None = None,
+        on_failure: FailureObserver | None = None,
+    ) -> None:
         self.what = what
         self.failures = 0
         self._since = 0.0
         self._on_recovery = on_recovery
         # The latest failure while failing ("cannot list services: ..."), else None.
         self.last_error: str | None = None
+        self._on_failure = on_failure
 
     @property
     def failing(self) -> bool:
@@ -173,6 +186,8 @@ class Health:
             log.debug("Still cannot %s %s: %s", action, self.what, err)
         self.failures += 1
         self.last_error = f"cannot {action} {self.what}: {err}"
+        if self._on_failure is not None:
+            self._on_failure(self.what, action, err)
 
     def recovered(self) -> None:
         if self.failures:
@@ -221,8 +236,11 @@ class Informer:
         emit: Emit,
         tuning: Tuning,
         wakeup: Wakeup | None = None,
+        *,
+        on_failure: FailureObserver | None = None,
     ) -> None:
-        """``wakeup``: shared by the informers of one source (see :class:`Wakeup`)."""
+        """``wakeup``: shared by the informers of one source (see :class:`Wakeup`);
+        ``on_failure``: told of every failed list or watch (see :class:`Health`)."""
         self._client = client
         self._resource = resource
         self._emit = emit
@@ -235,7 +253,7 @@ class Informer:
         self._paginated = False
         self._backoff = Backoff(tuning.backoff_initial, tuning.backoff_max)
         self._wakeup = wakeup or Wakeup()
-        self.health = Health(resource.name, self._wakeup.fire)
+        self.health = Health(resource.name, self._wakeup.fire, on_failure)
         self.synced = asyncio.Event()
         # client-go's lastSyncResourceVersion.
         self.resource_version = ""

@@ -520,11 +520,12 @@ class IpvsBackend:
 
     def render(self, snapshot: Snapshot) -> str:
         """What a sync from scratch programs: IPVS as ``ipvsadm --save -n`` prints it,
-        the kube-ipvs0 addresses, the ipset restore input and the iptables-restore input."""
-        try:
-            node_addrs = self.links.node_addresses(n.DUMMY_DEVICE)
-        except IpvsError:
-            node_addrs = set()
+        the kube-ipvs0 addresses, the ipset restore input and the iptables-restore input.
+
+        NodePort virtual servers go on the Node object's primary IPs (as ``explain``
+        offline): ``render`` describes the node the flags name, which need not be the
+        machine it runs on, so this machine's addresses say nothing about it."""
+        node_addrs = set(snapshot.node.primary_ips.values())
         out: list[str] = []
         for fam in self._plans(snapshot):
             v6 = fam.family is IPFamily.IPv6

@@ -3,8 +3,8 @@
 :func:`cleanup_chains` lists each table's chains, deletes the jump rules the mode put
 into builtin chains (each copy of each, when the chain it jumps to exists), then flushes
 and deletes, in one ``iptables-restore`` per table, every chain of ``filter``, ``nat``
-and ``mangle`` that the caller recognises as its own. The caller (a backend) knows the names: upstream's
-fixed chains and ``KUBE-SVC-``/``KUBE-SEP-``... prefixes.
+and ``mangle`` that the caller recognises as its own. The caller (a backend) knows the
+names: upstream's fixed chains and ``KUBE-SVC-``/``KUBE-SEP-``... prefixes.
 
 One table failing does not stop the others: the error, raised at the end, lists every
 failure and what was removed anyway. A table's restore fails as a whole when some chain
