@@ -17,8 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from kubeproxy.lab.cluster import CLUSTER_CIDRS, MODE_FLAGS, NODE, NODE_IP, Lab, stop_process
+from kubeproxy.lab.cluster import (
+    CLIENT_GW,
+    CLUSTER_CIDRS,
+    MODE_FLAGS,
+    NODE,
+    NODE_IP,
+    Lab,
+    stop_process,
+)
 from kubeproxy.lab.connects import ConnectProbe
+from kubeproxy.lab.echo import tcp_ask
 from kubeproxy.lab.netns import ns_exec
 from kubeproxy.lab.objects import ManifestDir
 from kubeproxy.lab.switch import CLUSTER_IP, NODE_PORT, proxy_command, switch_modes, write_service
@@ -182,3 +191,36 @@ def test_a_mode_switch_under_traffic_loses_no_connect(
     assert not result.failures(), result.failures()[:5]
     # Every mode served: the Pods answered throughout.
     assert {a.outcome for a in result.attempts} == {"local-1", "local-2"}
+
+
+def test_a_blank_mode_is_iptables_with_node_ports_on_every_local_address(
+    lab: Lab, manifests: ManifestDir
+) -> None:
+    # kubeadm's ConfigMap says mode: "". Resolved to nftables, NodePorts answered on the
+    # Node's primary IP only: not on 127.0.0.1, not on the node's other addresses.
+    write_service(manifests, {"local-1": PODS["local-1"][1]})
+    try:
+        result = lab.run(
+            lab.kubeproxy_command(
+                "run",
+                "--once",
+                "--manifests",
+                str(manifests.path),
+                "--hostname-override",
+                NODE,
+                "--cluster-cidr",
+                ",".join(CLUSTER_CIDRS),
+            )
+        )
+        assert result.returncode == 0, result.stderr
+        assert "Using the iptables proxy mode: the mode is blank" in result.stderr
+        assert "KUBE-SERVICES" in ns_exec(lab.node_ns, "iptables-nft-save", "-t", "nat")
+        assert "kube-proxy" not in ns_exec(lab.node_ns, "nft", "list", "tables")
+        node = lab.executor(lab.node_ns)
+        assert node.call(tcp_ask, "127.0.0.1", NODE_PORT).pod == "local-1"
+        # The outside client's gateway is node-a's other address (not the Node's IP).
+        outside = lab.executor(lab.client_ns)
+        assert outside.call(tcp_ask, CLIENT_GW, NODE_PORT).pod == "local-1"
+        assert outside.call(tcp_ask, NODE_IP, NODE_PORT).pod == "local-1"
+    finally:
+        lab.run(lab.kubeproxy_command("cleanup"))
