@@ -1,0 +1,18 @@
+"""A real Kubernetes control plane in the lab: upstream's own binaries as the oracle.
+
+Map:
+
+* :mod:`.binaries` — where the upstream binaries are (``scripts/build-upstream`` builds
+  kube-apiserver, kube-controller-manager, kube-proxy and kubectl from the Go module
+  proxy, and installs etcd from PyPI, into a cache);
+* :mod:`.pki` — the cluster's certificates and service-account keys (openssl);
+* :mod:`.api` — a small synchronous client of the API server, run from a thread inside a
+  network namespace (the lab's addresses exist only there);
+* :mod:`.controlplane` — etcd, kube-apiserver (TLS, RBAC, ServiceCIDR/IPAddress
+  allocation) and kube-controller-manager (EndpointSlice, EndpointSliceMirroring,
+  ServiceCIDR, service accounts, garbage collection) in a network namespace of their own;
+* :mod:`.cluster` — several nodes as network namespaces on a bridge, Pods as namespaces
+  behind their node (real Pod objects whose status the lab sets, as no kubelet runs),
+  Node objects with zones and allocatable CPU, and kubeproxy (or upstream kube-proxy) on
+  every node with the credentials of deploy/'s ServiceAccount.
+"""
