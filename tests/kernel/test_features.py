@@ -20,7 +20,7 @@ from kubeproxy.lab.cluster import (
     NODE_IP6,
     Lab,
 )
-from kubeproxy.lab.echo import Reply, tally, tcp_ask, udp_ask
+from kubeproxy.lab.echo import Reply, tally, tcp_ask, udp_ask, udp_ask_connected
 from kubeproxy.lab.objects import ManifestDir, endpoint_slice, service
 from kubeproxy.lab.sctp import capture, send_init
 from tests.kernel.conftest import ALL_MODES, HTTP, PODS, eps, ip, sync, wait_for
@@ -319,3 +319,30 @@ def test_nodeports_are_not_served_on_localhost(lab: Lab, manifests: ManifestDir)
     assert node.call(tally, tcp_ask, "192.168.60.1", 30800, count=3) == {"local-1": 3}
     assert node.call(tally, tcp_ask, "127.0.0.1", 30800, count=2) == {"refused": 2}
     assert NODE == "node-a"
+
+
+def test_a_nodeport_without_endpoints_refuses_the_nodes_own_connection(
+    lab: Lab, manifests: ManifestDir
+) -> None:
+    """As upstream (both modes), the no-endpoint NodePort check is on the input path: the
+    node's own connection is refused on arrival (ECONNREFUSED), not dropped on its way
+    out (EPERM, errno 1), which nftables mode did until the differential test against
+    upstream kube-proxy found it (docs/differences-from-upstream.md)."""
+    manifests.write(
+        "svc.yaml",
+        service(
+            "none",
+            "10.96.25.2",
+            [
+                {**HTTP, "nodePort": 30801},
+                {**HTTP, "name": "udp", "protocol": "UDP", "nodePort": 30801},
+            ],
+            type="NodePort",
+        ),
+        endpoint_slice("none", []),
+    )
+    sync(lab, manifests)
+    node = lab.executor(lab.node_ns)
+    for ask in (tcp_ask, udp_ask_connected):
+        assert node.call(tally, ask, NODE_IP, 30801, count=2) == {"refused": 2}, ask
+    assert outside(lab, NODE_IP, 30801, count=2) == {"refused": 2}

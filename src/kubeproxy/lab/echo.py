@@ -155,6 +155,14 @@ def udp_ask(ip: str, port: int, timeout: float = 1.0, sock: socket.socket | None
             s.close()
 
 
+def udp_ask_connected(ip: str, port: int, timeout: float = 1.0) -> Reply:
+    """:func:`udp_ask` on a connected socket: an ICMP port unreachable (REJECT) raises
+    ConnectionRefusedError instead of passing as a timeout (DROP)."""
+    with socket.socket(_family(ip), socket.SOCK_DGRAM) as s:
+        s.connect((ip, port))
+        return udp_ask(ip, port, timeout, sock=s)
+
+
 def outcome(fn: object, *args: object) -> str:
     """Run a client call and describe the result in one word or the pod that answered."""
     try:

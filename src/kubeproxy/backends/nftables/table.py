@@ -355,10 +355,14 @@ def skeleton(fam: FamilyPlan, classes: Iterable[LBChain] = ()) -> Table:
     nodeport_match = _nodeport_match(fam)
     dispatching = dispatch_chains(fam, classes)
     endpoints_check = [f"{dispatch} vmap @{NO_ENDPOINT_SERVICES}"]
-    if nodeport_match:
-        endpoints_check.append(
-            f"{nodeport_match}meta l4proto . th dport vmap @{NO_ENDPOINT_NODEPORTS}"
-        )
+    # As upstream, NodePorts without endpoints are refused on the input path only: the
+    # node's own connection to one leaves through output and is refused on arrival
+    # (ECONNREFUSED), not dropped on its way out (EPERM from connect() or send()).
+    nodeport_endpoints_check = (
+        [f"{nodeport_match}meta l4proto . th dport vmap @{NO_ENDPOINT_NODEPORTS}"]
+        if nodeport_match
+        else []
+    )
     cluster_ips_check = [f"{v.ip} daddr @{CLUSTER_IPS} reject"]
     if fam.service_cidrs:
         cluster_ips_check.append(f"{v.ip} daddr @{SERVICE_CIDRS} drop")
@@ -378,7 +382,11 @@ def skeleton(fam: FamilyPlan, classes: Iterable[LBChain] = ()) -> Table:
             [f"{new} jump firewall-check"],
             BaseChain("filter", "prerouting", pre),
         ),
-        Chain("filter-input", [f"{new} jump endpoints-check"], BaseChain("filter", "input", pre)),
+        Chain(
+            "filter-input",
+            [f"{new} jump endpoints-check", f"{new} jump nodeport-endpoints-check"],
+            BaseChain("filter", "input", pre),
+        ),
         Chain(
             "filter-forward",
             [f"{new} jump endpoints-check", f"{new} jump cluster-ips-check"],
@@ -396,6 +404,7 @@ def skeleton(fam: FamilyPlan, classes: Iterable[LBChain] = ()) -> Table:
         Chain("services", dispatching["services"]),
         Chain(NODEPORTS_CHAIN, dispatching[NODEPORTS_CHAIN]),
         Chain("endpoints-check", endpoints_check),
+        Chain("nodeport-endpoints-check", nodeport_endpoints_check),
         Chain(
             "firewall-check",
             [f"{dispatch} @{FIREWALL_IPS} {dispatch} . {v.ip} saddr != @{FIREWALL_ALLOW} drop"],
@@ -430,6 +439,7 @@ SKELETON_CHAINS = frozenset(
         "services",
         NODEPORTS_CHAIN,
         "endpoints-check",
+        "nodeport-endpoints-check",
         "firewall-check",
         "cluster-ips-check",
         REJECT_CHAIN,
