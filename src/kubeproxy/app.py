@@ -33,7 +33,11 @@ from kubeproxy.backends import SYNC_LOG_WORDS, Backend, SyncResult
 from kubeproxy.config import ProxyConfig
 from kubeproxy.dataplane.conntrack import Conntrack, Filter, apply, stale_conntrack_filters
 from kubeproxy.health import HealthServer, ProxyHealth, ServiceHealthServers
-from kubeproxy.health.services import health_check_node_ports, local_ready_endpoints
+from kubeproxy.health.services import (
+    health_check_families,
+    health_check_node_ports,
+    local_ready_endpoints,
+)
 from kubeproxy.logs import V2
 from kubeproxy.metrics import Metrics, MetricsServer
 from kubeproxy.model.state import Changes, ProxyState, Snapshot
@@ -303,12 +307,14 @@ class Proxy:
         )
         if self.servers.services is not None:
             checked = self._health_checked
+            services = {n: snapshot.services[n] for n in checked}
             failures = await self.servers.services.sync(
-                health_check_node_ports({n: snapshot.services[n] for n in checked}),
+                health_check_node_ports(services),
                 local_ready_endpoints(
                     {n: snapshot.endpoints.get(n, ()) for n in checked}, snapshot.node.name
                 ),
                 snapshot.node.primary_ips,
+                health_check_families(services),
             )
             for failure in failures:
                 log.error("%s", failure.message)

@@ -28,7 +28,12 @@ from kubeproxy.health import (
     local_ready_endpoints,
 )
 from kubeproxy.health.proxy import ZERO_TIME, format_time
-from kubeproxy.health.services import health_check_hosts, local_addresses
+from kubeproxy.health.services import (
+    health_check_families,
+    health_check_hosts,
+    hosts_of_families,
+    local_addresses,
+)
 from kubeproxy.metrics import Metrics
 from kubeproxy.model.nodeports import NodePortAddresses
 from kubeproxy.model.types import IPFamily, NamespacedName, TrafficPolicy
@@ -485,6 +490,58 @@ def test_service_health_checks_listen_on_the_selected_addresses_only(
             with pytest.raises(aiohttp.ClientConnectionError):
                 await ask("127.0.0.2")
             assert "No local address matches --nodeport-addresses 127.0.0.2/31" in caplog.text
+        finally:
+            await servers.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_health_check_listens_on_its_services_ip_families_only() -> None:
+    """Upstream runs a health server per IP family, and a Service is in a family's only
+    with a ClusterIP of that family: an IPv6-only Service's health check refuses IPv4
+    (found by tests/realk8s/test_differential.py against upstream kube-proxy)."""
+    v4, v6 = IPFamily.IPv4, IPFamily.IPv6
+    assert hosts_of_families((None,), {v6}) == ("::",)
+    assert hosts_of_families((None,), {v4, v6}) == (None,)
+    assert hosts_of_families(("10.0.0.1", "fe80::1%eth0", "fd00::1"), {v4}) == ("10.0.0.1",)
+    assert hosts_of_families(("10.0.0.1", "fe80::1%eth0"), {v6}) == ("fe80::1%eth0",)
+    six = replace(
+        service_port("a", etp=TrafficPolicy.LOCAL, node_port=30080),
+        cluster_ips=("fd00:96::1",),
+        health_check_node_port=32000,
+    )
+    both = replace(
+        service_port("b", etp=TrafficPolicy.LOCAL, node_port=30081),
+        cluster_ips=("10.96.0.2", "fd00:96::2"),
+        health_check_node_port=32001,
+    )
+    assert health_check_families({six.name: six, both.name: both}) == {
+        A: frozenset({v6}),
+        B: frozenset({v4, v6}),
+    }
+    servers = ServiceHealthServers(
+        lambda: True,
+        node_ports=NodePortAddresses.parse(["127.0.0.1/32", "::1/128"]),
+        list_addresses=lambda: ["127.0.0.1", "::1"],
+    )
+
+    def ask(host: str, port: int) -> bytes:
+        with socket.create_connection((host, port), timeout=5) as conn:
+            conn.sendall(b"GET / HTTP/1.0\r\n\r\n")
+            return conn.recv(64)
+
+    async def scenario() -> None:
+        try:
+            # Fixed ports: port 0 would give each address its own.
+            port_a, port_b = free_port(), free_port()
+            await servers.sync(
+                {A: port_a, B: port_b}, {A: 1, B: 1}, families={A: {v6}, B: {v4, v6}}
+            )
+            assert (await asyncio.to_thread(ask, "::1", port_a)).startswith(b"HTTP/1.")
+            with pytest.raises(ConnectionRefusedError, match="refused"):
+                await asyncio.to_thread(ask, "127.0.0.1", port_a)
+            for host in ("127.0.0.1", "::1"):
+                assert (await asyncio.to_thread(ask, host, port_b)).startswith(b"HTTP/1.")
         finally:
             await servers.close()
 

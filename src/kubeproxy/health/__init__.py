@@ -17,6 +17,7 @@ from kubeproxy.health.server import DEFAULT_HEALTHZ_BIND_ADDRESS, HealthServer, 
 from kubeproxy.health.services import (
     BindFailure,
     ServiceHealthServers,
+    health_check_families,
     health_check_node_ports,
     local_ready_endpoints,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "ProbeCounter",
     "ProxyHealth",
     "ServiceHealthServers",
+    "health_check_families",
     "health_check_node_ports",
     "local_ready_endpoints",
 ]

@@ -15,7 +15,10 @@ Services that went away, and reopens on a port change. A port that cannot be bou
 logged once and returned as a :class:`BindFailure` (for an event or metric); binding is
 retried on every later sync, like upstream, and the other listeners keep working.
 
-Where they listen is upstream's ``nodePortAddresses.GetNodeIPs``: per IP family, when
+Where they listen is upstream's ``nodePortAddresses.GetNodeIPs``, for each IP family the
+Service has (upstream runs one health server per family, and a Service is in a family's
+only when it has a ClusterIP of that family: an IPv6-only Service's health check does
+not answer on IPv4; the differential test against upstream found it): per IP family, when
 ``--nodeport-addresses`` matches every address of the family (no CIDR of that family,
 ``0.0.0.0/0``, or ``primary`` with no known primary IP) the wildcard address; otherwise one
 bind per local interface address inside the family's CIDRs (``primary``: the node's
@@ -27,9 +30,10 @@ start-up, the hosts are worked out again on every sync that has health checks, s
 IP that appears or changes later is picked up (the listeners move with it). When no local
 address matches, nothing listens, as upstream, and a warning says so.
 
-:func:`health_check_node_ports` and :func:`local_ready_endpoints` compute ``sync``'s two
-arguments from a snapshot's maps (upstream ``HealthCheckNodePorts`` and
-``LocalReadyEndpoints``).
+:func:`health_check_node_ports`, :func:`local_ready_endpoints` and
+:func:`health_check_families` compute ``sync``'s arguments from a snapshot's maps
+(upstream ``HealthCheckNodePorts``, ``LocalReadyEndpoints``, and which family's proxier
+has the Service).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import socket
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import psutil
@@ -53,6 +57,7 @@ from kubeproxy.model.types import (
     ServicePort,
     ServicePortName,
     TrafficPolicy,
+    family_of,
 )
 
 log = logging.getLogger(__name__)
@@ -70,6 +75,39 @@ def health_check_node_ports(
         for name, sp in services.items()
         if sp.health_check_node_port and sp.external_traffic_policy is TrafficPolicy.LOCAL
     }
+
+
+def health_check_families(
+    services: Mapping[ServicePortName, ServicePort],
+) -> dict[NamespacedName, frozenset[IPFamily]]:
+    """The IP families of every Service that needs a health check (of its ClusterIPs)."""
+    out: dict[NamespacedName, frozenset[IPFamily]] = {}
+    for name, sp in services.items():
+        if sp.health_check_node_port and sp.external_traffic_policy is TrafficPolicy.LOCAL:
+            families = frozenset(family_of(ip) for ip in sp.cluster_ips)
+            out[name.service] = out.get(name.service, frozenset()) | families
+    return out
+
+
+def hosts_of_families(
+    hosts: tuple[str | None, ...], families: Collection[IPFamily]
+) -> tuple[str | None, ...]:
+    """The ``hosts`` (see :func:`health_check_hosts`) of ``families`` only: upstream's
+    health server of one family listens on that family's addresses (its wildcard is
+    ``tcp4`` 0.0.0.0 or ``tcp6`` [::])."""
+    if set(families) >= {IPFamily.IPv4, IPFamily.IPv6}:
+        return hosts
+    out: list[str | None] = []
+    for host in hosts:
+        if host is None:
+            out += [
+                "0.0.0.0" if f is IPFamily.IPv4 else "::"
+                for f in (IPFamily.IPv4, IPFamily.IPv6)
+                if f in families
+            ]
+        elif family_of(host.partition("%")[0]) in families:
+            out.append(host)
+    return tuple(out)
 
 
 def local_ready_endpoints(
@@ -203,17 +241,27 @@ class ServiceHealthServers:
         desired: Mapping[NamespacedName, int],
         local_endpoints: Mapping[NamespacedName, int],
         primary_ips: Mapping[IPFamily, str] | None = None,
+        families: Mapping[NamespacedName, Collection[IPFamily]] | None = None,
     ) -> list[BindFailure]:
         """Make ``desired`` (Service -> port) the open set; returns the *new* bind failures.
 
         ``local_endpoints`` counts are kept for open Services only; a Service missing
         from it has none. ``primary_ips``: the node's, for ``--nodeport-addresses
-        primary``. Port 0 binds an ephemeral port (tests).
+        primary``. ``families``: each Service's IP families (its health check listens on
+        those families' addresses only; a Service not in it, or no ``families``: every
+        family). Port 0 binds an ephemeral port (tests).
         """
         # Only look at the interfaces when there is something to serve.
-        hosts = self._resolve_hosts(primary_ips or {}) if desired else ()
+        every = self._resolve_hosts(primary_ips or {}) if desired else ()
+
+        def hosts_for(nsn: NamespacedName) -> tuple[str | None, ...]:
+            wanted = (families or {}).get(nsn)
+            if wanted is None:
+                return every
+            return hosts_of_families(every, set(wanted) & set(self._families))
+
         for nsn, inst in list(self._instances.items()):
-            if desired.get(nsn) != inst.port or inst.hosts != hosts:
+            if desired.get(nsn) != inst.port or inst.hosts != hosts_for(nsn):
                 log.log(V2, "Closing healthcheck for %s on port %d", nsn, inst.port)
                 del self._instances[nsn]
                 if inst.listener is not None:
@@ -228,6 +276,7 @@ class ServiceHealthServers:
         for nsn, port in sorted(desired.items()):
             if nsn in self._instances:
                 continue
+            hosts = hosts_for(nsn)
             if not hosts:
                 self._instances[nsn] = _Instance(port, hosts, None)
                 continue
