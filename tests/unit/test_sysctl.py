@@ -31,6 +31,8 @@ def ct(**changes: object) -> KubeProxyConntrackConfiguration:
         (0, 131072, 64, 0),  # 0 leaves the limit (and min) alone
         (None, 131072, 64, 0),
         (1000, None, 3, 3000),
+        (32768, 131072, 64, 1048576),  # upstream's cap
+        (32768, 2000000, 64, 1048576),  # the cap wins over min, as in upstream's code
     ],
 )
 def test_conntrack_max(
@@ -131,3 +133,21 @@ def test_an_unreadable_hashsize_is_reported_not_written(tmp_path: Path) -> None:
         (HASHSIZE, "failed"),
     ]
     assert not (sys / HASHSIZE).exists()
+
+
+def test_a_higher_limit_in_place_is_kept(tmp_path: Path) -> None:
+    """Upstream only raises nf_conntrack_max (setSysctls: ``curMax < max``): a node whose
+    limit is higher keeps it, and nothing is written (in a network namespace, where the
+    file is read-only, there is then nothing to fail). The hash table is still checked."""
+    proc, sys = roots(tmp_path, {"nf_conntrack_max": 262144}, hashsize=16384)
+    results = apply_conntrack_sysctls(
+        ct(tcp_established_timeout=Duration(0), tcp_close_wait_timeout=Duration(0)),
+        proc_root=proc,
+        sys_root=sys,
+        cpus=2,
+    )
+    assert results == [
+        SysctlResult(f"{NETFILTER}/nf_conntrack_max", 262144, "unchanged"),
+        SysctlResult(HASHSIZE, 32768, "set"),
+    ]
+    assert value(proc, f"{NETFILTER}/nf_conntrack_max") == 262144

@@ -2,10 +2,11 @@
 
 As upstream's ``pkg/proxy/conntrack/sysctls.go``:
 
-* ``nf_conntrack_max`` = max(``min``, ``maxPerCore`` x CPUs) when ``maxPerCore`` > 0
-  (0 leaves the limit, and ``min``, alone); once it is set, the conntrack hash table is
-  grown to max/4 buckets through ``/sys/module/nf_conntrack/parameters/hashsize`` if it
-  is smaller.
+* ``nf_conntrack_max`` is raised to max(``min``, ``maxPerCore`` x CPUs), at most
+  1,048,576 (the cap applies before ``min``, as upstream's), when ``maxPerCore`` > 0 (0
+  leaves the limit, and ``min``, alone) — raised only: a higher limit already in place
+  stays. Unless that write failed, the conntrack hash table is then grown to max/4
+  buckets through ``/sys/module/nf_conntrack/parameters/hashsize`` if it is smaller.
 * ``tcpEstablishedTimeout``, ``tcpCloseWaitTimeout``, ``udpTimeout``,
   ``udpStreamTimeout`` are written in whole seconds when > 0; ``tcpBeLiberal`` writes 1
   when true. Unset or zero values leave the kernel's setting alone.
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 NETFILTER = "sys/net/netfilter"
 HASHSIZE = "module/nf_conntrack/parameters/hashsize"
 CONNTRACK_MAX = "nf_conntrack_max"
+# Upstream's cap on maxPerCore x CPUs (pkg/proxy/conntrack/sysctls.go, maxLimit).
+CONNTRACK_MAX_LIMIT = 1048576
 
 Outcome = Literal["set", "unchanged", "failed"]
 
@@ -53,7 +56,10 @@ def conntrack_max(cfg: KubeProxyConntrackConfiguration, cpus: int) -> int:
     per_core = cfg.max_per_core or 0
     if per_core <= 0:
         return 0
-    return max(per_core * cpus, cfg.min or 0)
+    scaled = per_core * cpus
+    if scaled > CONNTRACK_MAX_LIMIT:
+        return CONNTRACK_MAX_LIMIT
+    return max(scaled, cfg.min or 0)
 
 
 def _seconds(value: Duration | None) -> int | None:
@@ -112,7 +118,13 @@ def apply_conntrack_sysctls(
     count = cpus or os.cpu_count() or 1
     results = []
     for name, value in plan(cfg, count):
-        result = _write_int(proc_root, f"{NETFILTER}/{name}", value)
+        relative = f"{NETFILTER}/{name}"
+        current = _read_int(proc_root / relative) if name == CONNTRACK_MAX else None
+        if current is not None and current >= value:
+            # As upstream: the limit is only ever raised (a node tuned higher keeps it).
+            result = SysctlResult(relative, current, "unchanged")
+        else:
+            result = _write_int(proc_root, relative, value)
         results.append(result)
         if name == CONNTRACK_MAX and result.outcome != "failed":
             results.extend(_grow_hashsize(sys_root, value))
