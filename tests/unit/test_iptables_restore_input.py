@@ -145,3 +145,20 @@ def test_a_full_sync_holds_no_rules_and_renders_them_as_it_prints() -> None:
     first = str(restore)
     assert "-A KUBE-SEP-" in first
     assert str(restore) == first
+
+
+def test_kubelets_firewall_chain_and_its_jumps_are_ensured_in_every_family() -> None:
+    """As upstream's sync (iptablesJumpChains with iptablesKubeletJumpChains): KUBE-FIREWALL
+    and its jumps from INPUT and OUTPUT exist in both families, although its rule is only
+    written for IPv4 with localhost NodePorts (here: neither). Upstream's cleanup then
+    finds the node as it leaves it (tests/realk8s/test_differential.py's "both cleanups")."""
+    config = replace(
+        CONFIG, mode="iptables", families=(IPFamily.IPv4, IPFamily.IPv6), localhost_nodeports=False
+    )
+    runners = {f: FakeIptables(f) for f in config.families}
+    IptablesBackend(config, dict(runners)).sync(Snapshot({}, {}, NODE), None)
+    for runner in runners.values():
+        chains = runner.tables["filter"].chains
+        assert "KUBE-FIREWALL" in chains
+        for builtin in ("INPUT", "OUTPUT"):
+            assert ("-j", "KUBE-FIREWALL") in chains[builtin].rules, (runner.family, builtin)

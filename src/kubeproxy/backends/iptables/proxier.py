@@ -331,10 +331,9 @@ class IptablesBackend:
         try:
             for table in CANARY_TABLES:
                 runner.ensure_chain(table, KUBE_PROXY_CANARY)
-            jumps = list(JUMPS)
-            if fam.localhost_nodeports:
-                jumps.extend(KUBELET_JUMPS)
-            for table, builtin, chain, comment, extra in jumps:
+            # As upstream, kubelet's KUBE-FIREWALL and its jumps exist in every family,
+            # whether or not its rule is written (IPv4 with localhost NodePorts only).
+            for table, builtin, chain, comment, extra in (*JUMPS, *KUBELET_JUMPS):
                 runner.ensure_chain(table, chain)
                 runner.ensure_rule(table, builtin, jump_args(comment, extra, chain))
         finally:
