@@ -214,25 +214,41 @@ def test_overlapping_cidrs_never_share_an_address() -> None:
     assert meta.free() == 0  # the /29 inside the /28 is not counted twice
 
 
-@pytest.mark.parametrize(
-    ("ready", "deleting", "allocatable"),
-    [(True, False, True), (None, False, True), (False, False, False), (True, True, False)],
-)
-def test_a_cidr_being_deleted_or_not_ready_stops_receiving_allocations(
-    ready: bool | None, deleting: bool, allocatable: bool
-) -> None:
+def _old_and_new(ready: bool | None, deleting: bool) -> tuple[MetaAllocator, str]:
+    """ServiceCIDR "old" (10.96.0.0/29, one address taken) changed to ``ready`` and
+    ``deleting``, and "new" (10.97.0.0/29) after it; the address taken."""
     meta = MetaAllocator("IPv4", rng=random.Random(6))
     meta.sync_service_cidrs([_cidr("old", "10.96.0.0/29")])
     kept = meta.allocate_next()
     meta.sync_service_cidrs(
         [_cidr("old", "10.96.0.0/29", ready=ready, deleting=deleting), _cidr("new", "10.97.0.0/29")]
     )
+    return meta, kept
+
+
+@pytest.mark.parametrize("ready", [True, None])  # no Ready condition counts as ready
+def test_a_ready_cidr_keeps_receiving_allocations(ready: bool | None) -> None:
+    meta, kept = _old_and_new(ready, deleting=False)
+    assert meta.cidrs() == [("10.96.0.0/29", True), ("10.97.0.0/29", True)]
+    picks = [meta.allocate_next() for _ in range(6)]
+    # The old CIDR comes first: its five free addresses, then the new one's.
+    assert {*picks[:5], kept} == {f"10.96.0.{i}" for i in range(1, 7)}
+    assert picks[5].startswith("10.97.0.")
+    meta.release(picks[0])
+    meta.allocate(picks[0])  # and by address
+
+
+@pytest.mark.parametrize(("ready", "deleting"), [(False, False), (True, True)])
+def test_a_cidr_being_deleted_or_not_ready_stops_receiving_allocations(
+    ready: bool | None, deleting: bool
+) -> None:
+    meta, kept = _old_and_new(ready, deleting)
+    assert meta.cidrs() == [("10.96.0.0/29", False), ("10.97.0.0/29", True)]
     picks = {meta.allocate_next() for _ in range(6)}
-    if allocatable:
-        return
     assert all(ip.startswith("10.97.0.") for ip in picks)
-    with pytest.raises(ErrMismatchedNetwork):
-        meta.allocate("10.96.0.6")
+    free = next(f"10.96.0.{i}" for i in range(1, 7) if f"10.96.0.{i}" != kept)
+    with pytest.raises(ErrMismatchedNetwork, match=rf"\({free}\) is not in the valid range"):
+        meta.allocate(free)
     meta.release(kept)  # releasing still works, so the ServiceCIDR can finish deleting
     assert not meta.has(kept)
 
@@ -278,15 +294,20 @@ def test_dual_stack_is_all_or_nothing() -> None:
 
 
 @pytest.mark.parametrize(
-    ("cidr", "ok"),
-    [("10.0.0.0/12", True), ("10.0.0.0/11", False), ("fd00::/108", True), ("fd00::/107", False)],
+    ("cidr", "size", "last"),
+    [("10.0.0.0/12", 2**20 - 2, "10.15.255.254"), ("fd00::/108", 65535, "fd00::ffff")],
 )
-def test_bitmap_allocator_limits(cidr: str, ok: bool) -> None:
-    if ok:
+def test_the_bitmap_allocator_takes_ranges_up_to_its_limit(cidr: str, size: int, last: str) -> None:
+    allocator = BitmapAllocator(cidr)
+    assert allocator.size == size
+    allocator.allocate(last)
+    assert allocator.has(last) and allocator.free() == size - 1
+
+
+@pytest.mark.parametrize("cidr", ["10.0.0.0/11", "fd00::/107"])
+def test_the_bitmap_allocator_refuses_larger_ranges(cidr: str) -> None:
+    with pytest.raises(ValueError, match="too large for the bitmap allocator"):
         BitmapAllocator(cidr)
-    else:
-        with pytest.raises(ValueError, match="too large for the bitmap allocator"):
-            BitmapAllocator(cidr)
 
 
 def test_bitmap_allocator_tracks_only_the_first_65535_ipv6_hosts() -> None:
