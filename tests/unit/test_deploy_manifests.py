@@ -15,7 +15,8 @@ implementation of kustomize exists. kubectl is found as every other tool
 ``$KUBEPROXY_UPSTREAM_BIN`` first (where ``scripts/build-upstream`` puts a current one),
 then on PATH. It must be 1.21 or newer: the overlays use inline patches (kustomize 3.2.0
 and later), and kubectl up to 1.20 embeds kustomize v2.0.3 (Debian bookworm's
-kubernetes-client is 1.20); kubectl 1.21 embeds kustomize v4.0.5.
+kubernetes-client is 1.20); kubectl 1.21 embeds kustomize v4.0.5, which renders every
+kustomization here exactly as v5.5.0 (kubectl 1.32) does (compared on 2026-11-28).
 
 Schemas come from kubernetes-validate (shipped offline, strict: unknown fields are
 errors), checked against the oldest Kubernetes release these manifests target and the
