@@ -23,13 +23,16 @@ import os
 import re
 import shutil
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 
 import pytest
 
 from kubeproxy.lab import uml
+
+F = TypeVar("F", bound=Callable[..., object])
 
 IS_ROOT = os.geteuid() == 0
 ALLOWED_SKIPS = Path(__file__).with_name("allowed_skips.toml")
@@ -58,6 +61,20 @@ def require_tool(tool: str, why: str = "", *, env: str | None = None, how: str =
         where = f"${env} ({directory or 'unset'}) or PATH"
     message = f"needs the {tool!r} command{f' ({why})' if why else ''}, not in {where}"
     unavailable(message, how or "./scripts/bootstrap installs it")
+
+
+def relies_on_exception(reason: str) -> Callable[[F], F]:
+    """Marks a test that checks by not raising: the calls it makes raise on what it
+    guards against, so it has no assertion of its own. ``reason`` says which call and
+    on what; tests/lint_tests.py (the hollow rule) accepts the test because of it."""
+    if not reason.strip():
+        raise ValueError("relies_on_exception needs the reason")
+
+    def mark(fn: F) -> F:
+        fn.relies_on_exception = reason  # type: ignore[attr-defined]
+        return fn
+
+    return mark
 
 
 # ------------------------------------------------------------------- the skip policy
