@@ -100,6 +100,7 @@ def test_fake_agrees_with_iptables(
     empty_rules(ns, f"iptables-{flavor}")
     real = IptablesCommand(case.family, flavor, netns=ns)
     fake = FakeIptables(case.family, flavor)
+    assert case.steps
     for i, step in enumerate(case.steps):
         real_result, real_err = _outcome(step.op, real)
         fake_result, fake_err = _outcome(step.op, fake)

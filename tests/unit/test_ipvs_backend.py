@@ -420,7 +420,7 @@ def test_the_ipset_fake_stops_at_the_refused_line() -> None:
         ipset.restore(again)
     bad = IpsetScript()
     bad.add("KUBE-CLUSTER-IP", ["fd00::1,tcp:80"])
-    with pytest.raises(IpsetError):
+    with pytest.raises(IpsetError, match="not of the set's family"):
         ipset.restore(bad)
 
 
