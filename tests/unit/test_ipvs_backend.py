@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import errno
 import ipaddress
-from collections.abc import Callable
 from dataclasses import replace
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -384,25 +382,7 @@ def test_render_prints_ipvsadm_ipset_and_iptables_inputs(tmp_path: Path) -> None
     assert w.ipvs.calls == [] and w.links.calls == []
 
 
-# ----------------------------------------------------------- the fakes' refusals
-
-
-def test_the_ipvs_fake_refuses_what_the_kernel_refuses() -> None:
-    ipvs = FakeIpvs()
-    ipvs.add_service(VirtualServer(VIP))
-    other = ServiceKey("10.0.0.2", "TCP", 1)
-    cases: list[tuple[Callable[[], None], int]] = [
-        (partial(ipvs.add_service, VirtualServer(VIP)), errno.EEXIST),
-        (partial(ipvs.add_service, VirtualServer(other, "xx")), errno.ENOENT),
-        (partial(ipvs.add_destination, other, Destination("10.0.0.3", 1)), errno.ESRCH),
-        (partial(ipvs.add_destination, VIP, Destination("fd00::1", 1)), errno.EAFNOSUPPORT),
-        (partial(ipvs.set_destination, VIP, Destination("10.0.0.3", 1)), errno.ENOENT),
-        (partial(ipvs.delete_service, other), errno.ESRCH),
-    ]
-    for call, code in cases:
-        with pytest.raises(IpvsError) as info:
-            call()
-        assert info.value.errno == code
+# ------------------------------------------------ the fakes' refusals (and tests/parity.py)
 
 
 def test_the_ipset_fake_stops_at_the_refused_line() -> None:

@@ -1,0 +1,17 @@
+"""The smaller fakes, without root: every case of their tables (tests/parity.py) does
+on the fake what the table says the kernel does. The same tables run against the real
+thing as root: IPVS and ipset in the user-mode-linux guest (tests/ipvs/), BPF maps and
+nfacct on the host (tests/kernel/)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kubeproxy.dataplane.ipvs.fake import FakeIpvs, FakeLinks
+from tests import ipvs_fake_cases as ipvs
+from tests.parity import Case, check_fake
+
+
+@pytest.mark.parametrize("case", ipvs.CASES, ids=str)
+def test_ipvs_case(case: Case[ipvs.IpvsSystem]) -> None:
+    check_fake(ipvs.TABLE, case, ipvs.IpvsSystem(FakeIpvs(), FakeLinks()))
