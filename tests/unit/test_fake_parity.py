@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from kubeproxy.dataplane.ipset.fake import FakeIpset
 from kubeproxy.dataplane.ipvs.fake import FakeIpvs, FakeLinks
+from tests import ipset_fake_cases as ipset
 from tests import ipvs_fake_cases as ipvs
 from tests.parity import Case, check_fake
 
@@ -15,3 +17,13 @@ from tests.parity import Case, check_fake
 @pytest.mark.parametrize("case", ipvs.CASES, ids=str)
 def test_ipvs_case(case: Case[ipvs.IpvsSystem]) -> None:
     check_fake(ipvs.TABLE, case, ipvs.IpvsSystem(FakeIpvs(), FakeLinks()))
+
+
+def fake_ipset() -> ipset.IpsetSystem:
+    fake = FakeIpset()
+    return ipset.IpsetSystem(fake, fake.in_use.add)
+
+
+@pytest.mark.parametrize("case", ipset.CASES, ids=str)
+def test_ipset_case(case: Case[ipset.IpsetSystem]) -> None:
+    check_fake(ipset.TABLE, case, fake_ipset())

@@ -19,7 +19,6 @@ from kubeproxy.backends.ipvs.proxier import IpvsBackend, cleanup, kernel_version
 from kubeproxy.backends.ipvs.render import desired_state
 from kubeproxy.backends.planning import family_plans, service_port_plans
 from kubeproxy.config import ConfigError, IpvsSettings, ProxyConfig
-from kubeproxy.dataplane.ipset import IpsetError, IpsetScript, SetSpec
 from kubeproxy.dataplane.ipset.fake import FakeIpset
 from kubeproxy.dataplane.iptables.fake import FakeIptables
 from kubeproxy.dataplane.ipvs import (
@@ -380,28 +379,6 @@ def test_render_prints_ipvsadm_ipset_and_iptables_inputs(tmp_path: Path) -> None
     assert "add KUBE-CLUSTER-IP 10.96.0.10,tcp:80\n" in text
     assert "-A KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT" in text
     assert w.ipvs.calls == [] and w.links.calls == []
-
-
-# ------------------------------------------------ the fakes' refusals (and tests/parity.py)
-
-
-def test_the_ipset_fake_stops_at_the_refused_line() -> None:
-    ipset = FakeIpset()
-    script = IpsetScript()
-    script.create(SetSpec("KUBE-CLUSTER-IP", "hash:ip,port"))
-    script.add("KUBE-CLUSTER-IP", ["10.96.0.1,tcp:80"])
-    script.add("KUBE-MISSING", ["10.96.0.1,tcp:80"])
-    with pytest.raises(IpsetError) as info:
-        ipset.restore(script)
-    assert info.value.line == 3
-    again = IpsetScript()
-    again.create(SetSpec("KUBE-CLUSTER-IP", "hash:ip"))
-    with pytest.raises(IpsetError, match="same name already exists"):
-        ipset.restore(again)
-    bad = IpsetScript()
-    bad.add("KUBE-CLUSTER-IP", ["fd00::1,tcp:80"])
-    with pytest.raises(IpsetError, match="not of the set's family"):
-        ipset.restore(bad)
 
 
 # --------------------------------------------------------------- configuration
