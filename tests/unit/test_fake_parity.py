@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import pytest
 
+from kubeproxy.dataplane.bpf.socklb import FakeMap
 from kubeproxy.dataplane.ipset.fake import FakeIpset
 from kubeproxy.dataplane.ipvs.fake import FakeIpvs, FakeLinks
+from tests import bpf_map_cases as bpf
 from tests import ipset_fake_cases as ipset
 from tests import ipvs_fake_cases as ipvs
 from tests.parity import Case, check_fake
@@ -27,3 +29,8 @@ def fake_ipset() -> ipset.IpsetSystem:
 @pytest.mark.parametrize("case", ipset.CASES, ids=str)
 def test_ipset_case(case: Case[ipset.IpsetSystem]) -> None:
     check_fake(ipset.TABLE, case, fake_ipset())
+
+
+@pytest.mark.parametrize("case", bpf.CASES, ids=str)
+def test_bpf_map_case(case: Case[bpf.MapSystem]) -> None:
+    check_fake(bpf.TABLE, case, bpf.MapSystem(FakeMap))
