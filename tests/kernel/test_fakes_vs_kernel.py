@@ -14,8 +14,16 @@ import pytest
 
 from kubeproxy.dataplane.bpf import libbpf
 from kubeproxy.dataplane.bpf.socklb import FakeMap, KVMap
+from kubeproxy.dataplane.iptables.runner import Flavor, IptablesCommand
+from kubeproxy.dataplane.nfacct import NfacctCommand
+from kubeproxy.lab.rulestate import empty_rules
+from kubeproxy.model.types import IPFamily
 from tests import bpf_map_cases as bpf
+from tests import nfacct_fake_cases as nfacct
+from tests.conftest import require_tool
+from tests.kernel.conftest import scratch_netns
 from tests.parity import Case, check_both
+from tests.unit.test_fake_parity import fake_nfacct
 
 BPF_MAP_TYPE_HASH = 1
 
@@ -45,3 +53,22 @@ def test_bpf_map_fake_agrees_with_the_kernel(
     case: Case[bpf.MapSystem], real_maps: bpf.MakeMap
 ) -> None:
     check_both(bpf.TABLE, case, bpf.MapSystem(real_maps), bpf.MapSystem(FakeMap))
+
+
+@pytest.fixture
+def netns() -> Iterator[str]:
+    yield from scratch_netns("kpnfacct")
+
+
+@pytest.mark.parametrize(
+    ("flavor", "case"), nfacct.CASES, ids=[f"{f}-{c}" for f, c in nfacct.CASES]
+)
+def test_nfacct_fake_agrees_with_the_kernel(
+    flavor: Flavor, case: Case[nfacct.NfacctSystem], netns: str
+) -> None:
+    require_tool("nfacct")
+    empty_rules(netns, f"iptables-{flavor}")
+    real = nfacct.NfacctSystem(
+        NfacctCommand(netns), IptablesCommand(IPFamily.IPv4, flavor, netns=netns)
+    )
+    check_both(nfacct.TABLE, case, real, fake_nfacct(flavor))

@@ -43,6 +43,7 @@ from tests.iptables_fake_cases import (
     Case,
     Op,
     RestoreOp,
+    normalise,
     restore,
 )
 
@@ -70,16 +71,6 @@ def namespaces() -> Iterator[dict[Flavor, str]]:
         for name in names.values():
             delete_netns(name)
     assert not set(names.values()) & set(list_netns())
-
-
-def normalise(text: str) -> str:
-    """iptables-save output without comment lines, counters zeroed."""
-    lines = [
-        re.sub(r"\[\d+:\d+\]$", "[0:0]", line)
-        for line in text.splitlines()
-        if line and not line.startswith("#")
-    ]
-    return "\n".join(lines) + "\n"
 
 
 def _outcome(

@@ -9,10 +9,15 @@ import pytest
 
 from kubeproxy.dataplane.bpf.socklb import FakeMap
 from kubeproxy.dataplane.ipset.fake import FakeIpset
+from kubeproxy.dataplane.iptables.fake import FakeIptables
+from kubeproxy.dataplane.iptables.runner import Flavor
 from kubeproxy.dataplane.ipvs.fake import FakeIpvs, FakeLinks
+from kubeproxy.dataplane.nfacct import FakeNfacct
+from kubeproxy.model.types import IPFamily
 from tests import bpf_map_cases as bpf
 from tests import ipset_fake_cases as ipset
 from tests import ipvs_fake_cases as ipvs
+from tests import nfacct_fake_cases as nfacct
 from tests.parity import Case, check_fake
 
 
@@ -34,3 +39,17 @@ def test_ipset_case(case: Case[ipset.IpsetSystem]) -> None:
 @pytest.mark.parametrize("case", bpf.CASES, ids=str)
 def test_bpf_map_case(case: Case[bpf.MapSystem]) -> None:
     check_fake(bpf.TABLE, case, bpf.MapSystem(FakeMap))
+
+
+def fake_nfacct(flavor: Flavor) -> nfacct.NfacctSystem:
+    counters = FakeNfacct()
+    iptables = FakeIptables(IPFamily.IPv4, flavor)
+    iptables.nfacct_counters = counters.counters
+    return nfacct.NfacctSystem(counters, iptables)
+
+
+@pytest.mark.parametrize(
+    ("flavor", "case"), nfacct.CASES, ids=[f"{f}-{c}" for f, c in nfacct.CASES]
+)
+def test_nfacct_case(flavor: Flavor, case: Case[nfacct.NfacctSystem]) -> None:
+    check_fake(nfacct.TABLE, case, fake_nfacct(flavor))
