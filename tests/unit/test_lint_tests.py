@@ -1,4 +1,5 @@
-"""tests/lint_tests.py: what counts as a check, on small tests written for it."""
+"""tests/lint_tests.py: what counts as a check, on small tests written for it, and the
+whole suite passing it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lint_tests import lint
+from tests.lint_tests import TESTS, lint
 
 
 def findings(tmp_path: Path, source: str, helpers: str = "") -> list[str]:
@@ -130,3 +131,7 @@ def test_raises_without_match_is_a_finding(tmp_path: Path, source: str) -> None:
 def test_the_marker_needs_a_reason(tmp_path: Path) -> None:
     source = "@relies_on_exception('')\ndef test_x():\n    f()\n"
     assert findings(tmp_path, source) == ["hollow: test_x"]
+
+
+def test_the_whole_suite_passes_the_lint() -> None:
+    assert [str(f) for f in lint([TESTS])] == []
