@@ -5,7 +5,7 @@
 the case in the host's kernel (tests/kernel/test_fakes_vs_kernel.py), the type of
 ``kp_svc4``/``kp_svc6``, the maps the fake stands in for. See tests/parity.py.
 
-Each case starts with :class:`Create` (key size, value size, capacity). A refusal is
+Each case starts with :func:`create` (key size, value size, capacity). A refusal is
 described by its errno's name. The state compared after each step is every key with its
 value.
 """
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from kubeproxy.dataplane.bpf.libbpf import BPF_ANY, BPF_EXIST, BPF_NOEXIST, BpfError
 from kubeproxy.dataplane.bpf.socklb import KVMap
-from tests.parity import Case, Op, Step, Table
+from tests.parity import Call, Case, Op, Step, Table
 
 # A map of key size, value size and capacity, on the real or the fake side.
 MakeMap = Callable[[int, int, int], KVMap]
@@ -31,7 +31,7 @@ class MapSystem:
 
     @property
     def kv(self) -> KVMap:
-        assert self.map is not None, "a case starts with Create"
+        assert self.map is not None, "a case starts with create()"
         return self.map
 
 
@@ -47,55 +47,26 @@ def _state(system: MapSystem, refused: bool) -> object:
 TABLE = Table[MapSystem]((BpfError,), _describe, _state)
 
 
-@dataclass(frozen=True)
-class Create:
-    key_size: int
-    value_size: int
-    max_entries: int
-
-    def apply(self, s: MapSystem) -> object:
-        s.map = s.make(self.key_size, self.value_size, self.max_entries)
+def create(key_size: int, value_size: int, max_entries: int) -> Call[MapSystem]:
+    def run(s: MapSystem) -> object:
+        s.map = s.make(key_size, value_size, max_entries)
         return None
 
-    def __str__(self) -> str:
-        sizes = f"key {self.key_size} B, value {self.value_size} B"
-        return f"a hash map: {sizes}, {self.max_entries} entries"
+    text = f"a hash map: key {key_size} B, value {value_size} B, {max_entries} entries"
+    return Call(text, run)
 
 
-@dataclass(frozen=True)
-class Update:
-    key: bytes
-    value: bytes
-    flags: int = BPF_ANY
-
-    def apply(self, s: MapSystem) -> object:
-        s.kv.update(self.key, self.value, self.flags)
-        return None
-
-    def __str__(self) -> str:
-        return f"update {self.key.hex()} = {self.value.hex()} flags {self.flags}"
+def update(key: bytes, value: bytes, flags: int = BPF_ANY) -> Call[MapSystem]:
+    text = f"update {key.hex()} = {value.hex()} flags {flags}"
+    return Call(text, lambda s: s.kv.update(key, value, flags))
 
 
-@dataclass(frozen=True)
-class Lookup:
-    key: bytes
-
-    def apply(self, s: MapSystem) -> object:
-        return s.kv.lookup(self.key)
-
-    def __str__(self) -> str:
-        return f"lookup {self.key.hex()}"
+def lookup(key: bytes) -> Call[MapSystem]:
+    return Call(f"lookup {key.hex()}", lambda s: s.kv.lookup(key))
 
 
-@dataclass(frozen=True)
-class Delete:
-    key: bytes
-
-    def apply(self, s: MapSystem) -> object:
-        return s.kv.delete(self.key)
-
-    def __str__(self) -> str:
-        return f"delete {self.key.hex()}"
+def delete(key: bytes) -> Call[MapSystem]:
+    return Call(f"delete {key.hex()}", lambda s: s.kv.delete(key))
 
 
 def ok(op: Op[MapSystem], result: object = None) -> Step[MapSystem]:
@@ -119,50 +90,50 @@ V1, V2 = b"\x01" * 4, b"\x02" * 4
 CASES: list[Case[MapSystem]] = [
     case(
         "Update, look up and delete",
-        ok(Create(4, 4, 8)),
-        ok(Update(k(1), V1)),
-        ok(Lookup(k(1)), V1),
-        ok(Lookup(k(2)), None),
-        ok(Update(k(1), V2)),  # BPF_ANY replaces
-        ok(Lookup(k(1)), V2),
-        ok(Delete(k(1)), True),
-        ok(Delete(k(1)), False),
+        ok(create(4, 4, 8)),
+        ok(update(k(1), V1)),
+        ok(lookup(k(1)), V1),
+        ok(lookup(k(2)), None),
+        ok(update(k(1), V2)),  # BPF_ANY replaces
+        ok(lookup(k(1)), V2),
+        ok(delete(k(1)), True),
+        ok(delete(k(1)), False),
     ),
     case(
         "BPF_NOEXIST only creates, BPF_EXIST only replaces",
-        ok(Create(4, 4, 8)),
-        ok(Update(k(1), V1, BPF_NOEXIST)),
-        refused("EEXIST", Update(k(1), V2, BPF_NOEXIST)),
-        refused("ENOENT", Update(k(2), V1, BPF_EXIST)),
-        ok(Update(k(1), V2, BPF_EXIST)),
-        ok(Lookup(k(1)), V2),
+        ok(create(4, 4, 8)),
+        ok(update(k(1), V1, BPF_NOEXIST)),
+        refused("EEXIST", update(k(1), V2, BPF_NOEXIST)),
+        refused("ENOENT", update(k(2), V1, BPF_EXIST)),
+        ok(update(k(1), V2, BPF_EXIST)),
+        ok(lookup(k(1)), V2),
     ),
     case(
         "Other flags are EINVAL (BPF_F_LOCK needs a map with a spin lock)",
-        ok(Create(4, 4, 8)),
-        refused("EINVAL", Update(k(1), V1, BPF_NOEXIST | BPF_EXIST)),
-        refused("EINVAL", Update(k(1), V1, 4)),
-        refused("EINVAL", Update(k(1), V1, 8)),
+        ok(create(4, 4, 8)),
+        refused("EINVAL", update(k(1), V1, BPF_NOEXIST | BPF_EXIST)),
+        refused("EINVAL", update(k(1), V1, 4)),
+        refused("EINVAL", update(k(1), V1, 8)),
     ),
     case(
         "A full map refuses a new key (E2BIG) and still replaces",
-        ok(Create(4, 4, 2)),
-        ok(Update(k(1), V1)),
-        ok(Update(k(2), V1)),
-        refused("E2BIG", Update(k(3), V1)),
-        ok(Update(k(2), V2)),
-        ok(Delete(k(1)), True),
-        ok(Update(k(3), V1)),
+        ok(create(4, 4, 2)),
+        ok(update(k(1), V1)),
+        ok(update(k(2), V1)),
+        refused("E2BIG", update(k(3), V1)),
+        ok(update(k(2), V2)),
+        ok(delete(k(1)), True),
+        ok(update(k(3), V1)),
     ),
     case(
         "Keys and values of another size are EINVAL",
-        ok(Create(12, 8, 8)),
-        refused("EINVAL", Update(k(1, 11), b"\0" * 8)),
-        refused("EINVAL", Update(k(1, 13), b"\0" * 8)),
-        refused("EINVAL", Update(k(1, 12), b"\0" * 7)),
-        refused("EINVAL", Update(k(1, 12), b"\0" * 9)),
-        refused("EINVAL", Lookup(k(1, 4))),
-        refused("EINVAL", Delete(k(1, 4))),
-        ok(Update(k(1, 12), b"\0" * 8)),
+        ok(create(12, 8, 8)),
+        refused("EINVAL", update(k(1, 11), b"\0" * 8)),
+        refused("EINVAL", update(k(1, 13), b"\0" * 8)),
+        refused("EINVAL", update(k(1, 12), b"\0" * 7)),
+        refused("EINVAL", update(k(1, 12), b"\0" * 9)),
+        refused("EINVAL", lookup(k(1, 4))),
+        refused("EINVAL", delete(k(1, 4))),
+        ok(update(k(1, 12), b"\0" * 8)),
     ),
 ]

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kubeproxy.dataplane.ipset import Ipset, IpsetError, IpsetScript, SetSpec
-from tests.parity import Case, Op, Step, Table
+from tests.parity import Call, Case, Op, Step, Table
 
 
 @dataclass
@@ -43,37 +43,19 @@ def _state(system: IpsetSystem, refused: bool) -> object:
 TABLE = Table[IpsetSystem]((IpsetError,), _describe, _state)
 
 
-@dataclass(frozen=True)
-class Restore:
-    lines: tuple[str, ...]
-
-    def apply(self, s: IpsetSystem) -> object:
-        s.ipset.restore(IpsetScript(list(self.lines)))
-        return None
-
-    def __str__(self) -> str:
-        return "restore -exist:\n" + "\n".join(self.lines)
+# ------------------------------------------------------------------------ operations
 
 
-@dataclass(frozen=True)
-class Reference:
-    name: str
-
-    def apply(self, s: IpsetSystem) -> object:
-        s.reference(self.name)
-        return None
-
-    def __str__(self) -> str:
-        return f"an iptables rule uses {self.name}"
+def restore(*lines: str) -> Call[IpsetSystem]:
+    text = "restore -exist:\n" + "\n".join(lines)
+    return Call(text, lambda s: s.ipset.restore(IpsetScript(list(lines))))
 
 
-@dataclass(frozen=True)
-class Version:
-    def apply(self, s: IpsetSystem) -> object:
-        return s.ipset.version()
+def reference(name: str) -> Call[IpsetSystem]:
+    return Call(f"an iptables rule uses {name}", lambda s: s.reference(name))
 
-    def __str__(self) -> str:
-        return "version"
+
+VERSION = Call[IpsetSystem]("version", lambda s: s.ipset.version())
 
 
 # -------------------------------------------------------------------------- builders
@@ -87,15 +69,11 @@ def create(name: str, set_type: str, v6: bool = False) -> str:
 
 
 def ok(*lines: str) -> Step[IpsetSystem]:
-    return Step(Restore(lines))
+    return Step(restore(*lines))
 
 
 def refused(error: str, *lines: str) -> Step[IpsetSystem]:
-    return Step(Restore(lines), error=error)
-
-
-def stricter(reason: str, error: str, *lines: str) -> Step[IpsetSystem]:
-    return Step(Restore(lines), error=error, kernel_accepts=reason)
+    return Step(restore(*lines), error=error)
 
 
 def step(op: Op[IpsetSystem], result: object = None) -> Step[IpsetSystem]:
@@ -114,7 +92,7 @@ SAME_NAME = "Set cannot be created: set with the same name already exists"
 # ----------------------------------------------------------------------------- cases
 
 CASES: list[Case[IpsetSystem]] = [
-    case("The version", step(Version(), "7.17")),
+    case("The version", step(VERSION, "7.17")),
     case(
         "A set is created, filled, emptied and destroyed; -exist forgives repeats",
         ok(create("A", "hash:ip,port"), "add A 10.0.0.1,tcp:80", "add A 10.0.0.1,tcp:80"),
@@ -230,41 +208,29 @@ CASES: list[Case[IpsetSystem]] = [
     case(
         "A set an iptables rule uses cannot be destroyed",
         ok(create("A", "hash:ip")),
-        step(Reference("A")),
+        step(reference("A")),
         refused(
             "^line 1: .*Set cannot be destroyed: it is in use by a kernel component", "destroy A"
         ),
         ok("flush A"),
     ),
-    # Deliberately stricter than ipset: kube-proxy writes single members, canonically.
+]
+
+# Deliberately stricter than ipset (kube-proxy writes single members, canonically):
+# (what, the set's type, the add line, what ipset does with it instead).
+STRICTER = [
+    ("A network where a set wants addresses", "hash:ip", "10.0.3.0/30", "adds each address"),
+    ("A network in a hash:ip,port address", "hash:ip,port", "10.0.1.0/30,tcp:80", "adds each"),
+    ("A port range", "hash:ip,port", "10.0.2.1,tcp:80-82", "adds each port"),
+    ("A port range in a port bitmap", "bitmap:port", "90-92", "adds each port"),
+    ("An ICMP type as the port", "hash:ip,port", "10.0.0.4,icmp:ping", "stores icmp:echo-request"),
+    ("An address with leading zeros", "hash:ip,port", "010.0.0.7,tcp:80", "reads 8.0.0.7 (octal)"),
+]
+CASES += [
     case(
-        "A network where a set wants addresses",
-        ok(create("A", "hash:ip")),
-        stricter("ipset adds each address of 10.0.3.0/30", "^line 1: ", "add A 10.0.3.0/30"),
-    ),
-    case(
-        "A network in the address of a hash:ip,port",
-        ok(create("A", "hash:ip,port")),
-        stricter("ipset adds each address", "^line 1: ", "add A 10.0.1.0/30,tcp:80"),
-    ),
-    case(
-        "A port range",
-        ok(create("A", "hash:ip,port")),
-        stricter("ipset adds each port", "^line 1: ", "add A 10.0.2.1,tcp:80-82"),
-    ),
-    case(
-        "A port range in a port bitmap",
-        ok(create("P", "bitmap:port")),
-        stricter("ipset adds each port", "^line 1: ", "add P 90-92"),
-    ),
-    case(
-        "An ICMP type as the port",
-        ok(create("A", "hash:ip,port")),
-        stricter("ipset stores icmp:echo-request", "^line 1: ", "add A 10.0.0.4,icmp:ping"),
-    ),
-    case(
-        "An address with leading zeros",
-        ok(create("A", "hash:ip,port")),
-        stricter("ipset reads it as octal: 8.0.0.7", "^line 1: ", "add A 010.0.0.7,tcp:80"),
-    ),
+        what,
+        ok(create("A", set_type)),
+        Step(restore(f"add A {member}"), error="^line 1: ", kernel_accepts=f"ipset {instead}"),
+    )
+    for what, set_type, member, instead in STRICTER
 ]

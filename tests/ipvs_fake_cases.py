@@ -29,7 +29,7 @@ from kubeproxy.dataplane.ipvs import (
     ServiceKey,
     VirtualServer,
 )
-from tests.parity import Case, Op, Step, Table
+from tests.parity import Call, Case, Step, Table
 
 LINK = "kube-ipvs0"
 
@@ -65,162 +65,72 @@ TABLE = Table[IpvsSystem]((IpvsError,), _describe, _state)
 
 # ------------------------------------------------------------------------ operations
 
-
-@dataclass(frozen=True)
-class AddService:
-    vs: VirtualServer
-
-    def apply(self, s: IpvsSystem) -> object:
-        s.ipvs.add_service(self.vs)
-        return None
-
-    def __str__(self) -> str:
-        return f"add service {self.vs}"
+IpvsOp = Call[IpvsSystem]
 
 
-@dataclass(frozen=True)
-class SetService:
-    vs: VirtualServer
-
-    def apply(self, s: IpvsSystem) -> object:
-        s.ipvs.set_service(self.vs)
-        return None
-
-    def __str__(self) -> str:
-        return f"change service {self.vs}"
+def add_service(vs: VirtualServer) -> IpvsOp:
+    return Call(f"add service {vs}", lambda s: s.ipvs.add_service(vs))
 
 
-@dataclass(frozen=True)
-class DeleteService:
-    key: ServiceKey
-
-    def apply(self, s: IpvsSystem) -> object:
-        s.ipvs.delete_service(self.key)
-        return None
-
-    def __str__(self) -> str:
-        return f"delete service {self.key}"
+def set_service(vs: VirtualServer) -> IpvsOp:
+    return Call(f"change service {vs}", lambda s: s.ipvs.set_service(vs))
 
 
-@dataclass(frozen=True)
-class AddDest:
-    key: ServiceKey
-    dest: Destination
-
-    def apply(self, s: IpvsSystem) -> object:
-        s.ipvs.add_destination(self.key, self.dest)
-        return None
-
-    def __str__(self) -> str:
-        return f"add destination {self.dest} weight {self.dest.weight} to {self.key}"
+def delete_service(key: ServiceKey) -> IpvsOp:
+    return Call(f"delete service {key}", lambda s: s.ipvs.delete_service(key))
 
 
-@dataclass(frozen=True)
-class SetDest:
-    key: ServiceKey
-    dest: Destination
-
-    def apply(self, s: IpvsSystem) -> object:
-        s.ipvs.set_destination(self.key, self.dest)
-        return None
-
-    def __str__(self) -> str:
-        return f"change destination {self.dest} weight {self.dest.weight} of {self.key}"
+def add_dest(key: ServiceKey, dest: Destination) -> IpvsOp:
+    text = f"add destination {dest} weight {dest.weight} to {key}"
+    return Call(text, lambda s: s.ipvs.add_destination(key, dest))
 
 
-@dataclass(frozen=True)
-class DeleteDest:
-    key: ServiceKey
-    address: str
-    port: int
-
-    def apply(self, s: IpvsSystem) -> object:
-        s.ipvs.delete_destination(self.key, self.address, self.port)
-        return None
-
-    def __str__(self) -> str:
-        return f"delete destination {self.address}:{self.port} of {self.key}"
+def set_dest(key: ServiceKey, dest: Destination) -> IpvsOp:
+    text = f"change destination {dest} weight {dest.weight} of {key}"
+    return Call(text, lambda s: s.ipvs.set_destination(key, dest))
 
 
-@dataclass(frozen=True)
-class Destinations:
-    key: ServiceKey
-
-    def apply(self, s: IpvsSystem) -> object:
-        return sorted((d.address, d.port, d.weight) for d in s.ipvs.destinations(self.key))
-
-    def __str__(self) -> str:
-        return f"list the destinations of {self.key}"
+def delete_dest(key: ServiceKey, address: str, port: int) -> IpvsOp:
+    text = f"delete destination {address}:{port} of {key}"
+    return Call(text, lambda s: s.ipvs.delete_destination(key, address, port))
 
 
-@dataclass(frozen=True)
-class Apply:
-    changes: tuple[Change, ...]
+def destinations(key: ServiceKey) -> IpvsOp:
+    def run(s: IpvsSystem) -> object:
+        return sorted((d.address, d.port, d.weight) for d in s.ipvs.destinations(key))
 
-    def apply(self, s: IpvsSystem) -> object:
-        return [_name(o) for o in s.ipvs.apply(self.changes)]
-
-    def __str__(self) -> str:
-        return "batch: " + "; ".join(map(str, self.changes))
+    return Call(f"list the destinations of {key}", run)
 
 
-@dataclass(frozen=True)
-class SetTimeouts:
-    tcp: int
-    tcp_fin: int
-    udp: int
-
-    def apply(self, s: IpvsSystem) -> object:
-        s.ipvs.set_timeouts(self.tcp, self.tcp_fin, self.udp)
-        return None
-
-    def __str__(self) -> str:
-        return f"set timeouts tcp {self.tcp} tcpfin {self.tcp_fin} udp {self.udp}"
+def batch(*changes: Change) -> IpvsOp:
+    text = "batch: " + "; ".join(map(str, changes))
+    return Call(text, lambda s: [_name(o) for o in s.ipvs.apply(changes)])
 
 
-@dataclass(frozen=True)
-class EnsureDummy:
-    def apply(self, s: IpvsSystem) -> object:
-        return s.links.ensure_dummy(LINK)
-
-    def __str__(self) -> str:
-        return f"ensure dummy {LINK}"
+def set_timeouts(tcp: int, tcp_fin: int, udp: int) -> IpvsOp:
+    text = f"set timeouts tcp {tcp} tcpfin {tcp_fin} udp {udp}"
+    return Call(text, lambda s: s.ipvs.set_timeouts(tcp, tcp_fin, udp))
 
 
-@dataclass(frozen=True)
-class AddAddresses:
-    addresses: tuple[str, ...]
-
-    def apply(self, s: IpvsSystem) -> object:
-        return [_name(o) for o in s.links.add_addresses(LINK, self.addresses)]
-
-    def __str__(self) -> str:
-        return f"add {', '.join(self.addresses)} to {LINK}"
+def ensure_dummy() -> IpvsOp:
+    return Call(f"ensure dummy {LINK}", lambda s: s.links.ensure_dummy(LINK))
 
 
-@dataclass(frozen=True)
-class DeleteAddresses:
-    addresses: tuple[str, ...]
-
-    def apply(self, s: IpvsSystem) -> object:
-        return [_name(o) for o in s.links.delete_addresses(LINK, self.addresses)]
-
-    def __str__(self) -> str:
-        return f"delete {', '.join(self.addresses)} from {LINK}"
+def add_addresses(*addresses: str) -> IpvsOp:
+    text = f"add {', '.join(addresses)} to {LINK}"
+    return Call(text, lambda s: [_name(o) for o in s.links.add_addresses(LINK, addresses)])
 
 
-@dataclass(frozen=True)
-class DeleteLink:
-    def apply(self, s: IpvsSystem) -> object:
-        return s.links.delete_link(LINK)
+def delete_addresses(*addresses: str) -> IpvsOp:
+    text = f"delete {', '.join(addresses)} from {LINK}"
+    return Call(text, lambda s: [_name(o) for o in s.links.delete_addresses(LINK, addresses)])
 
-    def __str__(self) -> str:
-        return f"delete link {LINK}"
+
+def delete_link() -> IpvsOp:
+    return Call(f"delete link {LINK}", lambda s: s.links.delete_link(LINK))
 
 
 # -------------------------------------------------------------------------- builders
-
-IpvsOp = Op[IpvsSystem]
 
 
 def ok(op: IpvsOp, result: object = None) -> Step[IpvsSystem]:
@@ -255,14 +165,6 @@ V4, V6 = key(), key("fd00:10:96::10")
 OTHER = key("10.96.0.99")
 
 
-def batch(*changes: Change) -> Apply:
-    return Apply(tuple(changes))
-
-
-def addresses(*items: str) -> tuple[str, ...]:
-    return tuple(items)
-
-
 def names(*items: str | None) -> Sequence[str | None]:
     return list(items)
 
@@ -272,74 +174,74 @@ def names(*items: str | None) -> Sequence[str | None]:
 CASES: list[Case[IpvsSystem]] = [
     case(
         "Services are added, changed in place and deleted",
-        ok(AddService(vs())),
-        refused("EEXIST", AddService(vs())),
-        refused("EEXIST", AddService(vs(scheduler="wrr"))),  # the key decides
-        ok(SetService(vs(scheduler="wrr"))),
-        ok(SetService(vs(scheduler="sh", flags=FLAG_PERSISTENT, timeout=10800))),
-        ok(SetService(vs(scheduler="mh", flags=FLAG_SCHED1 | FLAG_SCHED2))),
-        ok(DeleteService(V4)),
-        refused("ESRCH", DeleteService(V4)),
+        ok(add_service(vs())),
+        refused("EEXIST", add_service(vs())),
+        refused("EEXIST", add_service(vs(scheduler="wrr"))),  # the key decides
+        ok(set_service(vs(scheduler="wrr"))),
+        ok(set_service(vs(scheduler="sh", flags=FLAG_PERSISTENT, timeout=10800))),
+        ok(set_service(vs(scheduler="mh", flags=FLAG_SCHED1 | FLAG_SCHED2))),
+        ok(delete_service(V4)),
+        refused("ESRCH", delete_service(V4)),
     ),
     case(
         "Every protocol and both families",
-        ok(AddService(vs(key(protocol="UDP", port=53)))),
-        ok(AddService(vs(key(protocol="SCTP", port=9999)))),
-        ok(AddService(vs(V6))),
-        ok(AddService(vs(key(port=443)))),
-        ok(AddDest(V6, dest("fd00:10:244:1::10"))),
+        ok(add_service(vs(key(protocol="UDP", port=53)))),
+        ok(add_service(vs(key(protocol="SCTP", port=9999)))),
+        ok(add_service(vs(V6))),
+        ok(add_service(vs(key(port=443)))),
+        ok(add_dest(V6, dest("fd00:10:244:1::10"))),
     ),
     case(
         "An unknown scheduler is ENOENT: no ip_vs_<name> module",
-        refused("ENOENT", AddService(vs(scheduler="nope"))),
-        ok(AddService(vs())),
-        refused("ENOENT", SetService(vs(scheduler="nope"))),
+        refused("ENOENT", add_service(vs(scheduler="nope"))),
+        ok(add_service(vs())),
+        refused("ENOENT", set_service(vs(scheduler="nope"))),
     ),
     case(
         "Persistence: a zero timeout is accepted, a timeout without the flag is kept",
-        ok(AddService(vs(flags=FLAG_PERSISTENT, timeout=0))),
-        ok(AddService(vs(OTHER, timeout=30))),
+        ok(add_service(vs(flags=FLAG_PERSISTENT, timeout=0))),
+        ok(add_service(vs(OTHER, timeout=30))),
     ),
     case(
         "A service that does not exist is ESRCH for every operation on it",
-        refused("ESRCH", SetService(vs())),
-        refused("ESRCH", DeleteService(V4)),
-        refused("ESRCH", AddDest(V4, dest())),
-        refused("ESRCH", SetDest(V4, dest())),
-        refused("ESRCH", DeleteDest(V4, "10.244.1.10", 8080)),
+        refused("ESRCH", set_service(vs())),
+        refused("ESRCH", delete_service(V4)),
+        refused("ESRCH", add_dest(V4, dest())),
+        refused("ESRCH", set_dest(V4, dest())),
+        refused("ESRCH", delete_dest(V4, "10.244.1.10", 8080)),
         # Listing them is no error: the kernel's dump of a missing service is empty.
-        ok(Destinations(V4), result=[]),
+        ok(destinations(V4), result=[]),
     ),
     case(
         "Destinations are added, reweighted and deleted",
-        ok(AddService(vs())),
-        ok(AddDest(V4, dest())),
-        refused("EEXIST", AddDest(V4, dest(weight=5))),
-        ok(SetDest(V4, dest(weight=5))),
-        ok(AddDest(V4, dest("10.244.1.11", weight=0))),  # weight 0: quiesced
-        ok(Destinations(V4), result=[("10.244.1.10", 8080, 5), ("10.244.1.11", 8080, 0)]),
-        refused("ENOENT", SetDest(V4, dest("10.244.1.12"))),
-        refused("ENOENT", DeleteDest(V4, "10.244.1.12", 8080)),
-        refused("ENOENT", DeleteDest(V4, "10.244.1.10", 9090)),  # the port is the key too
-        ok(DeleteDest(V4, "10.244.1.10", 8080)),
-        ok(DeleteService(V4)),  # with its destinations
+        ok(add_service(vs())),
+        ok(add_dest(V4, dest())),
+        refused("EEXIST", add_dest(V4, dest(weight=5))),
+        ok(set_dest(V4, dest(weight=5))),
+        ok(add_dest(V4, dest("10.244.1.11", weight=0))),  # weight 0: quiesced
+        ok(destinations(V4), result=[("10.244.1.10", 8080, 5), ("10.244.1.11", 8080, 0)]),
+        refused("ENOENT", set_dest(V4, dest("10.244.1.12"))),
+        refused("ENOENT", delete_dest(V4, "10.244.1.12", 8080)),
+        refused("ENOENT", delete_dest(V4, "10.244.1.10", 9090)),  # the port is the key too
+        ok(delete_dest(V4, "10.244.1.10", 8080)),
+        ok(delete_service(V4)),  # with its destinations
     ),
     case(
         "A destination of the other family is EINVAL (NAT cannot mix them)",
-        ok(AddService(vs())),
-        ok(AddService(vs(V6))),
-        refused("EINVAL", AddDest(V4, dest("fd00:10:244:1::10"))),
-        refused("EINVAL", AddDest(V6, dest("10.244.1.10"))),
-        refused("EINVAL", SetDest(V4, dest("fd00:10:244:1::10"))),
+        ok(add_service(vs())),
+        ok(add_service(vs(V6))),
+        refused("EINVAL", add_dest(V4, dest("fd00:10:244:1::10"))),
+        refused("EINVAL", add_dest(V6, dest("10.244.1.10"))),
+        refused("EINVAL", set_dest(V4, dest("fd00:10:244:1::10"))),
         # Deleting one only looks it up.
-        refused("ENOENT", DeleteDest(V4, "fd00:10:244:1::10", 8080)),
+        refused("ENOENT", delete_dest(V4, "fd00:10:244:1::10", 8080)),
     ),
     case(
         "A negative weight is ERANGE",
-        ok(AddService(vs())),
-        refused("ERANGE", AddDest(V4, dest(weight=-1))),
-        ok(AddDest(V4, dest())),
-        refused("ERANGE", SetDest(V4, dest(weight=-1))),
+        ok(add_service(vs())),
+        refused("ERANGE", add_dest(V4, dest(weight=-1))),
+        ok(add_dest(V4, dest())),
+        refused("ERANGE", set_dest(V4, dest(weight=-1))),
     ),
     case(
         "A batch goes on after a refused change, one outcome each",
@@ -358,38 +260,38 @@ CASES: list[Case[IpvsSystem]] = [
     ),
     case(
         "Timeouts: 0 keeps a value; negative or beyond INT_MAX/HZ is EINVAL",
-        ok(SetTimeouts(900, 120, 300)),
-        ok(SetTimeouts(0, 0, 0)),
-        refused("EINVAL", SetTimeouts(-1, 0, 0)),
-        refused("EINVAL", SetTimeouts(2**31 - 1, 0, 0)),
+        ok(set_timeouts(900, 120, 300)),
+        ok(set_timeouts(0, 0, 0)),
+        refused("EINVAL", set_timeouts(-1, 0, 0)),
+        refused("EINVAL", set_timeouts(2**31 - 1, 0, 0)),
     ),
     case(
         "The dummy link: created once, addresses added and deleted one outcome each",
-        ok(AddAddresses(addresses("10.96.0.10")), result=names("ENODEV")),
-        ok(EnsureDummy(), result=False),
-        ok(EnsureDummy(), result=True),
+        ok(add_addresses("10.96.0.10"), result=names("ENODEV")),
+        ok(ensure_dummy(), result=False),
+        ok(ensure_dummy(), result=True),
         ok(
-            AddAddresses(addresses("10.96.0.10", "10.96.0.10", "fd00:10:96::10")),
+            add_addresses("10.96.0.10", "10.96.0.10", "fd00:10:96::10"),
             result=names(None, "EEXIST", None),
         ),
         ok(
-            DeleteAddresses(addresses("10.96.0.10", "10.96.0.99")),
+            delete_addresses("10.96.0.10", "10.96.0.99"),
             result=names(None, "EADDRNOTAVAIL"),
         ),
-        ok(DeleteLink(), result=True),
-        ok(DeleteLink(), result=False),
+        ok(delete_link(), result=True),
+        ok(delete_link(), result=False),
     ),
     # Deliberately stricter than the kernel: what kube-proxy never asks for is a bug here.
     case(
         "A service on port 0 (ipvsadm's all-ports persistent service)",
-        stricter("kube-proxy never programs port 0", "EINVAL", AddService(vs(key(port=0)))),
+        stricter("kube-proxy never programs port 0", "EINVAL", add_service(vs(key(port=0)))),
     ),
     case(
         "The hashed flag in a request",
         stricter(
             "the kernel sets it itself; asking for it is a bug of ours",
             "EINVAL",
-            AddService(vs(flags=FLAG_HASHED)),
+            add_service(vs(flags=FLAG_HASHED)),
         ),
     ),
     case(
@@ -398,16 +300,16 @@ CASES: list[Case[IpvsSystem]] = [
             "the kernel lists fd00::10 back: a backend comparing its wishes with the "
             "listing must write addresses as they come back",
             "EINVAL",
-            AddService(vs(key("fd00:0::10"))),
+            add_service(vs(key("fd00:0::10"))),
         ),
     ),
     case(
         "A destination on port 0",
-        ok(AddService(vs())),
+        ok(add_service(vs())),
         stricter(
             "port 0 is 'the service's port' to the kernel; kube-proxy always names one",
             "EINVAL",
-            AddDest(V4, dest(port=0)),
+            add_dest(V4, dest(port=0)),
         ),
     ),
 ]

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from kubeproxy.dataplane.iptables.runner import FLAVORS, Flavor, Iptables, IptablesError
 from kubeproxy.dataplane.nfacct import Nfacct, NfacctError
 from tests.iptables_fake_cases import normalise, restore
-from tests.parity import Case, Op, Step, Table
+from tests.parity import Call, Case, Op, Step, Table
 
 CHAIN = "KUBE-NFACCT"
 
@@ -42,40 +42,23 @@ def _state(system: NfacctSystem, refused: bool) -> object:
 TABLE = Table[NfacctSystem]((NfacctError, IptablesError), _describe, _state)
 
 
-@dataclass(frozen=True)
-class Ensure:
-    name: str
-
-    def apply(self, s: NfacctSystem) -> object:
-        s.nfacct.ensure(self.name)
-        return None
-
-    def __str__(self) -> str:
-        return f"ensure counter {self.name!r}"
+# ------------------------------------------------------------------------ operations
 
 
-@dataclass(frozen=True)
-class Packets:
-    def apply(self, s: NfacctSystem) -> object:
-        return s.nfacct.packets()
-
-    def __str__(self) -> str:
-        return "read the counters"
+def ensure(name: str) -> Call[NfacctSystem]:
+    return Call(f"ensure counter {name!r}", lambda s: s.nfacct.ensure(name))
 
 
-@dataclass(frozen=True)
-class Feed:
+PACKETS = Call[NfacctSystem]("read the counters", lambda s: s.nfacct.packets())
+
+
+def feed(name: str) -> Call[NfacctSystem]:
     """A rule feeding counter ``name`` (the chain holds only it)."""
-
-    name: str
-
-    def apply(self, s: NfacctSystem) -> object:
-        rule = f"-A {CHAIN} -m nfacct --nfacct-name {self.name} -j ACCEPT"
-        s.iptables.restore(restore(filter=[f":{CHAIN}", rule]))
-        return None
-
-    def __str__(self) -> str:
-        return f"a rule feeding {self.name!r}"
+    rule = f"-A {CHAIN} -m nfacct --nfacct-name {name} -j ACCEPT"
+    return Call(
+        f"a rule feeding {name!r}",
+        lambda s: s.iptables.restore(restore(filter=[f":{CHAIN}", rule])),
+    )
 
 
 def ok(op: Op[NfacctSystem], result: object = None) -> Step[NfacctSystem]:
@@ -98,12 +81,12 @@ def cases(flavor: Flavor) -> list[Case[NfacctSystem]]:
         Case(
             "Counters are created once and read back, at 0",
             (
-                ok(Packets(), {}),
-                ok(Ensure("localhost_nps_accepted_pkts")),
-                ok(Ensure("localhost_nps_accepted_pkts")),  # there already: fine
-                ok(Ensure("ct_state_invalid_dropped_pkts")),
+                ok(PACKETS, {}),
+                ok(ensure("localhost_nps_accepted_pkts")),
+                ok(ensure("localhost_nps_accepted_pkts")),  # there already: fine
+                ok(ensure("ct_state_invalid_dropped_pkts")),
                 ok(
-                    Packets(),
+                    PACKETS,
                     {"localhost_nps_accepted_pkts": 0, "ct_state_invalid_dropped_pkts": 0},
                 ),
             ),
@@ -111,27 +94,27 @@ def cases(flavor: Flavor) -> list[Case[NfacctSystem]]:
         Case(
             "A name: not empty; cut to 31 characters; spaces and semicolons kept",
             (
-                refused("^nfacct: .*Invalid argument", Ensure("")),
-                ok(Ensure(LONG)),
-                ok(Ensure("a b;c")),
-                ok(Packets(), {CUT: 0, "a b;c": 0}),
+                refused("^nfacct: .*Invalid argument", ensure("")),
+                ok(ensure(LONG)),
+                ok(ensure("a b;c")),
+                ok(PACKETS, {CUT: 0, "a b;c": 0}),
             ),
         ),
         Case(
             "A rule may feed only a counter that exists",
             (
-                refused(missing, Feed("nope")),
-                ok(Ensure("nope")),
-                ok(Feed("nope")),
+                refused(missing, feed("nope")),
+                ok(ensure("nope")),
+                ok(feed("nope")),
             ),
         ),
         Case(
             "A rule's counter name is cut as the counter's is",
             (
-                refused(missing, Feed(LONG)),
-                ok(Ensure(LONG)),
-                ok(Feed(LONG)),  # names the counter CUT
-                ok(Feed(CUT)),
+                refused(missing, feed(LONG)),
+                ok(ensure(LONG)),
+                ok(feed(LONG)),  # names the counter CUT
+                ok(feed(CUT)),
             ),
         ),
     ]

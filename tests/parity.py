@@ -4,7 +4,8 @@ smaller fakes (IPVS and its dummy link, ipset, BPF maps, nfacct).
 
 A :class:`Case` is a sequence of :class:`Step`\\ s applied to a fresh system (a fake, or
 the real wrapper on an empty namespace or map). Each step is an operation (an object
-with ``apply(system)`` and a readable ``str``) that is accepted, returning ``result``,
+with ``apply(system)`` and a readable ``str``: usually a :class:`Call`, a text and a
+function of the system) that is accepted, returning ``result``,
 or refused (``error``: a regular expression searched in the error as the table's
 ``describe`` writes it, e.g. the errno's name). ``kernel_accepts`` marks a place where
 the fake is deliberately stricter than the kernel (the reason says why): the real run
@@ -29,6 +30,20 @@ S_contra = TypeVar("S_contra", contravariant=True)
 
 class Op(Protocol[S_contra]):
     def apply(self, system: S_contra) -> object: ...
+
+
+@dataclass(frozen=True)
+class Call(Generic[S]):
+    """An operation: what it says it does, and the function that does it."""
+
+    text: str
+    run: Callable[[S], object]
+
+    def apply(self, system: S) -> object:
+        return self.run(system)
+
+    def __str__(self) -> str:
+        return self.text
 
 
 @dataclass(frozen=True)
