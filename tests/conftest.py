@@ -66,7 +66,8 @@ def require_tool(tool: str, why: str = "", *, env: str | None = None, how: str =
 def relies_on_exception(reason: str) -> Callable[[F], F]:
     """Marks a test that checks by not raising: the calls it makes raise on what it
     guards against, so it has no assertion of its own. ``reason`` says which call and
-    on what; tests/lint_tests.py (the hollow rule) accepts the test because of it."""
+    on what; tests/lint_tests.py (the hollow rule) accepts the test because of it. On a
+    helper (``wait_for``) it says that calling the helper is a check."""
     if not reason.strip():
         raise ValueError("relies_on_exception needs the reason")
 
