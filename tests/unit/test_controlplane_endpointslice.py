@@ -496,6 +496,7 @@ def test_reconcile_invariants(
     nodes = ["node-a1", "node-b1", "node-c1"]
     slices: list[Obj] = []
     counter = [0]
+    assert rounds  # min_size=1: every example syncs at least once
     for states in rounds:
         pods = {
             i: pod(f"p{i}", f"10.1.0.{i + 1}", ready=ready, terminating=term, node=nodes[n])

@@ -656,5 +656,6 @@ def test_render_objects_prints_the_completed_cluster(
     assert cli.main([*flags, "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out) == listing  # same allocation: deterministic
     assert not (tmp_path / STATE_FILE_NAME).exists()
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit, match=r"^2$"):  # argparse's usage error
         cli.main([*flags, "--format", "nft"])
+    assert "--objects: --format must be yaml or json" in capsys.readouterr().err

@@ -48,7 +48,7 @@ def test_parse_quantity(text: str, value: Decimal) -> None:
 
 
 def test_parse_quantity_rejects_garbage() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="invalid quantity 'four'"):
         parse_quantity("four")
 
 

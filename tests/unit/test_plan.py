@@ -113,7 +113,7 @@ def test_local_traffic_as_nft_matches() -> None:
         'iifname != "veth*"'
     )
     assert local_match(LocalTraffic(), v4) == ""
-    with pytest.raises(ScriptError):
+    with pytest.raises(ScriptError, match="invalid interface name"):
         local_match(LocalTraffic(interface='x" accept; #'), v4)
 
 
