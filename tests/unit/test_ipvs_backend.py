@@ -144,6 +144,20 @@ def test_load_balancer_source_ranges_fill_the_firewall_sets() -> None:
     assert "203.0.113.7" in want.bind
 
 
+def test_a_zero_source_range_puts_nothing_in_the_firewall_sets() -> None:
+    # The kernel refuses a /0 in hash:ip,port,net, so writing one failed every sync
+    # (found by the ipset parity table); upstream reads a /0 as "no firewall".
+    svc = web(
+        load_balancer_ips=("203.0.113.7",),
+        load_balancer_source_ranges=("198.51.100.0/24", "0.0.0.0/0"),
+    )
+    want = desired(snap((svc, eps("10.244.1.1"))))
+    assert not want.members.get("KUBE-LOAD-BALANCER-FW")
+    assert not want.members.get("KUBE-LOAD-BALANCER-SOURCE-CIDR")
+    assert want.lb_no_node_access == []
+    assert "203.0.113.7,tcp:80" in want.members["KUBE-LOAD-BALANCER"]
+
+
 def test_two_service_ports_claiming_one_destination_keep_the_first() -> None:
     other = ServicePort(name=DB, cluster_ips=("10.96.0.10",), port=80)
     want = desired(snap((web(), eps("10.244.1.1")), (other, eps("10.244.3.3"))))
