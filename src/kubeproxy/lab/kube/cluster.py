@@ -35,7 +35,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from kubeproxy.lab.cluster import lab_env, stop_process
+from kubeproxy.lab.cluster import spawn, stop_process
 from kubeproxy.lab.echo import EchoServer
 from kubeproxy.lab.kube.api import Api, ApiError, Obj
 from kubeproxy.lab.kube.binaries import Binaries
@@ -363,15 +363,8 @@ class KubeLab:
         return self.spawn(self.kubeproxy_command(node, *args), log)
 
     def spawn(self, command: list[str], log: Path) -> subprocess.Popen[str]:
-        with open(log, "a") as out:
-            proc = subprocess.Popen(
-                command,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                text=True,
-                env=lab_env(),
-                start_new_session=True,
-            )
+        """Start ``command``, appending to ``log``; stopped in :meth:`close`."""
+        proc = spawn(command, log, "a")
         self._procs.append(proc)
         return proc
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from kubeproxy.lab.cluster import lab_env, stop_process
+from kubeproxy.lab.cluster import spawn, stop_process
 from kubeproxy.lab.kube.api import Api, ApiError
 from kubeproxy.lab.kube.binaries import Binaries
 from kubeproxy.lab.kube.pki import Pair, Pki
@@ -167,15 +167,8 @@ class ControlPlane:
         raise ValueError(f"no component {name!r}")
 
     def start(self, name: str) -> None:
-        with open(self.workdir / f"{name}.log", "a") as out:
-            self.procs[name] = subprocess.Popen(
-                ["ip", "netns", "exec", self.netns, *self.command(name)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                text=True,
-                env=lab_env(),
-                start_new_session=True,
-            )
+        command = ["ip", "netns", "exec", self.netns, *self.command(name)]
+        self.procs[name] = spawn(command, self.workdir / f"{name}.log", "a")
 
     def stop(self, name: str) -> None:
         proc = self.procs.pop(name, None)
