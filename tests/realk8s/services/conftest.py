@@ -262,7 +262,12 @@ class HealthCheck:
 
     status: int
     headers: dict[str, str]
-    body: dict[str, Any]
+    text: str
+
+    @property
+    def body(self) -> dict[str, Any]:
+        body: dict[str, Any] = json.loads(self.text)
+        return body
 
 
 def health_check(kube: KubeLab, node: str, port: int) -> HealthCheck:
@@ -270,4 +275,4 @@ def health_check(kube: KubeLab, node: str, port: int) -> HealthCheck:
     status, headers, body = kube.executor(kube.outside_ns).call(
         _http_get, f"http://{kube.nodes[node].ip}:{port}/"
     )
-    return HealthCheck(status, headers, json.loads(body))
+    return HealthCheck(status, headers, body)

@@ -11,6 +11,7 @@ assertions that matter are made; the other nodes run kubeproxy.
 from __future__ import annotations
 
 import itertools
+import json
 
 from kubeproxy.lab.echo import Reply
 from kubeproxy.lab.kube.api import Obj
@@ -114,11 +115,13 @@ def test_external_traffic_policy_local_keeps_the_client_address_and_health_check
 
     checks = health({"node-a": 200, NODE: 503, "node-c": 503})
     for node, count in (("node-a", 1), (NODE, 0)):
-        assert checks[node].body == {
+        body = {
             "service": {"namespace": namespace, "name": "web"},
             "localEndpoints": count,
             "serviceProxyHealthy": True,
         }
+        # Byte for byte: Go's json.MarshalIndent with a tab.
+        assert checks[node].text == json.dumps(body, indent="\t")
         assert checks[node].headers["X-Load-Balancing-Endpoint-Weight"] == str(count)
         assert checks[node].headers["Content-Type"] == "application/json"
 
