@@ -47,6 +47,16 @@ def set_ingress(kube: KubeLab, namespace: str, name: str, *ingress: Obj) -> None
     )
 
 
+def endpoint_conditions(kube: KubeLab, namespace: str, pod: str) -> Obj | None:
+    """The conditions of ``pod``'s IPv4 endpoint, as the real controller published them."""
+    for s in kube.api().list_of("EndpointSlice", namespace):
+        for ep in s.get("endpoints") or ():
+            if s["addressType"] == "IPv4" and ep["targetRef"]["name"] == pod:
+                conditions: Obj = ep["conditions"]
+                return conditions
+    return None
+
+
 def ready_endpoints(kube: KubeLab, namespace: str, count: int) -> None:
     """Wait until the real controller has published ``count`` ready IPv4 endpoints."""
 
@@ -151,9 +161,46 @@ def test_external_traffic_policy_local_keeps_the_client_address_and_health_check
     assert answers(kube, out, via_b, 80) == Reply(on_b, OUTSIDE_IP)
     kube.set_pod_ready(on_a, True)
     assert health({"node-a": 200, NODE: 200, "node-c": 503})["node-a"].status == 200
-    kube.delete_pod(on_b)
+    # Deleted with a grace period (no kubelet ends it: the Pod stays terminating, its
+    # endpoint serving): node-b's health check fails so the load balancer drains it, and
+    # what still arrives goes to the terminating endpoint rather than nowhere.
+    kube.api().request(
+        "DELETE",
+        f"/api/v1/namespaces/{namespace}/pods/{on_b}",
+        {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 300},
+    )
+    terminating = {"ready": False, "serving": True, "terminating": True}
+    wait_for(
+        lambda: endpoint_conditions(kube, namespace, on_b) == terminating,
+        what=f"{on_b} terminating in its EndpointSlice",
+    )
     assert health({"node-a": 200, NODE: 503})[NODE].body["localEndpoints"] == 0
+    assert answers(kube, out, via_b, 80) == Reply(on_b, OUTSIDE_IP)
+    kube.delete_pod(on_b)  # the grace period cut short: gone
     assert settles_on(kube, out, via_b, 80, "timeout") == "timeout"
+    assert health({"node-a": 200, NODE: 503})[NODE].body["localEndpoints"] == 0
+
+
+def test_load_balancer_source_ranges_decide_who_reaches_the_load_balancer_ip(
+    kube: KubeLab, namespace: str, proxy: NodeProxy, outside_routes: OutsideRoutes
+) -> None:
+    (pod,) = web(kube, namespace, "node-a")
+    lb = next_ip()
+    service(kube, namespace, type="LoadBalancer", loadBalancerSourceRanges=[f"{OUTSIDE_IP}/32"])
+    set_ingress(kube, namespace, "web", {"ip": lb})
+    outside_routes.add(lb, NODE)
+    client = kube.add_pod(f"{namespace}-client", NODE, namespace=namespace)
+    out, node_b = kube.outside_ns, proxy.node.netns
+    assert answers(kube, out, lb, 80).pod == pod
+    # Sources outside the ranges are dropped, from a Pod or the node itself too.
+    assert attempt(kube, client.netns, lb, 80) == "timeout"
+    assert attempt(kube, node_b, lb, 80) == "timeout"
+    kube.api().patch(
+        "Service", "web", {"spec": {"loadBalancerSourceRanges": ["10.244.0.0/16"]}}, namespace
+    )
+    assert settles_on(kube, out, lb, 80, "timeout") == "timeout"
+    assert answers(kube, client.netns, lb, 80).pod == pod
+    assert attempt(kube, node_b, lb, 80) == "timeout"
 
 
 def test_internal_traffic_policy_local_uses_only_this_nodes_endpoints(
