@@ -1,9 +1,10 @@
 """Service types end to end: the real API server and controllers, packets through node-b.
 
 LoadBalancer (``status.loadBalancer.ingress`` written through the status subresource, as
-a cloud controller would), externalIPs, ``externalTrafficPolicy: Local`` with its
-``healthCheckNodePort``, ``internalTrafficPolicy: Local``, ClientIP session affinity and
-the dual-stack policies test_services.py leaves out. Every test runs with kubeproxy and
+a cloud controller would; ``ipMode``; ``loadBalancerSourceRanges``), externalIPs,
+``externalTrafficPolicy: Local`` with its ``healthCheckNodePort`` (endpoints not ready,
+added, terminating, deleted), ``internalTrafficPolicy: Local``, ClientIP session affinity
+and the dual-stack policies test_services.py leaves out. Every test runs with kubeproxy and
 with upstream kube-proxy on node-b (``proxy``, conftest.py): node-b is where the
 assertions that matter are made; the other nodes run kubeproxy.
 """
