@@ -268,8 +268,8 @@ def test_a_service_with_hand_written_slices_gets_no_generated_ones() -> None:
             [svc("a"), svc("b", cluster_ip="192.168.7.7")],
             "b",
             'Skipping Service default/b: spec.clusterIPs: Invalid value: ["192.168.7.7"]: '
-            "failed to allocate IP 192.168.7.7: the provided IP (192.168.7.7) is not in "
-            "the valid range. The range of valid IPs is 10.96.0.0/12",
+            "failed to allocate IP 192.168.7.7: the provided network does not match the "
+            "current range (ServiceCIDRs: 10.96.0.0/12)",
         ),
         (
             [svc("a"), svc("b", ipFamilies=["IPv6"])],

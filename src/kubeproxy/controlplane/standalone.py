@@ -59,6 +59,7 @@ from kubeproxy.controlplane.endpointslice import (
 from kubeproxy.controlplane.ipallocator import (
     AllocationError,
     ClusterIPAllocator,
+    ErrMismatchedNetwork,
     family_of,
     parse_ip,
     service_parent_ref,
@@ -500,10 +501,13 @@ class StandaloneCluster:
                 raise ServiceError(
                     f"spec.clusterIPs: failed to allocate a ClusterIP: {err}"
                 ) from None
-            holders = self._holders(requested)
+            # Upstream's words, then what they leave out: who holds it, which ranges.
+            detail = self._holders(requested)
+            if isinstance(err, ErrMismatchedNetwork):
+                detail = f" (ServiceCIDRs: {err.valid_range})"
             raise ServiceError(
                 f"spec.clusterIPs: Invalid value: {json.dumps(requested)}: failed to allocate IP "
-                f"{','.join(requested)}: {err}{holders}"
+                f"{','.join(requested)}: {err}{detail}"
             ) from None
 
     def _holders(self, ips: Iterable[str]) -> str:
