@@ -86,3 +86,16 @@ def test_endpoint_slices_and_hints_are_the_real_controllers(
     )
     for case in HINT_SEEDS[seed]:  # what the seed was chosen for did happen
         assert any(case in line for line in result.summary), described
+
+
+def test_a_node_cpu_change_alone_reaches_upstream_hints_only_with_the_next_node_event(
+    control_plane: ControlPlane,
+) -> None:
+    """A difference kept on purpose (docs/controlplane.md): upstream's controller ignores
+    a Node whose allocatable CPU alone changed until a Node is added or deleted or
+    changes readiness or zone; a standalone cluster recomputes at once."""
+    change = hintparity.node_cpu_change(control_plane.api())
+    assert change.real_before == hintparity.BEFORE_CPU_CHANGE
+    assert change.real_after_cpu == hintparity.BEFORE_CPU_CHANGE  # resynced, old shares
+    assert change.real_after_node_event == hintparity.AFTER_CPU_CHANGE
+    assert change.ours_after_cpu == hintparity.AFTER_CPU_CHANGE

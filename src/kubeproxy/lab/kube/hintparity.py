@@ -28,13 +28,15 @@ the real controller's EndpointSlices and Events against ours:
   "enabled" event is left out: upstream visits address types in map order).
 
 :func:`run_seed` does all of it for one seed and deletes what it made.
+:func:`node_cpu_change` shows a difference kept on purpose: upstream's hints follow a
+Node's allocatable CPU only at the next Node event that is not a status update.
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +44,7 @@ from kubeproxy.controlplane.endpointslice import hints_enabled, reconcile, selec
 from kubeproxy.controlplane.standalone import StandaloneCluster
 from kubeproxy.controlplane.topologycache import TopologyCache, giving_and_receiving_zones
 from kubeproxy.lab.kube.api import Api, Obj
+from kubeproxy.lab.kube.cluster import wait_for
 from kubeproxy.model.types import NamespacedName
 from kubeproxy.sources.events import Event, RawObject
 
@@ -335,22 +338,34 @@ def expected(inputs: Inputs, cache: TopologyCache | None = None) -> dict[str, Ob
 def standalone_expected(inputs: Inputs) -> dict[str, Observed]:
     """The same objects as a manifest directory: what ``kubeproxy run --manifests``
     computes end to end (ClusterIPs of its own, the families the API server gave)."""
+    return _standalone_slices(_standalone(inputs), inputs.services)
+
+
+def _standalone(inputs: Inputs) -> StandaloneCluster:
     cluster = StandaloneCluster(rng=random.Random(0))
     events = []
     for obj in [*inputs.nodes, *inputs.pods, *inputs.services]:
-        meta, doc = obj["metadata"], obj
+        doc = obj
         if obj["kind"] == "Service":
             spec = {k: v for k, v in obj["spec"].items() if k not in ("clusterIP", "clusterIPs")}
             doc = {**obj, "spec": spec}
-        key = NamespacedName(meta.get("namespace", ""), meta["name"])
-        events.append(Event.added(RawObject(obj["kind"], key, doc)))
+        events.append(Event.added(_raw(doc)))
     cluster.apply(events)
+    return cluster
+
+
+def _raw(doc: Obj) -> RawObject:
+    meta = doc["metadata"]
+    return RawObject(doc["kind"], NamespacedName(meta.get("namespace", ""), meta["name"]), doc)
+
+
+def _standalone_slices(cluster: StandaloneCluster, services: list[Obj]) -> dict[str, Observed]:
     slices = [o for o in cluster.objects() if o["kind"] == "EndpointSlice"]
     return {
         name: Observed(
             [s for s in slices if s["metadata"]["labels"].get(SERVICE_NAME_LABEL) == name], None
         )
-        for service in inputs.services
+        for service in services
         for name in [service["metadata"]["name"]]
     }
 
@@ -615,3 +630,95 @@ def describe_cluster(cluster: RandomCluster) -> str:
             f"cpu {n['status']['allocatable']['cpu']}{'' if ready else ', not ready'}{role})"
         )
     return f"seed {cluster.seed}: {len(cluster.pods)} Pods; " + " ".join(nodes)
+
+
+# ------------------------------------------------------------ a Node's CPU, changed
+
+
+BEFORE_CPU_CHANGE = {"zone-a": 2, "zone-b": 2}
+AFTER_CPU_CHANGE = {"zone-a": 3, "zone-b": 1}  # 12 and 4 CPUs: desired 3 and 1
+
+
+@dataclass
+class CpuChange:
+    """Auto hints of one Service (zone -> endpoints hinted) at each stage."""
+
+    real_before: dict[str, int]
+    real_after_cpu: dict[str, int]  # after a Service change made the controller resync
+    real_after_node_event: dict[str, int]  # after a Node was added
+    ours_after_cpu: dict[str, int]  # a standalone cluster given the same Node change
+
+
+def node_cpu_change(api: Api, namespace: str = "cpu-change") -> CpuChange:
+    """Two zones of 4 CPUs, 2 ready endpoints in each; then zone-a's Node grows to 12
+    CPUs, which makes 3 + 1 the right split. Upstream's TopologyCache re-reads the Nodes
+    only when one is added or deleted or changes readiness or zone (the controller's
+    updateNode), so its hints follow only then; a standalone cluster recomputes on any
+    Node change."""
+    nodes = [
+        _node(f"cpu-{z}", {ZONE_LABEL: f"zone-{z}", NODE_MARK: "true"}, "4", True) for z in "ab"
+    ]
+    pods = [
+        _pod(
+            f"p{i}",
+            namespace,
+            f"cpu-{z}",
+            {APP: "web"},
+            [f"10.250.0.{i + 10}"],
+            ready=True,
+            terminating=False,
+        )
+        for i, z in enumerate("aabb")
+    ]
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": "web",
+            "namespace": namespace,
+            "annotations": {"service.kubernetes.io/topology-mode": "Auto"},
+        },
+        "spec": {"selector": {APP: "web"}, "ports": [{"name": "http", "port": 80}]},
+    }
+    cluster = RandomCluster(0, namespace, nodes, pods, [service])
+    apply(api, cluster)
+    try:
+        before = _wait_hints(api, namespace, lambda h: h == BEFORE_CPU_CHANGE)
+        inputs = read_inputs(api, cluster)
+        ours = _standalone(inputs)
+        old_node = next(n for n in inputs.nodes if n["metadata"]["name"] == "cpu-a")
+        bigger = {"allocatable": {"cpu": "12"}, "capacity": {"cpu": "12"}}
+        new_node = api.patch_status("Node", "cpu-a", {"status": bigger})
+        ours.apply([Event.modified(_raw(old_node), _raw({"kind": "Node", **new_node}))])
+        ours_after = _zone_counts(_standalone_slices(ours, [service])["web"].slices)
+        # A label on the Service is copied to its slices: once it is there, the
+        # controller has resynced the Service (and recomputed its hints).
+        api.patch("Service", "web", {"metadata": {"labels": {"resynced": "1"}}}, namespace)
+        after_cpu = _wait_hints(api, namespace, lambda h: True, label="resynced")
+        # A Node added (not Ready: it counts for nothing) makes the cache read the Nodes.
+        meta = {"name": "cpu-c", "labels": {NODE_MARK: "true"}}
+        api.create({"apiVersion": "v1", "kind": "Node", "metadata": meta})
+        after_event = _wait_hints(api, namespace, lambda h: h == AFTER_CPU_CHANGE)
+        return CpuChange(before, after_cpu, after_event, ours_after)
+    finally:
+        remove(api, cluster)
+        clear_nodes(api)
+
+
+def _zone_counts(slices: Iterable[Obj]) -> dict[str, int]:
+    summary = auto_summary(slices)
+    return dict(summary.hinted) if summary else {}
+
+
+def _wait_hints(
+    api: Api, namespace: str, want: Callable[[dict[str, int]], bool], *, label: str = ""
+) -> dict[str, int]:
+    def hints() -> dict[str, int] | None:
+        slices = api.list_of("EndpointSlice", namespace)
+        if label and not all(label in s["metadata"].get("labels", {}) for s in slices):
+            return None
+        counts = _zone_counts(slices)
+        return counts if slices and want(counts) else None
+
+    found: dict[str, int] = wait_for(hints, timeout=30, what="the real controller's hints")
+    return found
