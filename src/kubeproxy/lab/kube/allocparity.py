@@ -458,19 +458,21 @@ class Scenario:
                 continue
             family = outcome.families[i] if i < len(outcome.families) else ""
             ips.append(self._dynamic_ip(ip, family, held_ips))
-        wanted_ports = [int(p.get("nodePort") or 0) for p in spec.get("ports") or ()]
         numbers = [int(p.get("port") or 0) for p in spec.get("ports") or ()]
+        # Ports with one number share one nodePort: the first one any of them asked for.
+        wanted: dict[int, int] = {}
+        for number, service_port in zip(numbers, spec.get("ports") or (), strict=True):
+            if service_port.get("nodePort"):
+                wanted.setdefault(number, int(service_port["nodePort"]))
         ports: list[Any] = []
         for i, port in enumerate(outcome.node_ports):
+            first = numbers.index(numbers[i])
             if not port:
                 ports.append(0)
-            elif wanted_ports[i] == port:
+            elif wanted.get(numbers[i]) == port:
                 ports.append(port)
-            elif (
-                numbers.index(numbers[i]) != i
-                and outcome.node_ports[numbers.index(numbers[i])] == port
-            ):
-                ports.append(f"same as [{numbers.index(numbers[i])}]")
+            elif first != i and outcome.node_ports[first] == port:
+                ports.append(f"same as [{first}]")
             else:
                 ports.append(self._dynamic_port(port, held_ports))
                 held_ports = held_ports | {port}
