@@ -29,6 +29,8 @@ Map:
   range filled until full, then a second ServiceCIDR around the first (its edges become
   ordinary addresses; both fill it) deleted while in use. Dual-stack, or single-stack
   (every IPv6 request must then be refused for the same reason).
+* :func:`twin_service_cidrs_deleted` — a difference kept on purpose, shown: two
+  ServiceCIDRs of one CIDR, both being deleted, still give addresses upstream.
 
 Where upstream itself is nondeterministic (the order it tries ServiceCIDRs in, and which
 family's error it reports when both fail) the scenario avoids asking or the comparison
@@ -753,10 +755,12 @@ def run(
     steps: int = 60,
     namespace: str | None = None,
     service_cidrs: Sequence[str] = SERVICE_CIDRS,
+    settle: bool = True,
 ) -> Scenario:
     """One scenario against the control plane behind ``api``, started with
     ``service_cidrs`` (:data:`SERVICE_CIDRS`, or its IPv4 range alone for a single-stack
-    cluster) and :data:`APISERVER_ARGS`; everything it creates is deleted."""
+    cluster) and :data:`APISERVER_ARGS`; everything it creates is deleted, and (``settle``)
+    gone before it returns, as the next scenario needs."""
     namespace = namespace or f"alloc-{seed}"
     api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
     real = RealSide(api, namespace)
@@ -786,7 +790,7 @@ def run(
         scenario.clear()
         for name in [n for n in real.held if n != "kubernetes"]:
             real.delete(name)
-        cleanup_service_cidrs(api)
+        cleanup_service_cidrs(api, wait=settle)
         api.delete("Namespace", namespace)
     return scenario
 
@@ -855,9 +859,10 @@ def _wait_allocatable(api: Api, namespace: str, ip: str, want: bool) -> None:
     wait_for(probe, timeout=30, what=f"the API server {'taking' if want else 'refusing'} {ip}")
 
 
-def cleanup_service_cidrs(api: Api) -> None:
-    """Every ServiceCIDR but the API server's own, gone (kube-controller-manager lifts
-    the finalizer of one being deleted once no Service holds its addresses)."""
+def cleanup_service_cidrs(api: Api, *, wait: bool = True) -> None:
+    """Every ServiceCIDR but the API server's own deleted, and (``wait``) gone:
+    kube-controller-manager lifts the finalizer of one being deleted some seconds after
+    no Service holds its addresses any more."""
 
     def others() -> list[str]:
         return [
@@ -866,7 +871,8 @@ def cleanup_service_cidrs(api: Api) -> None:
 
     for name in others():
         api.delete("ServiceCIDR", name)
-    wait_for(lambda: not others(), timeout=60, what="the added ServiceCIDRs gone")
+    if wait:
+        wait_for(lambda: not others(), timeout=60, what="the added ServiceCIDRs gone")
 
 
 def summarize(scenarios: Iterable[Scenario]) -> str:
@@ -875,3 +881,58 @@ def summarize(scenarios: Iterable[Scenario]) -> str:
         lines.append(f"seed {s.seed}: {len(s.steps)} requests, {len(s.differences)} differences")
         lines += [f"  {d}" for d in s.differences]
     return "\n".join(lines)
+
+
+# A difference kept on purpose: two ServiceCIDRs of one CIDR, both being deleted.
+TWIN_CIDR = "10.100.1.0/28"
+SENTINEL_CIDR = "10.100.2.0/28"
+
+
+def twin_service_cidrs_deleted(
+    api: Api, service_cidrs: Sequence[str] = SERVICE_CIDRS, namespace: str = "twins"
+) -> tuple[Outcome, Outcome]:
+    """Two ServiceCIDRs naming one CIDR, both deleted while one of its addresses is in
+    use; then a request for another address of it: kube-apiserver's answer and ours.
+
+    Upstream's allocator for a CIDR turns not-ready only when the ServiceCIDR being
+    deleted is the one ServiceCIDR it knows by name, and forgets a name only when its
+    object is gone: with two, the CIDR keeps taking new addresses while both are being
+    deleted. Ours stops, as for one (docs/controlplane.md says why).
+    """
+    twin, sentinel = parse_cidr(TWIN_CIDR), parse_cidr(SENTINEL_CIDR)
+    api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    real = RealSide(api, namespace)
+    try:
+        for name, cidr in (
+            ("twin-a", TWIN_CIDR),
+            ("twin-b", TWIN_CIDR),
+            ("sentinel", SENTINEL_CIDR),
+        ):
+            api.create(
+                {
+                    "apiVersion": "networking.k8s.io/v1",
+                    "kind": "ServiceCIDR",
+                    "metadata": {"name": name},
+                    "spec": {"cidrs": [cidr]},
+                }
+            )
+        for net in (twin, sentinel):
+            _wait_allocatable(api, namespace, str(net.network_address + 5), True)
+            # Held: the ServiceCIDRs cannot finish deleting.
+            real.create(
+                service(f"holder-{net.network_address}", clusterIP=str(net.network_address + 2))
+            )
+        for name in ("twin-a", "twin-b", "sentinel"):
+            api.delete("ServiceCIDR", name)
+        # The API server learns of ServiceCIDRs from one watch, in order: once it refuses
+        # the sentinel's addresses it has seen both twins being deleted too.
+        _wait_allocatable(api, namespace, str(sentinel.network_address + 6), False)
+        request = service("after", clusterIP=str(twin.network_address + 7))
+        ours = OurSide(service_cidrs, NODE_PORT_RANGE, 0)
+        ours.sync_service_cidrs(service_cidr_objects(api))
+        return real.create(request), ours.create(request)
+    finally:
+        for name in list(real.held):
+            real.delete(name)
+        cleanup_service_cidrs(api, wait=False)
+        api.delete("Namespace", namespace)
