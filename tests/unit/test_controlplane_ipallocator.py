@@ -214,6 +214,27 @@ def test_overlapping_cidrs_never_share_an_address() -> None:
     assert meta.free() == 0  # the /29 inside the /28 is not counted twice
 
 
+def test_an_address_one_cidr_cannot_hold_goes_to_an_overlapping_one_that_can() -> None:
+    """As kube-apiserver's MetaAllocator: a ServiceCIDR holds an address when it is one of
+    its hosts (not its network address, nor its IPv4 broadcast address), so the broadcast
+    address of a /27 is an ordinary address of a /26 around it (found against the real
+    kube-apiserver: tests/realk8s/test_controlplane_parity.py)."""
+    meta = MetaAllocator("IPv4")
+    meta.sync_service_cidrs([_cidr("kubernetes", "10.100.0.0/27"), _cidr("wider", "10.100.0.0/26")])
+    meta.allocate("10.100.0.31")
+    assert meta.has("10.100.0.31")
+    for edge in ("10.100.0.0", "10.100.0.63"):  # network of both, broadcast of the /26
+        with pytest.raises(ErrMismatchedNetwork, match=r"^the provided network does not match"):
+            meta.allocate(edge)
+    meta.release("10.100.0.31")
+    assert not meta.has("10.100.0.31")
+    ipv6 = MetaAllocator("IPv6")
+    ipv6.sync_service_cidrs([_cidr("kubernetes", "fd00::/123")])
+    ipv6.allocate("fd00::1f")  # IPv6 has no broadcast address
+    with pytest.raises(ErrMismatchedNetwork, match=r"^the provided network does not match"):
+        ipv6.allocate("fd00::")
+
+
 def _old_and_new(ready: bool | None, deleting: bool) -> tuple[MetaAllocator, str]:
     """ServiceCIDR "old" (10.96.0.0/29, one address taken) changed to ``ready`` and
     ``deleting``, and "new" (10.97.0.0/29) after it; the address taken."""
