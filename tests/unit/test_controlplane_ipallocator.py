@@ -268,7 +268,8 @@ def test_a_cidr_being_deleted_or_not_ready_stops_receiving_allocations(
     picks = {meta.allocate_next() for _ in range(6)}
     assert all(ip.startswith("10.97.0.") for ip in picks)
     free = next(f"10.96.0.{i}" for i in range(1, 7) if f"10.96.0.{i}" != kept)
-    with pytest.raises(ErrMismatchedNetwork, match=rf"\({free}\) is not in the valid range"):
+    # kube-apiserver's MetaAllocator's words for an address no allocatable CIDR holds.
+    with pytest.raises(ErrMismatchedNetwork, match=r"^the provided network does not match"):
         meta.allocate(free)
     meta.release(kept)  # releasing still works, so the ServiceCIDR can finish deleting
     assert not meta.has(kept)
@@ -279,7 +280,7 @@ def test_a_cidr_no_servicecidr_names_is_dropped() -> None:
     meta.sync_service_cidrs([_cidr("a", "10.96.0.0/29"), _cidr("b", "10.97.0.0/29")])
     meta.sync_service_cidrs([_cidr("b", "10.97.0.0/29")])
     assert meta.cidrs() == [("10.97.0.0/29", True)]
-    with pytest.raises(ErrMismatchedNetwork, match=r"The range of valid IPs is 10\.97\.0\.0/29"):
+    with pytest.raises(ErrMismatchedNetwork, match=r"^the provided network does not match"):
         meta.allocate("10.96.0.1")
 
 
