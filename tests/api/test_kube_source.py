@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from kubeproxy.logs import V2
 from kubeproxy.model.types import LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME, Service
 from kubeproxy.sources import initial_state
 from kubeproxy.sources.events import EventType
@@ -276,6 +277,34 @@ def test_gone_mid_stream_relists_without_events_for_unchanged_objects() -> None:
                 ]
 
     run(scenario)
+
+
+def test_every_list_is_logged_at_v2_and_a_relist_says_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """As upstream's reflector ("Caches populated" at V2 for every list), so a relist is
+    visible at the verbosity nodes run (tests/realk8s/test_faults.py sees it happen after
+    a real API server forgot the history)."""
+
+    async def scenario() -> None:
+        async with ApiServer() as api:
+            populate(api)
+            async with Consumer(source_for(api)) as consumer:
+                await consumer.next_batch()
+                await consumer.until(lambda: api.watch_count == 4)
+                api.expire_watches()
+                await consumer.until(lambda: len(lists(api, SLICES)) == 2)
+
+    with caplog.at_level(V2, logger="kubeproxy.sources.kube_informer"):
+        run(scenario)
+    lines = [r.getMessage() for r in caplog.records if r.levelno == V2]
+    first = [line for line in lines if line.startswith("Listed ") and "again" not in line]
+    again = [line for line in lines if " again (" in line]
+    assert sorted(line.split()[2] for line in first) == [
+        "endpointslices", "nodes", "servicecidrs", "services"
+    ]  # fmt: skip
+    assert any(line.startswith("Listed 2 endpointslices at resourceVersion") for line in again)
+    assert all("HTTP 410 (Expired): too old resource version" in line for line in again), again
 
 
 async def cut_off_after_watching(api: ApiServer, consumer: Consumer) -> None:
