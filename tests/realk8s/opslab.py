@@ -62,12 +62,16 @@ def service_account_kubeconfig(kube: KubeLab, path: Path, token: str) -> Path:
     return kubeconfig(path, kube.cp.server, kube.cp.certificates().ca.cert, token=token)
 
 
+def kubeproxy_command(netns: str, *args: str) -> list[str]:
+    return ["ip", "netns", "exec", netns, sys.executable, "-m", "kubeproxy", *args]
+
+
 def kubeproxy(
     netns: str, *args: str, input: str | None = None, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
     """``kubeproxy ARGS`` (a one-shot: list, render, explain...) inside ``netns``."""
     return subprocess.run(
-        ["ip", "netns", "exec", netns, sys.executable, "-m", "kubeproxy", *args],
+        kubeproxy_command(netns, *args),
         capture_output=True, text=True, input=input, env=lab_env(), timeout=timeout,
         check=False,
     )  # fmt: skip
@@ -78,12 +82,11 @@ def start_proxy(
 ) -> subprocess.Popen[str]:
     """``kubeproxy run`` in ``netns`` with ``config`` as its kubeconfig, as node ``node``,
     logging to ``log`` at --v=2 (stop it with kubeproxy.lab.cluster.stop_process)."""
-    command = [
-        "ip", "netns", "exec", netns, sys.executable, "-m", "kubeproxy", "run",
-        "--kubeconfig", str(config), "--hostname-override", node,
+    command = kubeproxy_command(
+        netns, "run", "--kubeconfig", str(config), "--hostname-override", node,
         "--cluster-cidr", ",".join(CLUSTER_CIDRS), "--proxy-mode", "nftables", "--v=2",
         *flags,
-    ]  # fmt: skip
+    )  # fmt: skip
     return kube.spawn(command, log)
 
 
@@ -104,7 +107,7 @@ def can_i(kube: KubeLab, user: str) -> set[tuple[str, str]]:
     return pairs
 
 
-def allowed(kube: KubeLab, user: str, verb: str, resource: str, group: str) -> bool:
+def allowed(kube: KubeLab, user: str, group: str, resource: str, verb: str) -> bool:
     """Whether the API server's authorizer lets ``user`` do it now (a SubjectAccessReview:
     RBAC changes reach the authorizer through its informers, a moment after the write)."""
     review = {
