@@ -261,7 +261,9 @@ def test_gone_after_a_disconnection_relists_and_emits_only_the_differences(
     run(scenario)
 
 
-def test_gone_mid_stream_relists_without_events_for_unchanged_objects() -> None:
+def test_gone_mid_stream_relists_without_events_for_unchanged_objects(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     async def scenario() -> None:
         async with ApiServer() as api:
             populate(api)
@@ -276,29 +278,13 @@ def test_gone_mid_stream_relists_without_events_for_unchanged_objects() -> None:
                     ("ADDED", "Service", "default/late")
                 ]
 
-    run(scenario)
-
-
-def test_every_list_is_logged_at_v2_and_a_relist_says_why(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    """As upstream's reflector ("Caches populated" at V2 for every list), so a relist is
-    visible at the verbosity nodes run (tests/realk8s/test_faults.py sees it happen after
-    a real API server forgot the history)."""
-
-    async def scenario() -> None:
-        async with ApiServer() as api:
-            populate(api)
-            async with Consumer(source_for(api)) as consumer:
-                await consumer.next_batch()
-                await consumer.until(lambda: api.watch_count == 4)
-                api.expire_watches()
-                await consumer.until(lambda: len(lists(api, SLICES)) == 2)
-
     with caplog.at_level(V2, logger="kubeproxy.sources.kube_informer"):
         run(scenario)
+    # Every list at --v=2, a relist with its reason, as upstream's reflector logs
+    # "Caches populated" at V2 for every list (tests/realk8s/test_faults.py sees one
+    # after a real API server forgot the history).
     lines = [r.getMessage() for r in caplog.records if r.levelno == V2]
-    first = [line for line in lines if line.startswith("Listed ") and "again" not in line]
+    first = [line for line in lines if line.startswith("Listed ") and " again " not in line]
     again = [line for line in lines if " again (" in line]
     assert sorted(line.split()[2] for line in first) == [
         "endpointslices", "nodes", "servicecidrs", "services"
