@@ -33,6 +33,8 @@ import yaml
 
 from kubeproxy.lab.cluster import stop_process
 from kubeproxy.lab.kube.cluster import DEPLOY, KubeLab, wait_for
+from kubeproxy.lab.netns import ns_exec
+from tests.realk8s.conftest import service_ip
 from tests.realk8s.opslab import (
     allowed,
     can_i,
@@ -189,8 +191,9 @@ def test_with_its_cluster_role_kubeproxy_is_never_refused_and_records_its_event(
             wait_for(lambda: "Synced full rules" in log.read_text(), timeout=60, what="a sync")
             # Watching works: a Service made now is programmed through the watch.
             kube.kubectl("-n", namespace, "create", "service", "clusterip", "web", "--tcp=80:8080")
+            ip = service_ip(kube, namespace, "web")
             wait_for(
-                lambda: f"changed: {namespace}/web:" in log.read_text(),
+                lambda: ip in ns_exec(host, "nft", "list", "table", "ip", "kube-proxy"),
                 timeout=60,
                 what="the new Service programmed",
             )
