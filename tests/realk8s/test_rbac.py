@@ -202,7 +202,7 @@ def test_with_its_cluster_role_kubeproxy_is_never_refused_and_records_its_event(
         finally:
             stop_process(proc)
     text = log.read_text()
-    assert "403" not in text and "orbidden" not in text, text
+    assert "HTTP 403" not in text and "orbidden" not in text, text
 
 
 @pytest.mark.parametrize("grant", GRANTS, ids=[f"{v}-{r}.{g or 'core'}" for g, r, v in GRANTS])
@@ -217,7 +217,7 @@ def test_every_verb_of_the_cluster_role_is_needed(
         assert refused in outcome.output, outcome.output
         return
     # The proxy logs the refusal, and refuses nothing else.
-    denials = [line for line in outcome.output.splitlines() if "403" in line]
+    denials = [line for line in outcome.output.splitlines() if "HTTP 403" in line]
     assert denials, outcome.output
     assert all(refused in line for line in denials), denials
 
