@@ -153,6 +153,9 @@ class ControlPlane:
                 "--service-account-signing-key-file", str(pki.sa_key),
                 "--service-cluster-ip-range", ",".join(self.service_cidrs),
                 "--authorization-mode", "RBAC",
+                # As kubeadm and kind: DaemonSets with a privileged container (upstream
+                # kube-proxy's, deploy/'s init container) are admitted.
+                "--allow-privileged=true",
                 "--cert-dir", str(self.workdir / "apiserver-certs"),
                 "--enable-priority-and-fairness=false", "--profiling=false",
                 "--v=1",
