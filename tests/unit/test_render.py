@@ -330,7 +330,7 @@ def test_table_text_is_declarative_and_ordered() -> None:
 
 @pytest.mark.parametrize("name", ["", "a b", "x;flush ruleset", "a\nb", "a" * 80, "-x", "ä"])
 def test_hostile_object_names_are_refused(name: str) -> None:
-    with pytest.raises(ScriptError):
+    with pytest.raises(ScriptError, match="invalid nftables object name"):
         check_name(name)
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from kubeproxy.lab.cluster import lab_env, stop_process
+from kubeproxy.lab.cluster import spawn, stop_process
 from kubeproxy.lab.echo import EchoServer
 from kubeproxy.lab.kube.api import Api, ApiError, Obj
 from kubeproxy.lab.kube.binaries import Binaries
@@ -105,6 +105,8 @@ class KubeLab:
     _namespaces: list[str] = field(default_factory=list)
     _executors: dict[str, NetnsExecutor] = field(default_factory=dict)
     _procs: list[subprocess.Popen[str]] = field(default_factory=list)
+    # The kubeproxy started on each node (start_kubeproxy), for a test that swaps it.
+    proxies: dict[str, subprocess.Popen[str]] = field(default_factory=dict)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     _pod_hosts: dict[str, itertools.count[int]] = field(default_factory=dict)
     _token: str | None = None
@@ -360,18 +362,18 @@ class KubeLab:
 
     def start_kubeproxy(self, node: str, *args: str) -> subprocess.Popen[str]:
         log = self.workdir / f"kubeproxy-{node}.log"
-        return self.spawn(self.kubeproxy_command(node, *args), log)
+        self.proxies[node] = self.spawn(self.kubeproxy_command(node, *args), log)
+        return self.proxies[node]
+
+    def stop_kubeproxy(self, node: str) -> None:
+        """SIGTERM the node's kubeproxy and wait for it; its rules stay, as on any stop."""
+        proc = self.proxies.pop(node, None)
+        if proc is not None:
+            stop_process(proc)
 
     def spawn(self, command: list[str], log: Path) -> subprocess.Popen[str]:
-        with open(log, "a") as out:
-            proc = subprocess.Popen(
-                command,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                text=True,
-                env=lab_env(),
-                start_new_session=True,
-            )
+        """Start ``command``, appending to ``log``; stopped in :meth:`close`."""
+        proc = spawn(command, log, "a")
         self._procs.append(proc)
         return proc
 
