@@ -282,41 +282,7 @@ class KubeLab:
     def set_pod_ready(self, name: str, ready: bool) -> None:
         """Write the Pod's status as a kubelet would (Running, Ready or not)."""
         pod = self.pods[name]
-        status = "True" if ready else "False"
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        self.api().patch_status(
-            "Pod",
-            name,
-            {
-                "status": {
-                    "phase": "Running",
-                    "hostIP": pod.node.ip,
-                    "hostIPs": [{"ip": pod.node.ip}, {"ip": pod.node.ip6}],
-                    "podIP": pod.ips[0],
-                    "podIPs": [{"ip": ip} for ip in pod.ips],
-                    "containerStatuses": [
-                        {
-                            "name": "echo",
-                            "ready": ready,
-                            "started": True,
-                            "restartCount": 0,
-                            "image": "kubeproxy-lab/echo",
-                            "imageID": "",
-                            "state": {"running": {"startedAt": now}},
-                        }
-                    ],
-                    "conditions": [
-                        {"type": t, "status": status, "lastTransitionTime": now}
-                        for t in ("Ready", "ContainersReady")
-                    ]
-                    + [
-                        {"type": t, "status": "True", "lastTransitionTime": now}
-                        for t in ("Initialized", "PodScheduled")
-                    ],
-                }
-            },
-            namespace=pod.namespace,
-        )
+        self.api().patch_status("Pod", name, pod_status(pod, ready), namespace=pod.namespace)
 
     def delete_pod(self, name: str) -> None:
         """The Pod object goes (at once: no kubelet waits out a grace period); its
@@ -404,6 +370,41 @@ class KubeLab:
         self.close()
 
 
+def pod_status(pod: KubePod, ready: bool) -> Obj:
+    """The status a kubelet writes for ``pod``'s network namespace: Running, its IPs, the
+    Ready condition ``ready`` (also for another Pod object over the same namespace)."""
+    status = "True" if ready else "False"
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return {
+        "status": {
+            "phase": "Running",
+            "hostIP": pod.node.ip,
+            "hostIPs": [{"ip": pod.node.ip}, {"ip": pod.node.ip6}],
+            "podIP": pod.ips[0],
+            "podIPs": [{"ip": ip} for ip in pod.ips],
+            "containerStatuses": [
+                {
+                    "name": "echo",
+                    "ready": ready,
+                    "started": True,
+                    "restartCount": 0,
+                    "image": "kubeproxy-lab/echo",
+                    "imageID": "",
+                    "state": {"running": {"startedAt": now}},
+                }
+            ],
+            "conditions": [
+                {"type": t, "status": status, "lastTransitionTime": now}
+                for t in ("Ready", "ContainersReady")
+            ]
+            + [
+                {"type": t, "status": "True", "lastTransitionTime": now}
+                for t in ("Initialized", "PodScheduled")
+            ],
+        }
+    }
+
+
 def node_status(node: KubeNode, cpu: str = "4") -> Obj:
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     return {
@@ -442,4 +443,4 @@ def wait_for(check: Any, timeout: float = 30.0, what: str = "condition") -> Any:
     raise TimeoutError(f"{what} not reached in {timeout}s (last: {last!r})")
 
 
-__all__ = ["API_PORT", "KubeLab", "KubeNode", "KubePod", "wait_for"]
+__all__ = ["API_PORT", "KubeLab", "KubeNode", "KubePod", "pod_status", "wait_for"]

@@ -1,0 +1,107 @@
+"""Differential packet testing against upstream kube-proxy, many states (issue 25).
+
+    python -m bench.differential [--states 200] [--modes nftables,iptables]
+                                 [--first-seed 1000] [--batch 4] [--out DIR]
+
+(root; the upstream binaries: ``KUBEPROXY_UPSTREAM_BIN`` or scripts/build-upstream.)
+Builds the real-Kubernetes lab (:mod:`kubeproxy.lab.kube`: three nodes in two zones,
+no proxy on any), then for seeds ``first-seed ...`` in batches of ``--batch`` states
+applied side by side runs :class:`kubeproxy.lab.kube.differential.run.Differential` on
+node-a: upstream kube-proxy, then kubeproxy, in each mode, every probe of the matrix.
+Writes each batch's result as a JSON line to ``DIR/results.jsonl`` (the states to
+``DIR/states-SEED.json``, the proxies' logs beside them) as it goes, prints one line
+per batch and mode, and at the end a summary: states, probes, differences grouped by
+kind (known ones by their id in docs/differences-from-upstream.md). Exits 1 if a
+difference is not known. CI runs a few fixed seeds (tests/realk8s/test_differential.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+from kubeproxy.lab.kube.binaries import find
+from kubeproxy.lab.kube.cluster import KubeLab
+from kubeproxy.lab.kube.differential.compare import signature
+from kubeproxy.lab.kube.differential.run import Differential, ModeResult
+
+ROOT = Path(__file__).resolve().parents[1]
+NODES = (("node-a", "zone-a"), ("node-b", "zone-b"), ("node-c", "zone-a"))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--states", type=int, default=200)
+    parser.add_argument("--modes", default="nftables,iptables")
+    parser.add_argument("--first-seed", type=int, default=1000)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "differential")
+    args = parser.parse_args()
+    modes = args.modes.split(",")
+    args.out.mkdir(parents=True, exist_ok=True)
+    seeds = list(range(args.first_seed, args.first_seed + args.states))
+    results: list[ModeResult] = []
+    started = time.monotonic()
+    prefix = f"kpdf{os.getpid() % 10000}"
+    with tempfile.TemporaryDirectory(prefix="kubeproxy-differential-") as tmp:
+        lab = KubeLab(prefix, Path(tmp), find())
+        try:
+            lab.build(NODES)
+            diff = Differential(lab, "node-a", "df", args.out)
+            try:
+                diff.setup()
+                for i in range(0, len(seeds), args.batch):
+                    batch = seeds[i : i + args.batch]
+                    for result in diff.run(diff.generate(batch), modes):
+                        results.append(result)
+                        _report(result, args.out, time.monotonic() - started)
+            finally:
+                diff.close()
+        finally:
+            lab.close()
+    return _summary(results, time.monotonic() - started)
+
+
+def _report(result: ModeResult, out: Path, elapsed: float) -> None:
+    with open(out / "results.jsonl", "a") as f:
+        f.write(json.dumps(result.to_json()) + "\n")
+    unexplained = result.unexplained()
+    print(
+        f"[{elapsed:6.0f}s] seeds {result.seeds[0]}-{result.seeds[-1]} {result.mode}: "
+        f"{len(result.upstream)} probes, {result.asked_again} asked again, "
+        f"{len(result.differences)} differences ({len(unexplained)} unknown)"
+        + (f", UNSTABLE {len(result.unstable)}" if result.unstable else ""),
+        flush=True,
+    )
+    for d in unexplained:
+        print("  " + d.line().replace("\n", "\n  "), flush=True)
+
+
+def _summary(results: list[ModeResult], elapsed: float) -> int:
+    by_mode: Counter[str] = Counter()
+    probes: Counter[str] = Counter()
+    kinds: Counter[tuple[str, str, str]] = Counter()
+    for r in results:
+        by_mode[r.mode] += len(r.seeds)
+        probes[r.mode] += len(r.upstream)
+        for d in r.differences:
+            kinds[(r.mode, d.known or "UNKNOWN", signature(d))] += 1
+    print(f"\n{elapsed / 60:.1f} min")
+    for mode in by_mode:
+        print(f"{mode}: {by_mode[mode]} states, {probes[mode]} probes")
+    for (mode, known, sig), n in sorted(kinds.items()):
+        print(f"  {mode} {known}: {n} x {sig}")
+    unstable = sum(1 for r in results if r.unstable)
+    if unstable:
+        print(f"{unstable} batches saw the API objects change during the runs")
+    return 1 if any(k == "UNKNOWN" for _, k, _ in kinds) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

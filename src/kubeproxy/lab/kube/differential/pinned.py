@@ -1,0 +1,137 @@
+"""Hand-made states for the differences the differential test found, kept as regressions.
+
+Each :class:`Case` names a probe (a Service of a pinned state, a frontend kind, an
+origin, a protocol) and the outcomes upstream kube-proxy gives it; CI runs these states
+with the fixed seeds (tests/realk8s/test_differential.py), and kubeproxy must give the
+same outcomes. docs/differences-from-upstream.md lists what each one was.
+
+Pinned states use seeds from :data:`FIRST_SEED` on (never generated ones) and the Pods
+of the pool by position: ``slots`` are the pool's, grouped by node in name order, the
+node under comparison's first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kubeproxy.lab.kube.differential.states import (
+    PodState,
+    PortState,
+    ServiceState,
+    Slot,
+    State,
+    external_ip,
+    lb_ip,
+)
+
+FIRST_SEED = 900000
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    seed: int
+    service: str
+    kind: str
+    origin: str
+    protocol: str
+    family: str  # "IPv4" or "IPv6": of the probe's destination
+    # What upstream answers, by mode (outcome words as the probes record them).
+    want: dict[str, frozenset[str]]
+
+    def selects(self, key: str) -> bool:
+        """Whether a probe key (:attr:`~.probes.Probe.key`) is one of this case's."""
+        words = key.split()
+        if len(words) != 7 or words[0] != f"s{self.seed}":
+            return False
+        family = "IPv6" if words[4].count(":") > 1 else "IPv4"
+        return (
+            words[1].startswith(f"{self.service}:")
+            and words[2] == self.kind
+            and words[3] == self.protocol
+            and words[6] == self.origin
+            and family == self.family
+        )
+
+    def expected(self, mode: str) -> frozenset[str]:
+        return self.want[mode]
+
+
+REFUSED = frozenset({"refused"})
+
+CASES: tuple[Case, ...] = (
+    # The node's own connection to its NodePort of a Service without endpoints: refused
+    # on arrival (input), not dropped on its way out (kubeproxy's nftables mode said
+    # EPERM: its no-endpoint NodePort check ran on the output path too).
+    *(
+        Case("node-to-own-nodeport-without-endpoints", FIRST_SEED, "empty", "node-port",
+             "node", protocol, family, {"nftables": REFUSED, "iptables": REFUSED})
+        for protocol in ("TCP", "UDP")
+        for family in ("IPv4", "IPv6")
+    ),
+    # An IPv6-only Service's health check does not answer on IPv4: upstream runs one
+    # health server per family (kubeproxy listened on every family).
+    Case("health-check-of-an-ipv6-only-service", FIRST_SEED, "six", "health", "outside",
+         "HTTP", "IPv4", {"nftables": REFUSED, "iptables": REFUSED}),
+    Case("health-check-of-an-ipv6-only-service", FIRST_SEED, "six", "health", "outside",
+         "HTTP", "IPv6", {"nftables": frozenset({"http-200-local=1"}),
+                          "iptables": frozenset({"http-200-local=1"})}),
+)  # fmt: skip
+
+
+def states(slots: Sequence[Slot], node: str, first_block: int) -> list[State]:
+    """The pinned states, in address blocks from ``first_block``."""
+    local = [s for s in slots if s.node == node]
+    return [
+        State(
+            seed=FIRST_SEED,
+            block=first_block,
+            node=node,
+            pods=(PodState(local[1].name, node, {"six": "y"}, ready=True, terminating=False),),
+            services=(
+                ServiceState(
+                    name="empty",
+                    type="NodePort",
+                    family_policy="RequireDualStack",
+                    families=("IPv4", "IPv6"),
+                    ports=(PortState("tcp", "TCP", 80, 8080), PortState("udp", "UDP", 80, 8080)),
+                    selector={"empty": "y"},
+                    external_traffic_policy="Cluster",
+                ),
+                ServiceState(
+                    name="six",
+                    type="LoadBalancer",
+                    family_policy="SingleStack",
+                    families=("IPv6",),
+                    ports=(PortState("tcp", "TCP", 80, 8080),),
+                    selector={"six": "y"},
+                    external_traffic_policy="Local",
+                    lb_ips=(lb_ip(first_block, 1, "IPv6"),),
+                ),
+            ),
+        )
+    ]
+
+
+def rollback(slots: Sequence[Slot], node: str, block: int) -> State:
+    """A Service with an endpoint and an external IP: kubeproxy's iptables mode gives
+    it nat dispatch chains, which upstream must take over on a rollback."""
+    local = [s for s in slots if s.node == node]
+    return State(
+        seed=FIRST_SEED + 1,
+        block=block,
+        node=node,
+        pods=(PodState(local[1].name, node, {"web": "y"}, ready=True, terminating=False),),
+        services=(
+            ServiceState(
+                name="web",
+                type="ClusterIP",
+                family_policy="RequireDualStack",
+                families=("IPv4", "IPv6"),
+                ports=(PortState("http", "TCP", 80, 8080),),
+                selector={"web": "y"},
+                external_ips=(external_ip(block, 1, "IPv4"), external_ip(block, 1, "IPv6")),
+            ),
+        ),
+    )
