@@ -1,7 +1,8 @@
 """Differential packet testing against upstream kube-proxy, many states (issue 25).
 
     python -m bench.differential [--states 200] [--modes nftables,iptables]
-                                 [--first-seed 1000] [--batch 4] [--out DIR]
+                                 [--first-seed 1000] [--batch 4] [--budget full|ci]
+                                 [--out DIR]
 
 (root; the upstream binaries: ``KUBEPROXY_UPSTREAM_BIN`` or scripts/build-upstream.)
 Builds the real-Kubernetes lab (:mod:`kubeproxy.lab.kube`: three nodes in two zones,
@@ -29,6 +30,7 @@ from pathlib import Path
 from kubeproxy.lab.kube.binaries import find
 from kubeproxy.lab.kube.cluster import KubeLab
 from kubeproxy.lab.kube.differential.compare import signature
+from kubeproxy.lab.kube.differential.probes import CI_BUDGET
 from kubeproxy.lab.kube.differential.run import Differential, ModeResult
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,6 +43,9 @@ def main() -> int:
     parser.add_argument("--modes", default="nftables,iptables")
     parser.add_argument("--first-seed", type=int, default=1000)
     parser.add_argument("--batch", type=int, default=4)
+    # ci: the CI test's fewer asks and shorter waits (more states in an hour; a
+    # disagreement is still asked again, longer).
+    parser.add_argument("--budget", choices=("full", "ci"), default="full")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "differential")
     args = parser.parse_args()
     modes = args.modes.split(",")
@@ -53,7 +58,8 @@ def main() -> int:
         lab = KubeLab(prefix, Path(tmp), find())
         try:
             lab.build(NODES)
-            diff = Differential(lab, "node-a", "df", args.out)
+            budget = CI_BUDGET if args.budget == "ci" else None
+            diff = Differential(lab, "node-a", "df", args.out, budget=budget)
             try:
                 diff.setup()
                 for i in range(0, len(seeds), args.batch):

@@ -20,6 +20,7 @@ node cleaned of everything the comparison ran.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +32,7 @@ from kubeproxy.lab.kube.cluster import KubeLab, wait_for
 from kubeproxy.lab.kube.differential import pinned
 from kubeproxy.lab.kube.differential.probes import CI_BUDGET
 from kubeproxy.lab.kube.differential.proxies import OURS, PROXIES, UPSTREAM
-from kubeproxy.lab.kube.differential.run import Differential, ModeResult
+from kubeproxy.lab.kube.differential.run import Differential, ModeResult, results_json
 from kubeproxy.lab.kube.differential.states import FEATURES, features
 from tests.realk8s.conftest import PROXY_FLAGS, proxy_log
 
@@ -72,7 +73,11 @@ def results(differential: Differential) -> dict[str, ModeResult]:
     states = differential.generate(SEEDS) + pinned.states(
         differential.slots, NODE, first_block=len(SEEDS)
     )
-    return {r.mode: r for r in differential.run(states, MODES)}
+    done = differential.run(states, MODES)
+    # For a failure's reader: every record, and where each run's time went.
+    (differential.workdir / "results.json").write_text(results_json(done))
+    (differential.workdir / "seconds.json").write_text(json.dumps(differential.seconds, indent=1))
+    return {r.mode: r for r in done}
 
 
 def test_the_fixed_seeds_cover_every_feature_of_the_generator(differential: Differential) -> None:

@@ -63,6 +63,11 @@ SYSCTLS = (
     "net/netfilter/nf_conntrack_udp_timeout",
     "net/netfilter/nf_conntrack_udp_timeout_stream",
 )
+# The node's ICMP error rate limits, off while the comparison runs: both proxies REJECT
+# with ICMP errors (TCP too), which the kernel sends at most once a second to a peer
+# by default, so a probe's asks in a row were refused or timed out by chance, and
+# records of the same rules disagreed. Neither proxy writes these.
+ICMP_UNLIMITED = {"net/ipv4/icmp_ratelimit": "0", "net/ipv6/icmp/ratelimit": "0"}
 # What the lab itself sets on a node (kubeproxy.lab.kube.cluster): kept from the node.
 LAB_SYSCTLS = ("net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding")
 START_TIMEOUT = 90.0
@@ -84,6 +89,12 @@ def _write_sysctls(values: dict[str, str]) -> None:
     for key, value in values.items():
         with contextlib.suppress(OSError):
             Path("/proc/sys", key).write_text(value)
+
+
+def _swap_sysctls(values: dict[str, str]) -> dict[str, str]:
+    before = {key: Path("/proc/sys", key).read_text().strip() for key in values}
+    _write_sysctls(values)
+    return before
 
 
 def _without_timed_elements(state: dict[str, Any]) -> dict[str, Any]:
@@ -131,6 +142,10 @@ class Node:
 
     def sysctls(self) -> dict[str, str]:
         return self.executor.call(_read_sysctls)
+
+    def swap_sysctls(self, values: dict[str, str]) -> dict[str, str]:
+        """Write ``values`` (any sysctls); the values they replaced."""
+        return self.executor.call(_swap_sysctls, values)
 
     def clean(self) -> bool:
         """No rules beyond empty built-in chains (what iptables-nft leaves behind)."""

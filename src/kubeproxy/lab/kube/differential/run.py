@@ -64,6 +64,7 @@ from kubeproxy.lab.kube.differential.probes import (
     outside_routes,
 )
 from kubeproxy.lab.kube.differential.proxies import (
+    ICMP_UNLIMITED,
     OURS,
     PROXIES,
     UPSTREAM,
@@ -136,6 +137,7 @@ class Differential:
         self.slots: list[st.Slot] = []
         self.pods: dict[str, KubePod] = {}
         self.prober: Prober | None = None
+        self._icmp_before: dict[str, str] = {}
         self._runs = 0
         # Where a run's time went, by run (its log's name): for the bench and slow tests.
         self.seconds: dict[str, dict[str, float]] = {}
@@ -171,11 +173,14 @@ class Differential:
         ]
         self.prober = Prober(origins)
         self.geometry = Geometry((node.ip, node.ip6), node.gateways)
+        self._icmp_before = self.node.swap_sysctls(ICMP_UNLIMITED)
         self.node.reset()
 
     def close(self) -> None:
         if self.prober is not None:
             self.prober.close()
+        if self._icmp_before:
+            self.node.swap_sysctls(self._icmp_before)
 
     # ------------------------------------------------------------------ states
 
