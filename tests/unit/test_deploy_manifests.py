@@ -43,7 +43,10 @@ from lightkube import KubeConfig
 
 import kubeproxy
 from kubeproxy import configfile
-from tests.conftest import UPSTREAM_BIN, relies_on_exception, require_tool, unavailable
+from tests.conftest import UPSTREAM_BIN, relies_on_exception, unavailable, upstream_tool
+
+# kustomize is kubectl's, built by scripts/build-upstream: these run after the rest.
+pytestmark = pytest.mark.upstream_binaries
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -203,7 +206,7 @@ def client_version(path: str) -> tuple[int, int]:
 
 def kubectl() -> str:
     """The kubectl that renders the overlays; missing or too old fails a root run."""
-    path = require_tool("kubectl", "kustomize renders deploy/", env=UPSTREAM_BIN, how=KUBECTL_HOW)
+    path = upstream_tool("kubectl", "kustomize renders deploy/", KUBECTL_HOW)
     version = client_version(path)
     if version < KUBECTL_MIN:
         unavailable(
