@@ -14,5 +14,8 @@ Map:
 * :mod:`.cluster` — several nodes as network namespaces on a bridge, Pods as namespaces
   behind their node (real Pod objects whose status the lab sets, as no kubelet runs),
   Node objects with zones and allocatable CPU, and kubeproxy (or upstream kube-proxy) on
-  every node with the credentials of deploy/'s ServiceAccount.
+  every node with the credentials of deploy/'s ServiceAccount;
+* :mod:`.migration` — upstream's kube-proxy on a node with kubeadm's identity for it, and
+  what a node's kernel holds for each proxy, compared (who has taken the node over, and
+  what the previous proxy left that nothing reaches).
 """

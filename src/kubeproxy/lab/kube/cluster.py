@@ -105,6 +105,8 @@ class KubeLab:
     _namespaces: list[str] = field(default_factory=list)
     _executors: dict[str, NetnsExecutor] = field(default_factory=dict)
     _procs: list[subprocess.Popen[str]] = field(default_factory=list)
+    # The kubeproxy running on each node (start_kubeproxy / stop_kubeproxy).
+    proxies: dict[str, subprocess.Popen[str]] = field(default_factory=dict)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     _pod_hosts: dict[str, itertools.count[int]] = field(default_factory=dict)
     _token: str | None = None
@@ -360,7 +362,14 @@ class KubeLab:
 
     def start_kubeproxy(self, node: str, *args: str) -> subprocess.Popen[str]:
         log = self.workdir / f"kubeproxy-{node}.log"
-        return self.spawn(self.kubeproxy_command(node, *args), log)
+        self.proxies[node] = self.spawn(self.kubeproxy_command(node, *args), log)
+        return self.proxies[node]
+
+    def stop_kubeproxy(self, node: str) -> None:
+        """SIGTERM kubeproxy on ``node`` (its rules stay, as when its Pod goes)."""
+        proc = self.proxies.pop(node, None)
+        if proc is not None:
+            stop_process(proc)
 
     def spawn(self, command: list[str], log: Path) -> subprocess.Popen[str]:
         with open(log, "a") as out:
