@@ -55,6 +55,7 @@ from kubeproxy.sources.events import dispatch
 from kubeproxy.sources.kube_decode import object_decoder
 from kubeproxy.sources.manifests import ManifestSource
 from kubeproxy.sources.standalone import StandaloneSource
+from tests.conftest import relies_on_exception
 
 Doc = dict[str, Any]
 NODE = "node-a"
@@ -463,6 +464,7 @@ def _parsed(parser: Callable[[Any], object], doc: Any) -> object:
         return message
 
 
+@relies_on_exception("the parser raising anything but InvalidObjectError fails the caller")
 def check_parse(doc: Doc) -> str:
     """Parsing never raises anything but InvalidObjectError, whose message is one line;
     the API source (msgspec decoding the JSON as the API server would send it, then the
@@ -731,6 +733,7 @@ def config_document(draw: st.DrawFn) -> str:
     return json.dumps(doc) if draw(st.booleans()) else yaml.safe_dump(doc)
 
 
+@relies_on_exception("loading raising anything but ConfigError fails the caller")
 def check_config(text: str) -> str:
     """A config file only ever fails with the CLI's ConfigError (every problem listed);
     when it loads, building the proxy's settings from it fails only that way too."""

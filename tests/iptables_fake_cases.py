@@ -192,6 +192,16 @@ def single(op: Op, result: bool | None = None, error: str | None = None) -> Step
     return Step(op, error, result)
 
 
+def normalise(text: str) -> str:
+    """iptables-save output without comment lines, counters zeroed."""
+    lines = [
+        re.sub(r"\[\d+:\d+\]$", "[0:0]", line)
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def case(name: str, *steps: Step, family: IPFamily = V4) -> Case:
     return Case(name, steps, family)
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
+from kubeproxy.dataplane.nftables.fake import FakeNftables
 from kubeproxy.dataplane.nftables.transaction import (
     AddChain,
     AddElements,
@@ -28,6 +29,7 @@ from kubeproxy.dataplane.nftables.transaction import (
     DeleteElements,
     DeleteSet,
     DeleteTable,
+    Element,
     FlushChain,
     FlushSet,
     FlushTable,
@@ -1057,3 +1059,73 @@ def _batch(ops: list[Operation]) -> Transaction:
 random_batches = st.lists(
     st.lists(random_operations, min_size=1, max_size=5).map(_batch), min_size=1, max_size=8
 )
+
+
+# ----------------------------------------------- big inputs (a unit test and a bench)
+
+
+def big_table(services: int) -> Table:
+    """Roughly what a full sync of ``services`` Services with 3 ports and 4 endpoints is."""
+    ips: list[Element] = []
+    backends: list[Element] = []
+    allow: list[Element] = []
+    for i in range(services):
+        ip = f"10.96.{i // 256}.{i % 256}"
+        allow.append((f"{ip} . tcp . 80 . 192.168.{i % 256}.0/24", None))
+        allow.append((f"{ip} . tcp . 80 . 172.16.0.0/12", None))
+        for port in (80, 443, 8080):
+            ips.append((f"{ip} . tcp . {port}", f"goto cluster-ip-{i % 4 + 1}"))
+            for e in range(4):
+                n = i * 4 + e
+                endpoint = f"10.244.{n // 256 % 256}.{n % 256} . 8080"
+                backends.append((f"{ip} . tcp . {port} . {e}", endpoint))
+    dnat = "dnat ip to ip daddr . meta l4proto . th dport . numgen random mod {} map @ip-backends"
+    return Table(
+        "ip",
+        "kube-proxy",
+        chains=[
+            *(Chain(f"cluster-ip-{k}", [dnat.format(k)]) for k in range(1, 5)),
+            Chain("services", ["ip daddr . meta l4proto . th dport vmap @service-ips"]),
+            Chain("nat-prerouting", ["jump services"], BaseChain("nat", "prerouting", "-100")),
+        ],
+        sets=[
+            Set("service-ips", ADDR_PORT_MAP, elements=ips, keyword="map"),
+            Set("ip-backends", BACKENDS, elements=backends, keyword="map"),
+            Set("firewall-allow", FIREWALL, ("interval",), allow),
+        ],
+    )
+
+
+def big_syncs(services: int) -> tuple[Table, list[Transaction]]:
+    """A full sync of :func:`big_table`, another over the flushed table (as a resync
+    does), then a partial sync."""
+    table = big_table(services)
+    first = Transaction()
+    first.add_table(table.ref)
+    first.define_table(table)
+    again = Transaction()
+    again.add_table(table.ref)
+    again.flush_table(table.ref)
+    again.flush_set(table.ref, "map", "service-ips")
+    again.flush_set(table.ref, "set", "firewall-allow")
+    again.delete_set(table.ref, "map", "ip-backends")
+    again.define_table(table)
+    partial = Transaction()
+    partial.delete_elements(table.ref, "service-ips", ["10.96.0.1 . tcp . 80"])
+    partial.add_elements(table.ref, "service-ips", [("10.96.0.1 . tcp . 80", "goto cluster-ip-3")])
+    partial.add_elements(table.ref, "firewall-allow", [("10.96.0.1 . tcp . 80 . 10.0.0.0/8", None)])
+    return table, [first, again, partial]
+
+
+def firewall_of(elements: int) -> tuple[FakeNftables, list[Transaction]]:
+    """An interval set of ``elements`` single-address first components, and 200 adds of
+    one element each to groups it holds."""
+    items = [f"10.96.{i // 256}.{i % 256} . tcp . 80 . 10.0.0.0/8" for i in range(elements)]
+    fake = FakeNftables()
+    fake.apply(ok(define(dset("f", FIREWALL, *items, flags=("interval",)))).tx)
+    adds = []
+    for i in range(200):
+        tx = Transaction()
+        tx.add_elements(T, "f", [(f"10.96.{i // 256}.{i % 256} . tcp . 80 . 11.0.0.0/8", None)])
+        adds.append(tx)
+    return fake, adds

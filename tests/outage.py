@@ -28,6 +28,7 @@ from kubeproxy.lab.cluster import NODE, Lab
 from kubeproxy.lab.echo import outcome, tcp_ask
 from kubeproxy.lab.objects import Ep, endpoint_slice, node, service
 from tests.apiserver import RequestRecord
+from tests.conftest import relies_on_exception
 from tests.netns_api import NetnsApi, healthz, ruleset, scrape
 
 # Lab Pods the scenario's endpoints are (name, IPv4, node); the caller's lab has them.
@@ -74,6 +75,7 @@ def answer(lab: Lab, ip: str) -> str:
     return lab.in_pod("client").call(outcome, tcp_ask, ip, 80, 0.5)
 
 
+@relies_on_exception("AssertionError when the predicate does not hold in time")
 def wait_until(predicate: object, timeout: float) -> float:
     """Seconds until ``predicate()`` holds; AssertionError after ``timeout``."""
     started = time.monotonic()

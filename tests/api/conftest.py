@@ -21,6 +21,7 @@ from kubeproxy.sources.kube import KubeSource
 from kubeproxy.sources.kube_client import load_connection
 from kubeproxy.sources.kube_informer import Tuning
 from tests.apiserver import ApiServer
+from tests.conftest import relies_on_exception
 
 NODE = "node-a"
 
@@ -67,6 +68,7 @@ def summary(events: list[Event]) -> list[tuple[str, str, str]]:
     return out
 
 
+@relies_on_exception("AssertionError when the predicate does not hold in time")
 async def eventually(predicate: Callable[[], bool], timeout: float = 5.0) -> None:
     """Poll ``predicate`` until true; fail after ``timeout``."""
     deadline = time.monotonic() + timeout

@@ -13,7 +13,7 @@ import shutil
 import ssl
 import subprocess
 import sys
-import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -321,27 +321,40 @@ def test_token_bucket_allows_a_burst_then_spaces_requests() -> None:
 
 
 def test_negative_qps_disables_the_limiter() -> None:
-    bucket = TokenBucket(qps=-1, burst=1)
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    bucket = TokenBucket(qps=-1, burst=1, clock=lambda: 0.0, sleep=sleep)
 
     async def scenario() -> None:
-        started = time.monotonic()
         for _ in range(100):
             await bucket.acquire()
-        assert time.monotonic() - started < 0.5
 
     asyncio.run(scenario())
+    assert slept == []  # a bucket of 1 with a stopped clock, yet no request waited
 
 
 def test_requests_to_the_api_server_are_rate_limited() -> None:
+    """Every request takes a token: with the clock stopped and a burst of 1, the k-th
+    request after the first is due k/qps seconds later (the sleeps are recorded, not
+    slept)."""
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
     async def scenario() -> None:
         async with ApiServer() as api:
             connection = load_connection(None, api.url, qps=20, burst=1)
-            started = time.monotonic()
+            assert (connection.limiter.qps, connection.limiter.burst) == (20.0, 1)
+            connection.limiter = replace(connection.limiter, clock=lambda: 0.0, sleep=sleep)
             async with Consumer(source(connection)) as consumer:
                 await consumer.next_batch()
-                elapsed = time.monotonic() - started
-            # Discovery and four lists, one token each, 50 ms apart after the first.
-            assert elapsed >= 4 / 20 - 0.01
+        # Discovery and four lists at least (watches may follow), one token each.
+        assert len(slept) >= 4
+        assert slept == pytest.approx([k / 20 for k in range(1, len(slept) + 1)])
 
     run(scenario)
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from kubeproxy.logs import V2
 from kubeproxy.model.types import LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME, Service
 from kubeproxy.sources import initial_state
 from kubeproxy.sources.events import EventType
@@ -260,7 +261,9 @@ def test_gone_after_a_disconnection_relists_and_emits_only_the_differences(
     run(scenario)
 
 
-def test_gone_mid_stream_relists_without_events_for_unchanged_objects() -> None:
+def test_gone_mid_stream_relists_without_events_for_unchanged_objects(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     async def scenario() -> None:
         async with ApiServer() as api:
             populate(api)
@@ -275,7 +278,19 @@ def test_gone_mid_stream_relists_without_events_for_unchanged_objects() -> None:
                     ("ADDED", "Service", "default/late")
                 ]
 
-    run(scenario)
+    with caplog.at_level(V2, logger="kubeproxy.sources.kube_informer"):
+        run(scenario)
+    # Every list at --v=2, a relist with its reason, as upstream's reflector logs
+    # "Caches populated" at V2 for every list (tests/realk8s/test_faults.py sees one
+    # after a real API server forgot the history).
+    lines = [r.getMessage() for r in caplog.records if r.levelno == V2]
+    first = [line for line in lines if line.startswith("Listed ") and " again " not in line]
+    again = [line for line in lines if " again (" in line]
+    assert sorted(line.split()[2] for line in first) == [
+        "endpointslices", "nodes", "servicecidrs", "services"
+    ]  # fmt: skip
+    assert any(line.startswith("Listed 2 endpointslices at resourceVersion") for line in again)
+    assert all("HTTP 410 (Expired): too old resource version" in line for line in again), again
 
 
 async def cut_off_after_watching(api: ApiServer, consumer: Consumer) -> None:

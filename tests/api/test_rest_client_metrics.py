@@ -66,9 +66,7 @@ def test_the_proxy_records_upstreams_starting_event_once() -> None:
             (event,) = api.events
             assert event["reason"] == "Starting" and event["action"] == "StartKubeProxy"
             assert event["type"] == "Normal" and event["reportingController"] == "kube-proxy"
-            assert event["regarding"] == {
-                "kind": "Node", "name": NODE, "uid": NODE, "apiVersion": "v1"
-            }  # fmt: skip
+            assert event["regarding"] == {"kind": "Node", "name": NODE, "apiVersion": "v1"}
             assert event["metadata"]["name"].startswith(f"{NODE}.")
             host = api.url.removeprefix("http://").rstrip("/")
             created = metrics.registry.get_sample_value(

@@ -56,6 +56,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         guest_session.replace_items(config, items, HERE)
 
 
+def pytest_runtestloop(session: pytest.Session) -> None:
+    if not uml.in_guest():
+        guest_session.start(session.config)
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if uml.in_guest():
         guest_session.record(report)

@@ -129,7 +129,7 @@ def test_local_policies_without_a_local_endpoint_use_the_cluster_wide_ones(
     assert all(member in sets[s] for s, member in LOCAL_SETS.items()), sets
     pod = lab.in_pod("backend-1")
     assert pod.call(tcp_ask, VIP, 80).pod == "remote-1"
-    with pytest.raises(ConnectionRefusedError):
+    with pytest.raises(ConnectionRefusedError, match="Connection refused"):
         pod.call(tcp_ask, "10.96.0.12", 80)
     reply = lab.executor(lab.client_ns).call(tcp_ask, NODE_IP, 30082)
     assert reply.pod == "remote-1" and reply.client_ip == CLIENT_IP
@@ -229,7 +229,7 @@ def test_a_service_address_rejects_ports_that_are_no_service(lab: Lab, make: Bui
     outside = lab.executor(lab.client_ns)
     conn = until_listening(lambda: outside.call(socket.create_connection, (NODE_IP, 2222), 5))
     with conn:
-        with pytest.raises(ConnectionRefusedError):
+        with pytest.raises(ConnectionRefusedError, match="Connection refused"):
             outside.call(socket.create_connection, (VIP, 2222), 5)
         conn.settimeout(5)
         conn.sendall(b"ping")

@@ -71,7 +71,7 @@ def test_node_port_answers_on_the_node_address(lab: Lab, make: Build) -> None:
 def test_no_endpoints_is_refused(lab: Lab, make: Build) -> None:
     backend = make(config())
     backend.sync(snap((web(), ())), None)
-    with pytest.raises(ConnectionRefusedError):
+    with pytest.raises(ConnectionRefusedError, match="Connection refused"):
         lab.executor(lab.client_ns).call(tcp_ask, VIP, 80)
 
 
@@ -244,7 +244,7 @@ def test_external_ips_load_balancers_source_ranges_and_udp(lab: Lab, make: Build
     assert client.call(tcp_ask, "203.0.113.10", 80).pod == "backend-1"
     assert client.call(tcp_ask, "203.0.113.20", 80).pod == "backend-1"
     # The client is outside the second load balancer's source ranges: dropped.
-    with pytest.raises(TimeoutError):
+    with pytest.raises(TimeoutError, match="timed out"):
         client.call(tcp_ask, "203.0.113.21", 80, 1.0)
     assert client.call(udp_ask, "10.96.0.42", 53).pod == "backend-2"
     # A UDP NodePort: KUBE-NODE-PORT-UDP marks it for masquerade.
@@ -349,7 +349,9 @@ def test_full_sync_repairs_a_hand_deleted_virtual_server(lab: Lab, make: Build) 
     state = snap((web(), eps(B1)))
     backend.sync(state, None)
     ns_exec(lab.node_ns, "ipvsadm", "-D", "-t", f"{VIP}:80")
-    with pytest.raises((ConnectionRefusedError, TimeoutError)):
+    with pytest.raises(
+        (ConnectionRefusedError, TimeoutError), match=r"Connection refused|timed out"
+    ):
         lab.executor(lab.client_ns).call(tcp_ask, VIP, 80, 1.0)
     result = backend.sync(state, None)  # the periodic full sync reads the kernel back
     assert result.full and not backend.errors
@@ -429,18 +431,25 @@ def test_switching_between_iptables_and_ipvs_modes_never_stops_serving(
         assert "iptables-nft does not work in this kernel" in first, first
         assert "using iptables-legacy" in first
         probe = ConnectProbe(lab.client_ns, "10.96.0.31", 80).start()
+        # When each step began, to tell in which one a failed connect started.
+        steps: list[tuple[float, str]] = []
         try:
             time.sleep(0.5)
+            steps.append((time.monotonic(), "to ipvs"))
             to_ipvs = run("ipvs")
+            steps.append((time.monotonic(), "in ipvs"))
             time.sleep(0.5)
             in_ipvs = chains()
+            steps.append((time.monotonic(), "back to iptables"))
             back = run("iptables")
+            steps.append((time.monotonic(), "in iptables"))
             time.sleep(0.5)
         finally:
             attempts = probe.stop()
         assert "Removed what other proxy modes left" in to_ipvs
         assert "Removed what other proxy modes left" in back
-        assert not [a for a in attempts if not a.ok][:5]
+        failed = [a for a in attempts if not a.ok]
+        assert not failed, (failed[:5], steps, to_ipvs, back)
         assert len(attempts) > 50
         # In ipvs mode: no iptables-mode chain is left, the shared ones are ipvs mode's.
         assert not any(c.startswith(("KUBE-SVC-", "KUBE-SEP-", "KUBE-EXT")) for c in in_ipvs)

@@ -19,7 +19,7 @@ import pytest
 from kubeproxy.lab.cluster import NODE, NODE_IP, NODE_IP6, REMOTE_NODE, Lab
 from kubeproxy.lab.netns import add_netns, delete_netns, list_netns
 from kubeproxy.lab.objects import Ep, ManifestDir, node
-from tests.conftest import IS_ROOT, require_tool
+from tests.conftest import IS_ROOT, relies_on_exception, require_tool
 
 # name -> (node, IPv4, IPv6)
 PODS = {
@@ -100,6 +100,7 @@ def manifests(tmp_path: Path) -> ManifestDir:
     return mdir
 
 
+@relies_on_exception("AssertionError when the predicate does not hold in time")
 def wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
     """Poll until ``predicate`` holds (a connection error counts as "not yet")."""
     deadline = time.monotonic() + timeout

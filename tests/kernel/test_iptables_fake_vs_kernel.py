@@ -43,6 +43,7 @@ from tests.iptables_fake_cases import (
     Case,
     Op,
     RestoreOp,
+    normalise,
     restore,
 )
 
@@ -72,16 +73,6 @@ def namespaces() -> Iterator[dict[Flavor, str]]:
     assert not set(names.values()) & set(list_netns())
 
 
-def normalise(text: str) -> str:
-    """iptables-save output without comment lines, counters zeroed."""
-    lines = [
-        re.sub(r"\[\d+:\d+\]$", "[0:0]", line)
-        for line in text.splitlines()
-        if line and not line.startswith("#")
-    ]
-    return "\n".join(lines) + "\n"
-
-
 def _outcome(
     op: Op, ipt: FakeIptables | IptablesCommand
 ) -> tuple[bool | None, IptablesError | None]:
@@ -100,6 +91,7 @@ def test_fake_agrees_with_iptables(
     empty_rules(ns, f"iptables-{flavor}")
     real = IptablesCommand(case.family, flavor, netns=ns)
     fake = FakeIptables(case.family, flavor)
+    assert case.steps
     for i, step in enumerate(case.steps):
         real_result, real_err = _outcome(step.op, real)
         fake_result, fake_err = _outcome(step.op, fake)

@@ -306,7 +306,9 @@ def test_after_a_full_sync_iptables_save_lists_every_chain_as_we_compare_it(
     backend = dual_backend(scratch, flavor(lab))
     snap = rich_snapshot()
     backend.sync(snap, None)
-    for fam in backend._plan(snap):
+    plans = backend._plan(snap)
+    assert [fam.family for fam in plans] == sorted(backend.runners)
+    for fam in plans:
         runner = backend.runners[fam.family]
         state, desired = backend._build(snap, fam)
         canonical = _canonical(runner, state.settings)

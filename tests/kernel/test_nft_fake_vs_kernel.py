@@ -228,6 +228,7 @@ def test_fake_agrees_with_kernel(case: Case, netns: str) -> None:
     ns_exec(netns, "nft", "flush", "ruleset")
     kernel = NftCommand(netns=netns)
     fake = FakeNftables()
+    assert case.steps
     for i, step in enumerate(case.steps):
         from_kernel = _outcome(kernel.apply, step.tx)
         from_fake = _outcome(fake.apply, step.tx)
@@ -255,6 +256,7 @@ def test_random_batches_agree_with_kernel(netns: str, batches: list[Transaction]
     fake = FakeNftables()
     kernel.apply(random_setup())
     fake.apply(random_setup())
+    assert kernel_state(netns) == fake_state(fake)
     for i, tx in enumerate(batches):
         from_kernel = _outcome(kernel.apply, tx)
         from_fake = _outcome(fake.apply, tx)

@@ -84,6 +84,12 @@ def namespace(kube: KubeLab) -> Iterator[str]:
     """A Kubernetes namespace for this test, deleted afterwards."""
     name = f"t{next(_NAMES)}-{os.getpid() % 10000}"
     kube.kubectl("create", "namespace", name)
+    # The ServiceAccount admission plugin refuses Pods until the controller has made the
+    # namespace's default account (slower after a test restarted the control plane).
+    wait_for(
+        lambda: kube.api().get("ServiceAccount", "default", name),
+        what=f"namespace {name}'s default ServiceAccount",
+    )
     yield name
     # No kubelet ends a Pod's graceful deletion: the namespace controller, which deletes
     # Pods first, would wait for them forever, and the namespace's Services would stay

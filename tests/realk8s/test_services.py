@@ -46,11 +46,10 @@ def test_node_port_from_outside_on_every_node(kube: KubeLab, namespace: str) -> 
         "-n", namespace, "create", "service", "nodeport", "web", "--tcp=80:8080", "-o", "json"
     )
     node_port = json.loads(out.stdout)["spec"]["ports"][0]["nodePort"]
-    for node in kube.nodes.values():
-        reply = answers(kube, kube.outside_ns, node.ip, node_port)
-        assert reply.pod == pods[0]
-        # externalTrafficPolicy Cluster: the outside client is masqueraded.
-        assert reply.client_ip != OUTSIDE_IP
+    replies = [answers(kube, kube.outside_ns, n.ip, node_port) for n in kube.nodes.values()]
+    assert len(replies) == 3 and {r.pod for r in replies} == {pods[0]}
+    # externalTrafficPolicy Cluster: the outside client is masqueraded.
+    assert OUTSIDE_IP not in {r.client_ip for r in replies}
 
 
 def test_dual_stack_service_answers_on_both_families(kube: KubeLab, namespace: str) -> None:

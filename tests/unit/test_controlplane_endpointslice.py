@@ -224,6 +224,16 @@ def test_dual_stack_gets_one_slice_per_address_type() -> None:
     }
 
 
+def test_ipv6_pod_addresses_are_written_as_upstream_writes_them() -> None:
+    """The API server keeps a Pod's IPv6 address as the kubelet spelled it; the controller
+    parses and prints each address (found against the real kube-controller-manager:
+    tests/realk8s/test_controlplane_parity.py)."""
+    svc = service(families=("IPv6",))
+    pods = [pod("a", ("10.0.0.1", "fd00:cc:0::b")), pod("b", ("10.0.0.2", "FD00::C"))]
+    (created,) = reconcile(svc, pods, [], NODES).to_create
+    assert _addresses([created]) == ["fd00::c", "fd00:cc::b"]
+
+
 @pytest.mark.parametrize(
     ("families", "cluster_ip", "types"),
     [((), "10.96.0.1", {"IPv4"}), ((), "fd00::1", {"IPv6"}), ((), "None", {"IPv4", "IPv6"})],
@@ -496,6 +506,7 @@ def test_reconcile_invariants(
     nodes = ["node-a1", "node-b1", "node-c1"]
     slices: list[Obj] = []
     counter = [0]
+    assert rounds  # min_size=1: every example syncs at least once
     for states in rounds:
         pods = {
             i: pod(f"p{i}", f"10.1.0.{i + 1}", ready=ready, terminating=term, node=nodes[n])

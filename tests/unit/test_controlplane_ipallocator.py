@@ -98,7 +98,7 @@ def test_which_addresses_are_allocatable(cidr: str, ip: str, allowed: bool) -> N
         allocator.allocate(ip)
         assert allocator.has(ip)
     else:
-        with pytest.raises(ErrNotInRange):
+        with pytest.raises(ErrNotInRange, match=rf"\({ip}\) is not in the valid range"):
             allocator.allocate(ip)
 
 
@@ -133,7 +133,7 @@ def test_dynamic_band_fills_before_the_static_band() -> None:
     assert dynamic == {f"10.0.0.{i}" for i in range(17, 31)}
     static = {allocator.allocate_next() for _ in range(16)}
     assert static == {f"10.0.0.{i}" for i in range(1, 17)}
-    with pytest.raises(ErrFull):
+    with pytest.raises(ErrFull, match="range is full"):
         allocator.allocate_next()
 
 
@@ -198,7 +198,7 @@ def test_several_cidrs_of_one_family() -> None:
     got = {meta.allocate_next() for _ in range(12)}
     assert len(got) == 12
     assert all(ip.startswith(("10.96.0.", "10.97.0.")) for ip in got)
-    with pytest.raises(ErrFull):
+    with pytest.raises(ErrFull, match="range is full"):
         meta.allocate_next()
     assert meta.free() == 0
 
@@ -207,32 +207,70 @@ def test_overlapping_cidrs_never_share_an_address() -> None:
     meta = MetaAllocator("IPv4", rng=random.Random(5))
     meta.sync_service_cidrs([_cidr("a", "10.96.0.0/28"), _cidr("b", "10.96.0.0/29")])
     meta.allocate("10.96.0.3")  # inside both
-    with pytest.raises(ErrAllocated):
+    with pytest.raises(ErrAllocated, match="provided IP is already allocated"):
         meta.allocate("10.96.0.3")
     got = [meta.allocate_next() for _ in range(13)]
     assert len(set(got)) == 13 and "10.96.0.3" not in got
     assert meta.free() == 0  # the /29 inside the /28 is not counted twice
 
 
-@pytest.mark.parametrize(
-    ("ready", "deleting", "allocatable"),
-    [(True, False, True), (None, False, True), (False, False, False), (True, True, False)],
-)
-def test_a_cidr_being_deleted_or_not_ready_stops_receiving_allocations(
-    ready: bool | None, deleting: bool, allocatable: bool
-) -> None:
+def test_an_address_one_cidr_cannot_hold_goes_to_an_overlapping_one_that_can() -> None:
+    """As kube-apiserver's MetaAllocator: a ServiceCIDR holds an address when it is one of
+    its hosts (not its network address, nor its IPv4 broadcast address), so the broadcast
+    address of a /27 is an ordinary address of a /26 around it (found against the real
+    kube-apiserver: tests/realk8s/test_controlplane_parity.py)."""
+    meta = MetaAllocator("IPv4")
+    meta.sync_service_cidrs([_cidr("kubernetes", "10.100.0.0/27"), _cidr("wider", "10.100.0.0/26")])
+    meta.allocate("10.100.0.31")
+    assert meta.has("10.100.0.31")
+    for edge in ("10.100.0.0", "10.100.0.63"):  # network of both, broadcast of the /26
+        with pytest.raises(ErrMismatchedNetwork, match=r"^the provided network does not match"):
+            meta.allocate(edge)
+    meta.release("10.100.0.31")
+    assert not meta.has("10.100.0.31")
+    ipv6 = MetaAllocator("IPv6")
+    ipv6.sync_service_cidrs([_cidr("kubernetes", "fd00::/123")])
+    ipv6.allocate("fd00::1f")  # IPv6 has no broadcast address
+    with pytest.raises(ErrMismatchedNetwork, match=r"^the provided network does not match"):
+        ipv6.allocate("fd00::")
+
+
+def _old_and_new(ready: bool | None, deleting: bool) -> tuple[MetaAllocator, str]:
+    """ServiceCIDR "old" (10.96.0.0/29, one address taken) changed to ``ready`` and
+    ``deleting``, and "new" (10.97.0.0/29) after it; the address taken."""
     meta = MetaAllocator("IPv4", rng=random.Random(6))
     meta.sync_service_cidrs([_cidr("old", "10.96.0.0/29")])
     kept = meta.allocate_next()
     meta.sync_service_cidrs(
         [_cidr("old", "10.96.0.0/29", ready=ready, deleting=deleting), _cidr("new", "10.97.0.0/29")]
     )
+    return meta, kept
+
+
+@pytest.mark.parametrize("ready", [True, None])  # no Ready condition counts as ready
+def test_a_ready_cidr_keeps_receiving_allocations(ready: bool | None) -> None:
+    meta, kept = _old_and_new(ready, deleting=False)
+    assert meta.cidrs() == [("10.96.0.0/29", True), ("10.97.0.0/29", True)]
+    picks = [meta.allocate_next() for _ in range(6)]
+    # The old CIDR comes first: its five free addresses, then the new one's.
+    assert {*picks[:5], kept} == {f"10.96.0.{i}" for i in range(1, 7)}
+    assert picks[5].startswith("10.97.0.")
+    meta.release(picks[0])
+    meta.allocate(picks[0])  # and by address
+
+
+@pytest.mark.parametrize(("ready", "deleting"), [(False, False), (True, True)])
+def test_a_cidr_being_deleted_or_not_ready_stops_receiving_allocations(
+    ready: bool | None, deleting: bool
+) -> None:
+    meta, kept = _old_and_new(ready, deleting)
+    assert meta.cidrs() == [("10.96.0.0/29", False), ("10.97.0.0/29", True)]
     picks = {meta.allocate_next() for _ in range(6)}
-    if allocatable:
-        return
     assert all(ip.startswith("10.97.0.") for ip in picks)
-    with pytest.raises(ErrMismatchedNetwork):
-        meta.allocate("10.96.0.6")
+    free = next(f"10.96.0.{i}" for i in range(1, 7) if f"10.96.0.{i}" != kept)
+    # kube-apiserver's MetaAllocator's words for an address no allocatable CIDR holds.
+    with pytest.raises(ErrMismatchedNetwork, match=r"^the provided network does not match"):
+        meta.allocate(free)
     meta.release(kept)  # releasing still works, so the ServiceCIDR can finish deleting
     assert not meta.has(kept)
 
@@ -242,7 +280,7 @@ def test_a_cidr_no_servicecidr_names_is_dropped() -> None:
     meta.sync_service_cidrs([_cidr("a", "10.96.0.0/29"), _cidr("b", "10.97.0.0/29")])
     meta.sync_service_cidrs([_cidr("b", "10.97.0.0/29")])
     assert meta.cidrs() == [("10.97.0.0/29", True)]
-    with pytest.raises(ErrMismatchedNetwork):
+    with pytest.raises(ErrMismatchedNetwork, match=r"^the provided network does not match"):
         meta.allocate("10.96.0.1")
 
 
@@ -267,10 +305,10 @@ def test_dual_stack_gets_one_address_per_family() -> None:
 def test_dual_stack_is_all_or_nothing() -> None:
     allocator = ClusterIPAllocator([_cidr("kubernetes", "10.96.0.0/24", "fd00::/120")])
     allocator.allocate_cluster_ips(["IPv6"], ["fd00::7"])
-    with pytest.raises(ErrAllocated):
+    with pytest.raises(ErrAllocated, match="provided IP is already allocated"):
         allocator.allocate_cluster_ips(["IPv4", "IPv6"], ["10.96.0.9", "fd00::7"])
     assert not allocator.has("10.96.0.9")  # the IPv4 half was given back
-    with pytest.raises(ErrNotInRange):
+    with pytest.raises(ErrNotInRange, match="The range of valid IPs is the IPv4 ServiceCIDRs"):
         allocator.allocate_cluster_ips(["IPv4"], ["fd00::8"])
 
 
@@ -278,22 +316,27 @@ def test_dual_stack_is_all_or_nothing() -> None:
 
 
 @pytest.mark.parametrize(
-    ("cidr", "ok"),
-    [("10.0.0.0/12", True), ("10.0.0.0/11", False), ("fd00::/108", True), ("fd00::/107", False)],
+    ("cidr", "size", "last"),
+    [("10.0.0.0/12", 2**20 - 2, "10.15.255.254"), ("fd00::/108", 65535, "fd00::ffff")],
 )
-def test_bitmap_allocator_limits(cidr: str, ok: bool) -> None:
-    if ok:
+def test_the_bitmap_allocator_takes_ranges_up_to_its_limit(cidr: str, size: int, last: str) -> None:
+    allocator = BitmapAllocator(cidr)
+    assert allocator.size == size
+    allocator.allocate(last)
+    assert allocator.has(last) and allocator.free() == size - 1
+
+
+@pytest.mark.parametrize("cidr", ["10.0.0.0/11", "fd00::/107"])
+def test_the_bitmap_allocator_refuses_larger_ranges(cidr: str) -> None:
+    with pytest.raises(ValueError, match="too large for the bitmap allocator"):
         BitmapAllocator(cidr)
-    else:
-        with pytest.raises(ValueError, match="too large for the bitmap allocator"):
-            BitmapAllocator(cidr)
 
 
 def test_bitmap_allocator_tracks_only_the_first_65535_ipv6_hosts() -> None:
     legacy, current = BitmapAllocator("fd00::/108"), Allocator("fd00::/108")
     assert legacy.size == 65535 and current.size == 2**20 - 1
     legacy.allocate("fd00::ffff")
-    with pytest.raises(ErrNotInRange):
+    with pytest.raises(ErrNotInRange, match="The range of valid IPs is fd00::/108"):
         legacy.allocate("fd00::1:0")
     current.allocate("fd00::1:0")
 
@@ -304,7 +347,7 @@ def test_bitmap_and_ipaddress_allocators_pick_the_same_addresses() -> None:
     for _ in range(62):
         assert legacy.allocate_next() == current.allocate_next()
     for allocator in (legacy, current):
-        with pytest.raises(ErrFull):
+        with pytest.raises(ErrFull, match="range is full"):
             allocator.allocate_next()
         allocator.release("10.0.0.40")
         assert allocator.free() == 1 and not allocator.has("10.0.0.40")
@@ -338,7 +381,7 @@ def test_allocator_invariants(ops: list[tuple[str, int]], seed: int, legacy: boo
         ip = f"10.1.0.{n}"
         if op == "next":
             if len(held) == 30:
-                with pytest.raises(ErrFull):
+                with pytest.raises(ErrFull, match="range is full"):
                     allocator.allocate_next()
                 continue
             dynamic_full = dynamic <= held
@@ -348,10 +391,10 @@ def test_allocator_invariants(ops: list[tuple[str, int]], seed: int, legacy: boo
             held.add(got)
         elif op == "take":
             if ip not in static | dynamic:
-                with pytest.raises(ErrNotInRange):
+                with pytest.raises(ErrNotInRange, match=rf"\({ip}\) is not in the valid range"):
                     allocator.allocate(ip)
             elif ip in held:
-                with pytest.raises(ErrAllocated):
+                with pytest.raises(ErrAllocated, match="provided IP is already allocated"):
                     allocator.allocate(ip)
             else:
                 allocator.allocate(ip)

@@ -29,7 +29,7 @@ def test_parse_port_range(text: str, base: int, size: int) -> None:
 
 @pytest.mark.parametrize("text", ["32767-30000", "1-70000", "abc", "1-b"])
 def test_parse_port_range_rejects(text: str) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=rf"(invalid|unable to parse) port range: {text}$"):
         parse_port_range(text)
 
 
@@ -63,7 +63,7 @@ def test_allocate_errors() -> None:
     with pytest.raises(ErrNotInRange, match="The range of valid ports is 30000-30001"):
         allocator.allocate(8080)
     assert allocator.allocate_next() == 30001
-    with pytest.raises(ErrFull):
+    with pytest.raises(ErrFull, match="range is full"):
         allocator.allocate_next()
     allocator.release(8080)  # out of range: a no-op
     allocator.release(30000)
@@ -158,7 +158,7 @@ def test_requested_health_check_node_port_and_rollback() -> None:
         externalTrafficPolicy="Local",
         healthCheckNodePort=30999,
     )
-    with pytest.raises(ErrAllocated):
+    with pytest.raises(ErrAllocated, match="provided port is already allocated"):
         allocate_service_node_ports(service, allocator)
     assert not allocator.has(30080)  # the nodePort taken before the failure was given back
     service["spec"]["healthCheckNodePort"] = 30998

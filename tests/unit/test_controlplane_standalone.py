@@ -158,6 +158,50 @@ def test_ranges_come_from_the_flag_or_service_cidr_objects(
     assert ips["a"][0].startswith(expect_prefix)
 
 
+@pytest.mark.parametrize(
+    ("flag", "spec", "families", "policy"),
+    [
+        ((), {"selector": {"app": "web"}}, ["IPv4"], "SingleStack"),
+        ((), {"selector": {"app": "web"}, "ipFamilies": ["IPv6"]}, ["IPv6"], "SingleStack"),
+        (
+            (),
+            {"selector": {"app": "web"}, "ipFamilyPolicy": "PreferDualStack"},
+            ["IPv4", "IPv6"],
+            "PreferDualStack",
+        ),
+        # Without a selector the API server defaults to both families, even where only
+        # one is configured.
+        ((), {"selector": {}}, ["IPv4", "IPv6"], "RequireDualStack"),
+        (("10.96.0.0/16",), {"selector": {}}, ["IPv4", "IPv6"], "RequireDualStack"),
+        ((), {"selector": {}, "ipFamilyPolicy": "SingleStack"}, ["IPv4"], "SingleStack"),
+    ],
+)
+def test_a_headless_service_gets_the_families_the_api_server_gives_it(
+    flag: tuple[str, ...], spec: Obj, families: list[str], policy: str
+) -> None:
+    """Found against the real kube-apiserver (tests/realk8s/test_controlplane_parity.py):
+    a headless Service has families like any other, and its EndpointSlices follow them
+    (a SingleStack one with a selector gets IPv4 slices only, not both)."""
+    c = cluster(service_cidrs=flag)
+    events = c.apply(
+        added(svc("web", cluster_ip="None", **spec), pod("web-1", ("10.244.1.1", "fd00::1")))
+    )
+    (doc,) = [o for o in c.objects() if o["kind"] == "Service"]
+    assert (doc["spec"]["ipFamilies"], doc["spec"]["ipFamilyPolicy"]) == (families, policy)
+    assert doc["spec"]["clusterIP"] == "None"
+    got = {s.address_type for _, s in slices(events)}
+    assert got == (set(families) if spec["selector"] else set())
+
+
+def test_a_cluster_ip_of_a_family_without_a_range_is_refused_as_the_api_server_does() -> None:
+    c = cluster(service_cidrs=("10.96.0.0/16",))
+    c.apply(added(svc("a"), svc("b", cluster_ip="fd00::5")))
+    assert c.errors() == {
+        "default/b": 'spec.clusterIPs[0]: Invalid value: ["fd00::5"]: '
+        "IPv6 is not configured on this cluster"
+    }
+
+
 def test_allocations_survive_a_restart() -> None:
     docs = [
         svc("a"),
@@ -268,8 +312,8 @@ def test_a_service_with_hand_written_slices_gets_no_generated_ones() -> None:
             [svc("a"), svc("b", cluster_ip="192.168.7.7")],
             "b",
             'Skipping Service default/b: spec.clusterIPs: Invalid value: ["192.168.7.7"]: '
-            "failed to allocate IP 192.168.7.7: the provided IP (192.168.7.7) is not in "
-            "the valid range. The range of valid IPs is 10.96.0.0/12",
+            "failed to allocate IP 192.168.7.7: the provided network does not match the "
+            "current range (ServiceCIDRs: 10.96.0.0/12)",
         ),
         (
             [svc("a"), svc("b", ipFamilies=["IPv6"])],
@@ -656,5 +700,6 @@ def test_render_objects_prints_the_completed_cluster(
     assert cli.main([*flags, "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out) == listing  # same allocation: deterministic
     assert not (tmp_path / STATE_FILE_NAME).exists()
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit, match=r"^2$"):  # argparse's usage error
         cli.main([*flags, "--format", "nft"])
+    assert "--objects: --format must be yaml or json" in capsys.readouterr().err

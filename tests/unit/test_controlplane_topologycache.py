@@ -4,6 +4,7 @@ the allocation arithmetic, redistribution, the events, and the all-or-none prope
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -12,7 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kubeproxy.controlplane.topologycache import (
+    Allocation,
     TopologyCache,
+    giving_and_receiving_zones,
     parse_quantity,
     remove_hints_from_slices,
 )
@@ -48,7 +51,7 @@ def test_parse_quantity(text: str, value: Decimal) -> None:
 
 
 def test_parse_quantity_rejects_garbage() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="invalid quantity 'four'"):
         parse_quantity("four")
 
 
@@ -216,6 +219,23 @@ def test_endpoints_move_from_over_to_under_served_zones() -> None:
         ep for ep in to_create[0]["endpoints"] if ep["hints"]["forZones"][0]["name"] != ep["zone"]
     ]
     assert {ep["zone"] for ep in moved} == {"zone-a"} and len(moved) == 2
+
+
+def test_zones_that_tie_are_taken_in_name_order_unless_told_otherwise() -> None:
+    """Zones a and b each have half an endpoint too many and c one too few: one of them
+    gives one. Upstream takes whichever its map iteration meets first, so either can
+    happen there (seen against the real controller)."""
+    allocations = {z: Allocation(1, 3, 1.0 if z == "c" else 1.5) for z in ("a", "b", "c")}
+    allocated = {"a": 2, "b": 2, "c": 0}
+    assert giving_and_receiving_zones(allocations, allocated) == ({"a": 1}, {"c": 1})
+    seen: list[list[str]] = []
+
+    def last(zones: Sequence[str]) -> str:
+        seen.append(list(zones))
+        return zones[-1]
+
+    assert giving_and_receiving_zones(allocations, allocated, last) == ({"b": 1}, {"c": 1})
+    assert seen == [["a", "b"]]  # asked only when there is a tie
 
 
 def test_endpoint_without_zone_disables_hints() -> None:

@@ -136,15 +136,6 @@ def test_read_gives_one_frontend_as_dump_does() -> None:
     assert table.read(Frontend("10.96.0.12", 80, L4Protocol.TCP)) == NONE
 
 
-def test_the_fake_map_refuses_what_the_kernel_refuses() -> None:
-    kv = FakeMap(12, 8, max_entries=1)
-    with pytest.raises(OSError):
-        kv.update(b"short", b"\0" * 8)
-    kv.update(b"\0" * 12, b"\0" * 8)
-    with pytest.raises(OSError):
-        kv.update(b"\1" * 12, b"\0" * 8)
-
-
 # --------------------------------------------------------------- what is served
 
 

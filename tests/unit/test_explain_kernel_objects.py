@@ -300,6 +300,6 @@ def test_the_kernel_is_read_once_per_question() -> None:
     reader = live.KernelReader(read)
     for _ in range(3):
         assert reader("nft", ["list", "set", "ip", "kube-proxy", "a"]) == "answer"
-        with pytest.raises(ToolError):
+        with pytest.raises(ToolError, match="no such set"):
             reader("nft", ["list", "set", "ip", "kube-proxy", "missing"])
     assert len(asked) == 2

@@ -320,7 +320,7 @@ def test_service_health_checks_open_and_close_as_services_come_and_go() -> None:
 
             await servers.sync({A: 0}, {A: 1, B: 3})
             assert servers.ports == {A: port_a}
-            with pytest.raises(aiohttp.ClientConnectionError):
+            with pytest.raises(aiohttp.ClientConnectionError, match="Connect call failed"):
                 await fetch(port_b)
             assert (await fetch(port_a)).headers["X-Load-Balancing-Endpoint-Weight"] == "1"
 
@@ -328,12 +328,12 @@ def test_service_health_checks_open_and_close_as_services_come_and_go() -> None:
             await servers.sync({A: new_port}, {A: 1})
             assert servers.ports == {A: new_port}
             assert (await fetch(new_port)).status == 200
-            with pytest.raises(aiohttp.ClientConnectionError):
+            with pytest.raises(aiohttp.ClientConnectionError, match="Connect call failed"):
                 await fetch(port_a)
 
             await servers.sync({}, {})
             assert servers.ports == {}
-            with pytest.raises(aiohttp.ClientConnectionError):
+            with pytest.raises(aiohttp.ClientConnectionError, match="Connect call failed"):
                 await fetch(new_port)
         finally:
             await servers.close()
@@ -470,7 +470,7 @@ def test_service_health_checks_listen_on_the_selected_addresses_only(
             await servers.sync({A: port}, {A: 1})
             assert list(servers.hosts or ()) == ["127.0.0.2"]
             assert await ask("127.0.0.2") == 200
-            with pytest.raises(aiohttp.ClientConnectionError):
+            with pytest.raises(aiohttp.ClientConnectionError, match="Connect call failed"):
                 await ask("127.0.0.1")
             # A matching address appears on the node: the health check listens there too.
             listed.append("127.0.0.3")
@@ -482,7 +482,7 @@ def test_service_health_checks_listen_on_the_selected_addresses_only(
             with caplog.at_level(logging.WARNING, logger="kubeproxy.health.services"):
                 assert await servers.sync({A: port}, {A: 1}) == []
             assert not servers.hosts and servers.ports == {}
-            with pytest.raises(aiohttp.ClientConnectionError):
+            with pytest.raises(aiohttp.ClientConnectionError, match="Connect call failed"):
                 await ask("127.0.0.2")
             assert "No local address matches --nodeport-addresses 127.0.0.2/31" in caplog.text
         finally:

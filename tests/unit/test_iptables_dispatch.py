@@ -82,6 +82,18 @@ def test_updates_end_where_a_fresh_build_would_and_walks_find_their_rules(
     tree = DispatchTree("t", IP4, leaf, max_depth)
     chains: Chains = dict(tree.build([]))
     present: dict[tuple[int, int], tuple[str, ...]] = {}
+
+    def check() -> None:
+        """The tree is where a fresh build of what is present would be, and a walk
+        finds every key's rules in order."""
+        fresh = DispatchTree("t", IP4, leaf, max_depth)
+        assert chains == fresh.build((k, (owner(i), 0), r) for (k, i), r in present.items())
+        assert tree.nodes == fresh.nodes
+        for wanted in {k for k, _ in present}:
+            expected = [present[(k, i)] for (k, i) in sorted(present) if k == wanted]
+            assert walk(tree, chains, wanted) == expected
+
+    check()
     for add, key, i in ops:
         eid = (owner(i), 0)
         removed = [(key, eid)] if (key, i) in present else []
@@ -94,12 +106,7 @@ def test_updates_end_where_a_fresh_build_would_and_walks_find_their_rules(
             for chain in change.delete:
                 del chains[chain]
             chains.update(change.write)
-        fresh = DispatchTree("t", IP4, leaf, max_depth)
-        assert chains == fresh.build((k, (owner(i), 0), r) for (k, i), r in present.items())
-        assert tree.nodes == fresh.nodes
-        for wanted in {k for k, _ in present}:
-            expected = [present[(k, i)] for (k, i) in sorted(present) if k == wanted]
-            assert walk(tree, chains, wanted) == expected
+        check()
 
 
 def test_chains_stay_short_at_scale() -> None:

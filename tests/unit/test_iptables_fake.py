@@ -23,6 +23,7 @@ from tests.iptables_fake_cases import CASES, Case, RestoreOp, restore
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_case(case: Case, flavor: Flavor) -> None:
     fake = FakeIptables(case.family, flavor)
+    assert case.steps
     for i, step in enumerate(case.steps):
         before = dict(fake.tables)
         dumps = {name: t.save() for name, t in before.items()}

@@ -60,7 +60,7 @@ def test_a_listing_reads_back_as_chains_and_rule_texts() -> None:
     ],
 )
 def test_a_listing_that_cannot_be_compared_is_refused(text: str) -> None:
-    with pytest.raises(UnreadableTableError):
+    with pytest.raises(UnreadableTableError, match=r"incompatible|undeclared chain"):
         parse_save(text)
 
 

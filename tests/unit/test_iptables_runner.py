@@ -5,7 +5,6 @@ scripts in a temporary directory (``sbin``)."""
 from __future__ import annotations
 
 import shlex
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -86,11 +85,9 @@ def test_a_hung_restore_is_killed(tmp_path: Path) -> None:
     _stand_ins(tmp_path, "exec sleep 30")
     ipt = IptablesCommand(V4, "nft", sbin=str(tmp_path), timeout=0.5)
     data = restore(nat=[":KUBE-A"])
-    start = time.monotonic()
-    # Without the timeout, sleep would end and the call succeed.
+    # Without the timeout, sleep would end and the call succeed: the refusal is the kill.
     with pytest.raises(IptablesError, match=r"did not finish within 0\.5s and was killed") as err:
         ipt.restore(data)
-    assert time.monotonic() - start < 10
     assert err.value.input == str(data)
     assert err.value.incomplete
     assert err.value.committed is None  # unknown: it may have committed a table
@@ -268,10 +265,9 @@ def test_a_streamed_restore_the_tool_stops_reading_is_killed(tmp_path: Path) -> 
         _script(tmp_path / name, "exec sleep 30")
     data, _ = big_restore(20 * STREAM_RULES)
     ipt = IptablesCommand(V4, "nft", sbin=str(tmp_path), timeout=0.5)
-    start = time.monotonic()
+    # Only the timeout's kill gives this message (the stand-in would have ended in 30 s).
     with pytest.raises(IptablesError, match=r"did not finish within 0\.5s and was killed") as err:
         ipt.restore(data)
-    assert time.monotonic() - start < 10
     assert err.value.incomplete
     assert err.value.input == str(data)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 
 from kubeproxy.backends.nftables.proxier import NftablesBackend
 from kubeproxy.backends.nftables.table import is_entry
@@ -124,29 +123,41 @@ def test_a_piece_failing_in_nft_is_retried_whole() -> None:
 
 class Concurrent(Recording):
     """Takes transactions from several threads, as the nft process runner does; records
-    how many were in flight at once and when each began and was committed."""
+    how many were in flight at once and, on a logical clock (one tick per event, under
+    a lock), when each began and was committed. The first piece after the table waits
+    until a second transaction is in flight, so a runner that applies two at once is
+    seen doing it, whatever the timing (the wait's bound only keeps a serial runner
+    from hanging the test: it then fails on ``most``)."""
 
     concurrent_applies = 2
 
     def __init__(self) -> None:
         super().__init__()
         self.lock = threading.Lock()
+        self.clock = itertools.count()
+        self.begun = 0
         self.active = 0
         self.most = 0
-        self.spans: list[tuple[float, float, Transaction]] = []
+        self.second_in_flight = threading.Event()
+        self.spans: list[tuple[int, int, Transaction]] = []
 
     def apply(self, tx: Transaction) -> None:
         with self.lock:
             self.active += 1
+            self.begun += 1
             self.most = max(self.most, self.active)
-        began = time.monotonic()
-        time.sleep(0.01)  # "parsing": the other thread's transaction overlaps
+            began = next(self.clock)
+            first_piece = self.begun == 2
+            if self.active == 2:
+                self.second_in_flight.set()
+        if first_piece:
+            self.second_in_flight.wait(timeout=60)
         with self.lock:
             try:
                 super().apply(tx)
             finally:
                 self.active -= 1
-                self.spans.append((began, time.monotonic(), tx))
+                self.spans.append((began, next(self.clock), tx))
 
 
 def test_the_pieces_go_two_at_once_and_the_entry_elements_after_all_others_in_order() -> None:

@@ -139,9 +139,12 @@ def test_request_timeout_as_kubectl(text: str, seconds: float) -> None:
 
 
 @pytest.mark.parametrize("text", ["-1", "10x", "soon"])
-def test_bad_request_timeouts_are_usage_errors(text: str) -> None:
-    with pytest.raises(SystemExit):
+def test_bad_request_timeouts_are_usage_errors(
+    text: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit, match="2"):
         args("list", *MASTER, "--request-timeout", text)
+    assert "--request-timeout" in capsys.readouterr().err
 
 
 def test_request_timeout_is_not_for_manifests(tmp_path: Path) -> None:

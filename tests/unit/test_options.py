@@ -38,5 +38,5 @@ def test_options_document_is_split_off_and_paths_are_relative_to_the_file() -> N
     ],
 )
 def test_bad_options_are_errors(extra: str) -> None:
-    with pytest.raises(OptionsError):
+    with pytest.raises(OptionsError, match=r"c\.yaml.*: (apiVersion|bogus|manifests|expected one)"):
         split_config(UPSTREAM + "---\n" + extra, "c.yaml")

@@ -14,6 +14,7 @@ from kubeproxy.backends.iptables.proxier import IptablesBackend
 from kubeproxy.dataplane.iptables.fake import FakeIptables
 from kubeproxy.dataplane.nftables.fake import FakeNftables
 from kubeproxy.dataplane.nftables.runner import NftRunner
+from tests.conftest import relies_on_exception
 from tests.partial_sync_machine import CONFIG, PartialVersusFull, any_index
 
 
@@ -40,6 +41,7 @@ class IptablesOnTheFake(PartialVersusFull):
 
 
 @pytest.mark.parametrize("machine", [OnTheFake, IptablesOnTheFake], ids=["nftables", "iptables"])
+@relies_on_exception("runTest raises on a failed invariant (the machine's checks)")
 def test_partial_syncs_match_a_full_sync_on_the_fake(machine: type[PartialVersusFull]) -> None:
     settings(
         max_examples=150,

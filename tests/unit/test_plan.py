@@ -113,7 +113,7 @@ def test_local_traffic_as_nft_matches() -> None:
         'iifname != "veth*"'
     )
     assert local_match(LocalTraffic(), v4) == ""
-    with pytest.raises(ScriptError):
+    with pytest.raises(ScriptError, match="invalid interface name"):
         local_match(LocalTraffic(interface='x" accept; #'), v4)
 
 
@@ -162,6 +162,19 @@ def test_source_ranges_are_per_family() -> None:
     assert [f.source_ranges for f in fw4] == [("172.16.0.0/12",)]
     # No IPv6 range: the IPv6 load-balancer IP is not firewalled at all.
     assert [f.source_ranges for f in fw6] == [()]
+
+
+def test_a_zero_source_range_allows_everyone_in_its_family() -> None:
+    # As upstream's ServicePort (pkg/proxy/serviceport.go): a /0 among a family's ranges
+    # means no firewall for that family, not a firewall that lists 0.0.0.0/0.
+    ranges = ("10.0.0.0/8", "0.0.0.0/0", "fd00::/8")
+    plan4 = plan_service_port(lb(load_balancer_source_ranges=ranges), [], family())
+    plan6 = plan_service_port(lb(load_balancer_source_ranges=ranges), [], family(V6))
+    assert plan4 is not None and plan6 is not None
+    fw4 = [f.source_ranges for f in plan4.frontends if f.kind is FrontendKind.LOAD_BALANCER]
+    fw6 = [f.source_ranges for f in plan6.frontends if f.kind is FrontendKind.LOAD_BALANCER]
+    assert fw4 == [()]
+    assert len(fw6) == 1 and "fd00::/8" in fw6[0]  # the other family keeps its ranges
 
 
 def test_node_in_a_range_allows_the_lb_ip_itself_without_overlap() -> None:

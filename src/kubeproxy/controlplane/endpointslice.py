@@ -138,12 +138,20 @@ def _pod_ips(pod: Mapping[str, Any]) -> list[str]:
 
 
 def _is_ipv6(ip: str) -> bool:
+    return _address(ip)[1]
+
+
+def _address(ip: str) -> tuple[str, bool]:
+    """The address as upstream's ``getEndpointAddresses`` writes it (parsed and printed
+    again: the API server keeps IPv6 addresses as given, ``FD00:0::C``), and whether it
+    is IPv6."""
     if ":" not in ip:
-        return False  # IPv4 (or not an address): the common case, without parsing
+        return ip, False  # IPv4 (or not an address): the common case, without parsing
     try:
-        return ipaddress.ip_address(ip).version == 6
+        parsed = ipaddress.ip_address(ip)
     except ValueError:
-        return False
+        return ip, False
+    return str(parsed), parsed.version == 6
 
 
 def pod_to_endpoint(
@@ -171,7 +179,7 @@ def pod_to_endpoint(
     if metadata.get("uid"):
         target_ref["uid"] = metadata["uid"]
     endpoint: Obj = {
-        "addresses": [ip for ip in _pod_ips(pod) if _is_ipv6(ip) == want_v6],
+        "addresses": [ip for ip, v6 in map(_address, _pod_ips(pod)) if v6 == want_v6],
         "conditions": {"ready": ready, "serving": serving, "terminating": terminating},
         "targetRef": target_ref,
     }

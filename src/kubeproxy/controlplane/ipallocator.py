@@ -12,8 +12,11 @@ Map of this module:
 * :class:`MetaAllocator` — one IP family over every ServiceCIDR object of that family
   (``cidrallocator.go``): several CIDRs, overlapping ones included, share one set of
   IPAddress objects (:class:`IPAddressRegistry`), so an address is never handed out twice
-  even when two CIDRs contain it. A CIDR whose ServiceCIDR is being deleted (or whose Ready
-  condition is False) stops receiving allocations but can still release.
+  even when two CIDRs contain it. An address belongs to the first CIDR that has it as a
+  host (:func:`prefix_contains_ip`: not the network address, nor the IPv4 broadcast
+  address), so one CIDR's edge can be a wider CIDR's ordinary address. A CIDR whose
+  ServiceCIDR is being deleted (or whose Ready condition is False) stops receiving
+  allocations but can still release.
 * :class:`ClusterIPAllocator` — both families: one IP per requested family, all or nothing
   (what a dual-stack Service gets).
 * :class:`BitmapAllocator` — the legacy allocator (``bitmap.go`` over
@@ -87,7 +90,12 @@ class ErrNotInRange(AllocationError):  # noqa: N818
 
 
 class ErrMismatchedNetwork(ErrNotInRange):
-    """No ready ServiceCIDR contains the address (upstream's ``ErrMismatchedNetwork``)."""
+    """No ready ServiceCIDR holds the address (upstream's ``ErrMismatchedNetwork``, and
+    its words, which kube-apiserver returns for any requested ClusterIP outside them)."""
+
+    def __init__(self, value: object, valid_range: str) -> None:
+        super().__init__(value, valid_range)
+        self.args = ("the provided network does not match the current range",)
 
 
 def parse_cidr(cidr: str | IPNet) -> IPNet:
@@ -451,9 +459,20 @@ class MetaAllocator:
 
     def _holder(self, addr: IPAddr, *, ready: bool) -> Allocator:
         for network, allocator in self._allocators.items():
-            if addr in network and (allocator.ready or not ready):
+            if prefix_contains_ip(network, addr) and (allocator.ready or not ready):
                 return allocator
         raise ErrMismatchedNetwork(addr, ", ".join(str(n) for n in self._allocators) or "none")
+
+
+def prefix_contains_ip(network: IPNet, ip: IPAddr) -> bool:
+    """Upstream ``servicecidr.PrefixContainsIP``: ``ip`` is a host of ``network``, not its
+    network address nor (IPv4) its broadcast address. Which CIDR holds an address is asked
+    this way, so an address that is the edge of one CIDR can belong to a wider one."""
+    if ip.version != network.version or ip not in network:
+        return False
+    if ip == network.network_address:
+        return False
+    return not (network.version == 4 and ip == network.broadcast_address)
 
 
 def _contains(outer: IPNet, inner: IPNet) -> bool:

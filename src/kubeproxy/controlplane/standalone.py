@@ -59,6 +59,7 @@ from kubeproxy.controlplane.endpointslice import (
 from kubeproxy.controlplane.ipallocator import (
     AllocationError,
     ClusterIPAllocator,
+    ErrMismatchedNetwork,
     family_of,
     parse_ip,
     service_parent_ref,
@@ -381,12 +382,14 @@ class StandaloneCluster:
         if spec["type"] == "ExternalName":
             return completed, empty
         requested = _requested_ips(spec)
-        if requested == ["None"]:
-            return completed, empty  # headless: nothing to allocate, slices all the same
-        families = self._families(spec, requested)
+        headless = requested[:1] == ["None"]
+        families, policy = self._families(spec, [] if headless else requested, headless)
+        spec["ipFamilies"], spec["ipFamilyPolicy"] = families, policy
+        if headless:
+            spec["clusterIPs"] = ["None"]
+            return completed, empty  # nothing to allocate; its slices follow the families
         ips = self._cluster_ips(key, families, requested, previous)
-        spec["clusterIP"], spec["clusterIPs"], spec["ipFamilies"] = ips[0], ips, families
-        spec.setdefault("ipFamilyPolicy", "SingleStack")
+        spec["clusterIP"], spec["clusterIPs"] = ips[0], ips
         try:
             completed = self._node_ports(completed, previous)
         except ServiceError:
@@ -417,8 +420,11 @@ class StandaloneCluster:
                     order.append(family)
         return order
 
-    def _families(self, spec: Mapping[str, Any], requested: list[str]) -> list[str]:
-        """Upstream's ``initIPFamilyFields``, for what a manifest can say."""
+    def _families(
+        self, spec: Mapping[str, Any], requested: list[str], headless: bool
+    ) -> tuple[list[str], str]:
+        """Upstream's ``initIPFamilyFields``, for what a manifest can say: the families
+        and the policy (``requested``: the ClusterIPs asked for, none for headless)."""
         configured = self._configured()
         wanted = spec.get("ipFamilies") or []
         if not isinstance(wanted, list):
@@ -429,11 +435,21 @@ class StandaloneCluster:
                     f"spec.ipFamilies[{i}]: Unsupported value: {family!r}: "
                     'supported values: "IPv4", "IPv6"'
                 )
-            if family not in configured:
-                raise ServiceError(
-                    f"spec.ipFamilies[{i}]: Invalid value: {family!r}: "
-                    "not configured on this cluster (no ServiceCIDR of that family)"
-                )
+        # Headless without a selector defaults to both families, whatever is configured.
+        selectorless = headless and not spec.get("selector")
+        policy = spec.get("ipFamilyPolicy") or (
+            "RequireDualStack" if selectorless else "SingleStack"
+        )
+        if policy not in ("SingleStack", *_DUAL_STACK_POLICIES):
+            raise ServiceError(
+                f"spec.ipFamilyPolicy: Unsupported value: {policy!r}: supported values: "
+                '"PreferDualStack", "RequireDualStack", "SingleStack"'
+            )
+        if policy == "SingleStack" and (len(wanted) > 1 or len(requested) > 1):
+            raise ServiceError(
+                "spec.ipFamilyPolicy: Invalid value: SingleStack: "
+                "two IP families need PreferDualStack or RequireDualStack"
+            )
         from_ips: list[str] = []
         for i, ip in enumerate(requested):
             try:
@@ -447,30 +463,36 @@ class StandaloneCluster:
                 f"spec.ipFamilies: Invalid value: {wanted}: does not match the families "
                 f"of spec.clusterIPs {requested}"
             )
-        families = list(wanted or from_ips or configured[:1])
+        for i, family in enumerate(from_ips[len(wanted) :]):
+            if family not in configured:
+                raise ServiceError(
+                    f"spec.clusterIPs[{len(wanted) + i}]: Invalid value: "
+                    f"{json.dumps(requested)}: {family} is not configured on this cluster"
+                )
+        families = list(wanted or from_ips)
+        if selectorless:
+            families = families or (configured[:1] or ["IPv4"])
+            if len(families) == 1 and policy != "SingleStack":
+                families.append(_other(families[0]))
+            return families, policy
+        for i, family in enumerate(wanted):
+            if family not in configured:
+                raise ServiceError(
+                    f"spec.ipFamilies[{i}]: Invalid value: {family!r}: "
+                    "not configured on this cluster (no ServiceCIDR of that family)"
+                )
+        families = families or configured[:1]
         if not families:
             raise ServiceError("spec.clusterIP: no ServiceCIDR to allocate from")
-        policy = spec.get("ipFamilyPolicy") or "SingleStack"
         if policy in _DUAL_STACK_POLICIES and len(families) == 1:
-            other = "IPv6" if families[0] == "IPv4" else "IPv4"
-            if other in configured:
-                families.append(other)
+            if _other(families[0]) in configured:
+                families.append(_other(families[0]))
             elif policy == "RequireDualStack":
                 raise ServiceError(
                     "spec.ipFamilyPolicy: Invalid value: RequireDualStack: "
                     "this cluster is not configured for dual-stack Services"
                 )
-        elif policy == "SingleStack" and len(families) > 1:
-            raise ServiceError(
-                "spec.ipFamilyPolicy: Invalid value: SingleStack: "
-                "two IP families need PreferDualStack or RequireDualStack"
-            )
-        elif policy not in ("SingleStack", *_DUAL_STACK_POLICIES):
-            raise ServiceError(
-                f"spec.ipFamilyPolicy: Unsupported value: {policy!r}: supported values: "
-                '"PreferDualStack", "RequireDualStack", "SingleStack"'
-            )
-        return families
+        return families, policy
 
     def _cluster_ips(
         self,
@@ -500,10 +522,13 @@ class StandaloneCluster:
                 raise ServiceError(
                     f"spec.clusterIPs: failed to allocate a ClusterIP: {err}"
                 ) from None
-            holders = self._holders(requested)
+            # Upstream's words, then what they leave out: who holds it, which ranges.
+            detail = self._holders(requested)
+            if isinstance(err, ErrMismatchedNetwork):
+                detail = f" (ServiceCIDRs: {err.valid_range})"
             raise ServiceError(
                 f"spec.clusterIPs: Invalid value: {json.dumps(requested)}: failed to allocate IP "
-                f"{','.join(requested)}: {err}{holders}"
+                f"{','.join(requested)}: {err}{detail}"
             ) from None
 
     def _holders(self, ips: Iterable[str]) -> str:
@@ -610,6 +635,11 @@ class StandaloneCluster:
         raise RuntimeError("no free EndpointSlice name")  # pragma: no cover
 
     # ------------------------------------------------------------------------ output
+
+    def errors(self) -> dict[str, str]:
+        """Why each Service that could not be completed is absent, by ``namespace/name``
+        (the reason its log line gave)."""
+        return {str(key): reason for key, reason in self._errors.items()}
 
     def allocations(self) -> dict[str, Allocation]:
         """What to save (by ``namespace/name``), so a restart gives the same addresses."""
@@ -752,6 +782,10 @@ def _namespaced(doc: Mapping[str, Any], namespace: str) -> Mapping[str, Any]:
 
 def _matches(selector: Mapping[str, Any], labels: Mapping[str, Any]) -> bool:
     return all(labels.get(k) == v for k, v in selector.items())
+
+
+def _other(family: str) -> str:
+    return "IPv6" if family == "IPv4" else "IPv4"
 
 
 def _requested_ips(spec: Mapping[str, Any]) -> list[str]:

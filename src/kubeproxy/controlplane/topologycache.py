@@ -37,7 +37,10 @@ After upstream's ``staging/src/k8s.io/endpointslice/topologycache`` (``topologyc
 Events are dicts ``{"type", "reason", "message"}`` with upstream's reasons and messages
 (the message ends with ``, addressType: IPv4``). Upstream iterates Go maps where the order
 matters (which receiving zone gets an endpoint first, ties between zones); here zones go
-in name order, so results are deterministic. One deliberate difference: upstream means to
+in name order, so results are deterministic. Ties can change how many endpoints each
+zone ends with (seen against the real controller, which picks differently from run to
+run): :func:`giving_and_receiving_zones` takes a ``tie_break``, so a caller can list
+every result upstream may give. One deliberate difference: upstream means to
 clear the hints of not-ready endpoints in the slices it writes but clears a loop copy
 (a no-op), so stale hints can survive there; here they are cleared.
 """
@@ -45,7 +48,7 @@ clear the hints of not-ready endpoints in the slices it writes but clears a loop
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -186,19 +189,34 @@ def _hints_by_zone(
     return counts
 
 
-def _most(amounts: Mapping[str, float]) -> tuple[str, float]:
-    """The zone with the largest amount (first by name on ties); ("", 0) when none is > 0."""
-    best, best_amount = "", 0.0
-    for zone in sorted(amounts):
-        if amounts[zone] > best_amount:
-            best, best_amount = zone, amounts[zone]
-    return best, best_amount
+#: Which of several zones with the same largest amount to take (they come in name order).
+TieBreak = Callable[[Sequence[str]], str]
+
+
+def first_by_name(zones: Sequence[str]) -> str:
+    return zones[0]
+
+
+def _most(amounts: Mapping[str, float], tie_break: TieBreak) -> tuple[str, float]:
+    """The zone with the largest amount; ("", 0) when none is > 0."""
+    best_amount = max((a for a in amounts.values() if a > 0), default=0.0)
+    if best_amount <= 0:
+        return "", 0.0
+    tied = sorted(zone for zone, amount in amounts.items() if amount == best_amount)
+    return (tied[0] if len(tied) == 1 else tie_break(tied)), best_amount
 
 
 def giving_and_receiving_zones(
-    allocations: Mapping[str, Allocation], allocated: Mapping[str, int]
+    allocations: Mapping[str, Allocation],
+    allocated: Mapping[str, int],
+    tie_break: TieBreak = first_by_name,
 ) -> tuple[dict[str, int], dict[str, int]]:
-    """Upstream ``getGivingAndReceivingZones``: whole endpoints each zone gives or takes."""
+    """Upstream ``getGivingAndReceivingZones``: whole endpoints each zone gives or takes.
+
+    Upstream takes whichever of two zones with equal amounts its map iteration meets
+    first, and that can change how many endpoints each zone ends with; ``tie_break``
+    decides here (first by name unless told otherwise, so results are reproducible).
+    """
     giving_wanted: dict[str, float] = {}
     receiving_wanted: dict[str, float] = {}
     for zone, allocation in allocations.items():
@@ -210,8 +228,8 @@ def giving_and_receiving_zones(
     giving: dict[str, int] = {}
     receiving: dict[str, int] = {}
     while True:
-        giver, to_give = _most(giving_wanted)
-        receiver, to_receive = _most(receiving_wanted)
+        giver, to_give = _most(giving_wanted, tie_break)
+        receiver, to_receive = _most(receiving_wanted, tie_break)
         if (
             not giver
             or not receiver

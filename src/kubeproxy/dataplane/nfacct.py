@@ -22,7 +22,10 @@ from kubeproxy.dataplane.process import ToolError, run_tool
 
 TIMEOUT = 5.0
 # ``nfacct list``, a line per counter: "{ pkts = 00000000000000000012, bytes = 0...720 } = NAME;"
-_COUNTER = re.compile(r"\{\s*pkts\s*=\s*(\d+),\s*bytes\s*=\s*(\d+)\s*\}\s*=\s*(\S+?);")
+# (a name may hold spaces and semicolons: it ends with the line's last ";").
+_COUNTER = re.compile(r"^\{\s*pkts\s*=\s*(\d+),\s*bytes\s*=\s*(\d+)\s*\}\s*=\s*(.+);$", re.M)
+# NFACCT_NAME_MAX (32) with the terminating NUL: longer names are cut to this.
+NAME_MAX = 31
 
 
 class NfacctError(RuntimeError):
@@ -66,7 +69,10 @@ class NfacctCommand:
 
 
 class FakeNfacct:
-    """In memory; ``broken`` makes every call fail, as a kernel without the module does."""
+    """In memory, as the real one (tests/nfacct_fake_cases.py checks it against the
+    nfacct tool): an empty name is refused (EINVAL), a longer one is cut to
+    :data:`NAME_MAX` characters. ``broken`` makes every call fail, as a kernel without
+    the module does."""
 
     def __init__(self, *, broken: bool = False) -> None:
         self.counters: dict[str, int] = {}
@@ -75,7 +81,9 @@ class FakeNfacct:
     def ensure(self, name: str) -> None:
         if self.broken:
             raise NfacctError("nfacct add: No such file or directory")
-        self.counters.setdefault(name, 0)
+        if not name:
+            raise NfacctError("nfacct add : nfacct v1.0.2: error: Invalid argument")
+        self.counters.setdefault(name[:NAME_MAX], 0)
 
     def packets(self) -> dict[str, int]:
         if self.broken:

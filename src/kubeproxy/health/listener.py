@@ -5,7 +5,11 @@
   an IP literal or empty.
 * :class:`HttpListener` runs one aiohttp application (or low-level server) on one port of
   one or more hosts, and tells the port it really bound (tests bind port 0).
-* :func:`json_response` writes a JSON body with upstream's headers.
+* :func:`json_response` writes a JSON body with upstream's headers. One header more
+  than upstream's (Go's net/http sends none): aiohttp's ``Server: Python/… aiohttp/…``,
+  which it adds to every response unless one is set, and which only its private hooks
+  could remove; no probe or load balancer reads it (the health-check answers are
+  otherwise byte for byte upstream's: tests/realk8s/services/test_service_types.py).
 
 An empty or unspecified host (``0.0.0.0``, ``::``) listens on every address of both
 families, as Go's ``net.Listen("tcp", "0.0.0.0:port")`` does; asyncio needs ``host=None``

@@ -202,8 +202,9 @@ class Lab:
             *args,
         ]
 
-    def proxy_flags(self, manifests: Path) -> tuple[str, ...]:
-        """The flags node-a's proxy runs with (``run``, ``explain`` and ``list`` take them)."""
+    def proxy_flags(self, manifests: Path, mode: str | None = None) -> tuple[str, ...]:
+        """The flags node-a's proxy runs with (``run``, ``explain`` and ``list`` take them),
+        in the lab's mode or ``mode`` (a :data:`MODE_FLAGS` key)."""
         return (
             "--manifests",
             str(manifests),
@@ -211,7 +212,7 @@ class Lab:
             NODE,
             "--cluster-cidr",
             ",".join(CLUSTER_CIDRS),
-            *MODE_FLAGS[self.mode],
+            *MODE_FLAGS[mode or self.mode],
         )
 
     def kubeproxy_args(
@@ -255,16 +256,7 @@ class Lab:
 
     def spawn(self, command: list[str], *, log: Path | None = None) -> subprocess.Popen[str]:
         """Start ``command`` (e.g. :meth:`kubeproxy_command`); stopped in :meth:`close`."""
-        with open(log if log is not None else os.devnull, "w") as out:
-            # The child gets its own copy of the descriptor; ours can close right away.
-            proc = subprocess.Popen(
-                command,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                text=True,
-                env=lab_env(),
-                start_new_session=True,
-            )
+        proc = spawn(command, log)
         self._procs.append(proc)
         return proc
 
@@ -310,6 +302,21 @@ class Lab:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def spawn(command: list[str], log: Path | None, mode: str = "w") -> subprocess.Popen[str]:
+    """Start ``command`` in a session of its own (so :func:`stop_process` takes its
+    children along), its output to ``log`` (opened with ``mode``; None: discarded)."""
+    with open(log if log is not None else os.devnull, mode) as out:
+        # The child gets its own copy of the descriptor; ours can close right away.
+        return subprocess.Popen(
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=lab_env(),
+            start_new_session=True,
+        )
 
 
 def stop_process(proc: subprocess.Popen[str]) -> None:

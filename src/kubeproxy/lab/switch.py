@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kubeproxy.lab.cluster import CLUSTER_CIDRS, MODE_FLAGS, NODE, NODE_IP, Lab, stop_process
+from kubeproxy.lab.cluster import NODE, NODE_IP, Lab, stop_process
 from kubeproxy.lab.connects import Attempt, ConnectProbe
 from kubeproxy.lab.objects import Ep, ManifestDir, endpoint_slice, service
 
@@ -58,16 +58,7 @@ def write_service(manifests: ManifestDir, pods: dict[str, str]) -> None:
 
 
 def proxy_command(lab: Lab, manifests: Path, mode: str) -> list[str]:
-    return lab.kubeproxy_command(
-        "run",
-        "--manifests",
-        str(manifests),
-        "--hostname-override",
-        NODE,
-        "--cluster-cidr",
-        ",".join(CLUSTER_CIDRS),
-        *MODE_FLAGS[mode],
-    )
+    return lab.kubeproxy_command("run", *lab.proxy_flags(manifests, mode))
 
 
 def wait_for_line(log: Path, line: str, timeout: float = HANDOVER_TIMEOUT) -> float:

@@ -370,7 +370,7 @@ def plan_service_port(
 
 
 def _load_balancers(svc: ServicePort, fam: FamilyPlan) -> list[Frontend]:
-    ranges = _of_family(svc.load_balancer_source_ranges, fam.family)
+    ranges = svc.source_ranges_of(fam.family)
     node_in_ranges = fam.node_ip is not None and any(
         ipaddress.ip_address(fam.node_ip) in ipaddress.ip_network(r) for r in ranges
     )

@@ -142,6 +142,15 @@ class ServicePort:
     def load_balancer_ips_of(self, family: IPFamily) -> tuple[str, ...]:
         return tuple(ip for ip in self.load_balancer_ips if family_of(ip) is family)
 
+    def source_ranges_of(self, family: IPFamily) -> tuple[str, ...]:
+        """``loadBalancerSourceRanges`` of ``family``, as upstream's ServicePort has them:
+        none when one of them is a /0, which allows everything (and which ipvs mode's
+        ``hash:ip,port,net`` set cannot even hold)."""
+        ranges = tuple(c for c in self.load_balancer_source_ranges if family_of(c) is family)
+        if any(c.endswith("/0") for c in ranges):
+            return ()
+        return ranges
+
     @property
     def externally_accessible(self) -> bool:
         """Reachable from outside the cluster: a NodePort, external IPs or LB ingress IPs."""

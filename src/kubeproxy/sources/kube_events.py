@@ -2,10 +2,16 @@
 shows ``Starting`` / ``StartKubeProxy`` for the Node.
 
 Upstream (cmd/kube-proxy/app/server.go) records, through client-go's events.k8s.io/v1
-recorder, one Normal event regarding its Node (``uid`` = the node name, as its
-``nodeRef``), reason ``Starting``, action ``StartKubeProxy``, reported by controller
-``kube-proxy``. Events about a cluster-scoped object go to the ``default`` namespace; the
-name is the object's name and the time in hex nanoseconds, as the recorder makes it.
+recorder, one Normal event regarding its Node (``apiVersion``, ``kind`` and ``name``: no
+``uid``), reason ``Starting``, action ``StartKubeProxy``, reported by controller
+``kube-proxy`` from instance ``kube-proxy-<host name>``. Events about a cluster-scoped
+object go to the ``default`` namespace; the name is the object's name and the time in hex
+nanoseconds, as the recorder makes it. tests/realk8s/test_events.py compares ours with
+the one upstream's kube-proxy v1.37 posts to a real API server, field by field.
+
+One difference, on purpose: the API server names the field manager after the client's
+User-Agent, so ``managedFields`` say ``kubeproxy`` where upstream's say ``kube-proxy``;
+audit logs and managed fields tell the two proxies apart.
 
 Best effort, as upstream's broadcaster: a failed post is retried a few times with backoff
 and then dropped with one log line; the proxy never waits for it.
@@ -44,7 +50,7 @@ def starting_event(node_name: str, now: float, host: str | None = None) -> dict[
         "reportingInstance": instance,
         "action": "StartKubeProxy",
         "reason": "Starting",
-        "regarding": {"kind": "Node", "name": node_name, "uid": node_name, "apiVersion": "v1"},
+        "regarding": {"kind": "Node", "name": node_name, "apiVersion": "v1"},
         "type": "Normal",
     }
 

@@ -15,6 +15,9 @@ This follows client-go's Reflector (tools/cache/reflector.go) where it matters:
   version, so a watch that ends (timeout, dropped connection) resumes where it stopped.
 * **410 Gone** (an HTTP status or an ERROR event) relists, and the relist is diffed against
   what we knew: only adds, updates and deletes are emitted.
+* **Every list is logged at --v=2** with its size and resourceVersion, and a relist with
+  why it happened: upstream's reflector logs "Caches populated" at V2 for each list, so at
+  the verbosity operators run, a relist (an API server restart, a compacted history) shows.
 * **Failures** (refused, reset, timeouts, 5xx, 403...) keep the last state and retry with
   capped exponential backoff and jitter; the first failure and the recovery are logged
   once each. A watch that ends within a second without any event counts as a failure
@@ -47,6 +50,7 @@ from typing import Any
 
 from msgspec import Raw
 
+from kubeproxy.logs import V2
 from kubeproxy.model.parse import InvalidObjectError
 from kubeproxy.model.types import NamespacedName
 from kubeproxy.sources.events import Event, Model
@@ -209,6 +213,8 @@ class _WatchEnd:
     progressed: bool
     # Our resourceVersion is too old: relist.
     gone: bool = False
+    # What the server said when it was gone.
+    why: str = ""
 
 
 @dataclass(slots=True)
@@ -251,6 +257,8 @@ class Informer:
         self._use_optional_selector = bool(resource.optional_field_selector)
         self._rv_unavailable = False
         self._paginated = False
+        # Why the next list is a relist ("" for the first list), for its log line.
+        self._relist_why = ""
         self._backoff = Backoff(tuning.backoff_initial, tuning.backoff_max)
         self._wakeup = wakeup or Wakeup()
         self.health = Health(resource.name, self._wakeup.fire, on_failure)
@@ -281,6 +289,7 @@ class Informer:
                     # The server never saw our version (etcd restored from a backup, a
                     # different cluster behind the same address): start over.
                     self._rv_unavailable = relist = True
+                    self._relist_why = str(err)
                 self.health.failed(action, err)
             except (RequestError, DecodeError) as err:
                 self.health.failed(action, err)
@@ -290,8 +299,10 @@ class Informer:
                     log.exception("Unexpected error in the %s informer", self._resource.name)
                 self.health.failed(action, err)
                 relist = True
+                self._relist_why = f"after an unexpected error: {err}"
             else:
                 relist = end.gone
+                self._relist_why = end.why
                 # Gone from the very first watch after a list, without a single event,
                 # means the server contradicts itself: back off rather than relist in a
                 # loop. A 410 after anything else (a watch cut, an outage) relists at
@@ -353,7 +364,15 @@ class Informer:
         self.resource_version = list_rv
         if events:
             self._emit(events)
-        log.debug("Listed %d %s at resourceVersion %s", len(fresh), self._resource.name, list_rv)
+        why, self._relist_why = self._relist_why, ""
+        log.log(
+            V2,
+            "Listed %d %s at resourceVersion %s%s",
+            len(fresh),
+            self._resource.name,
+            list_rv,
+            f" again ({why})" if why else "",
+        )
         self.synced.set()
 
     async def _list_at(
@@ -423,7 +442,7 @@ class Informer:
             if not err.gone:
                 raise
             log.debug("Watch of %s: %s; relisting", self._resource.name, err)
-            return _WatchEnd(received > 0, gone=True)
+            return _WatchEnd(received > 0, gone=True, why=str(err))
         except UnreachableError as err:
             if not established:
                 raise

@@ -299,11 +299,7 @@ def contribution(ctx: Context, plan: ServicePortPlan) -> Contribution:
     if plan.external is not None:
         external = real_servers(plan.external, sel.cluster)
         local_policy = plan.external.policy is TrafficPolicy.LOCAL
-    ranges = [
-        ipaddress.ip_network(c, strict=False)
-        for c in svc.load_balancer_source_ranges
-        if (":" in c) == v6
-    ]
+    ranges = [ipaddress.ip_network(c, strict=False) for c in svc.source_ranges_of(fam.family)]
     local_addrs = ctx.local_addrs
     for frontend in plan.external_frontends:
         if frontend.kind is FrontendKind.EXTERNAL_IP:

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 _LIB_NAMES = ("libbpf.so.1",)
 BPF_ANY = 0
 BPF_NOEXIST = 1
+BPF_EXIST = 2
 # enum libbpf_print_level
 _LIBBPF_WARN, _LIBBPF_INFO, _LIBBPF_DEBUG = 0, 1, 2
 _LOG_LINES = 40
@@ -145,7 +146,11 @@ def _ptr(call: str, value: int | None) -> int:
 
 
 class MapFd:
-    """A BPF map by file descriptor; keys and values are raw bytes of fixed sizes."""
+    """A BPF map by file descriptor; keys and values are raw bytes of fixed sizes.
+
+    A key or value of another size is refused here (EINVAL): the kernel cannot tell,
+    it copies the map's sizes from the pointers it is given (reading past a shorter
+    buffer, ignoring the rest of a longer one)."""
 
     def __init__(self, fd: int, name: str, key_size: int, value_size: int) -> None:
         self.fd = fd
@@ -153,13 +158,23 @@ class MapFd:
         self.key_size = key_size
         self.value_size = value_size
 
+    def _sized(self, call: str, key: bytes, value: bytes | None = None) -> None:
+        if len(key) != self.key_size or (value is not None and len(value) != self.value_size):
+            sizes = f"{len(key)}-byte key" + (f", {len(value)}-byte value" if value else "")
+            raise BpfError(
+                errno.EINVAL,
+                f"{call} {self.name}: {sizes} (the map's: {self.key_size}, {self.value_size})",
+            )
+
     def update(self, key: bytes, value: bytes, flags: int = BPF_ANY) -> None:
+        self._sized("update", key, value)
         _check(
             f"update {self.name}",
             lib().lib.bpf_map_update_elem(self.fd, key, value, flags),
         )
 
     def lookup(self, key: bytes) -> bytes | None:
+        self._sized("lookup", key)
         out = ctypes.create_string_buffer(self.value_size)
         if lib().lib.bpf_map_lookup_elem(self.fd, key, out) < 0:
             if ctypes.get_errno() == errno.ENOENT:
@@ -169,6 +184,7 @@ class MapFd:
 
     def delete(self, key: bytes) -> bool:
         """False if the key was not there."""
+        self._sized("delete", key)
         if lib().lib.bpf_map_delete_elem(self.fd, key) < 0:
             if ctypes.get_errno() == errno.ENOENT:
                 return False

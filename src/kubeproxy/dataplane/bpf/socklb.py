@@ -133,7 +133,11 @@ class KVMap(Protocol):
 
 
 class FakeMap:
-    """A hash map in memory, refusing what the kernel refuses (sizes, capacity)."""
+    """A hash map (``BPF_MAP_TYPE_HASH``) in memory, refusing what the kernel and
+    :class:`~.libbpf.MapFd` refuse (tests/bpf_map_cases.py checks it against both):
+    a key or value of another size (EINVAL), a new key in a full map (E2BIG),
+    ``BPF_NOEXIST`` on a key that is there (EEXIST), ``BPF_EXIST`` on one that is not
+    (ENOENT), other flags (EINVAL: ``BPF_F_LOCK`` needs a spin lock these maps lack)."""
 
     def __init__(self, key_size: int, value_size: int, max_entries: int = 1048576) -> None:
         self.key_size = key_size
@@ -145,6 +149,12 @@ class FakeMap:
     def update(self, key: bytes, value: bytes, flags: int = libbpf.BPF_ANY) -> None:
         if len(key) != self.key_size or len(value) != self.value_size:
             raise libbpf.BpfError(errno.EINVAL, "update: wrong key or value size")
+        if flags not in (libbpf.BPF_ANY, libbpf.BPF_NOEXIST, libbpf.BPF_EXIST):
+            raise libbpf.BpfError(errno.EINVAL, f"update: flags {flags}")
+        if flags == libbpf.BPF_NOEXIST and key in self.data:
+            raise libbpf.BpfError(errno.EEXIST, "update: the key exists")
+        if flags == libbpf.BPF_EXIST and key not in self.data:
+            raise libbpf.BpfError(errno.ENOENT, "update: no such key")
         if key not in self.data and len(self.data) >= self.max_entries:
             raise libbpf.BpfError(errno.E2BIG, "update: map full")
         self.data[key] = value

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import ClassVar
 
+from kubeproxy.dataplane.nfacct import NAME_MAX as NFACCT_NAME_MAX
 from kubeproxy.model.types import PLAIN_IPV4, IPFamily
 
 
@@ -333,7 +334,8 @@ class _Nfacct(_Extension):
 
     def finish(self) -> str:
         self.require("nfacct-name")
-        self.ctx.nfacct = self.value("nfacct-name")
+        # The match keeps as many characters as a counter's name has (longer: cut).
+        self.ctx.nfacct = self.value("nfacct-name")[:NFACCT_NAME_MAX]
         # Both flavours print two spaces here.
         return f" --nfacct-name  {self.ctx.nfacct}"
 

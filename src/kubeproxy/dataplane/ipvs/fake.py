@@ -1,13 +1,20 @@
 """In-memory IPVS table and links that refuse what the Linux kernel (6.1) refuses.
 
 :class:`FakeIpvs` keeps services and their destinations. The refusals, each with the
-errno ``ip_vs_ctl.c`` answers: adding a service that exists (EEXIST); an unknown
-scheduler (ENOENT: no ``ip_vs_<name>`` module); a persistence flag with a zero timeout
-is accepted as the kernel does; changing, deleting or adding a destination to a service
-that does not exist (ESRCH); a destination of the other address family than its IPv4
-service (EAFNOSUPPORT); adding a destination that exists (EEXIST); changing or deleting
-one that does not (ENOENT); a negative weight or a port of 0 for a non-fwmark service
-(EINVAL). Connection counts are whatever a test puts in ``conns``.
+errno ``ip_vs_ctl.c`` answers (tests/ipvs_fake_cases.py checks each against the
+kernel): adding a service that exists (EEXIST); an unknown scheduler (ENOENT: no
+``ip_vs_<name>`` module); changing, deleting or adding a destination to a service that
+does not exist (ESRCH; listing its destinations is no error, as the kernel's empty
+dump); a destination of the other address family than its service (EINVAL: NAT cannot
+mix them); adding a destination that exists (EEXIST); changing or deleting one that
+does not (ENOENT); a negative weight (ERANGE); a negative timeout, or one beyond
+INT_MAX/HZ seconds (EINVAL; the fake takes HZ=1000, the largest, so it refuses from
+24.8 days where a kernel with a smaller HZ accepts up to ten times that). A persistence
+flag with a zero timeout is accepted as the kernel does. Deliberately stricter than
+the kernel (EINVAL where it accepts: a bug of ours if asked): port 0 (a service for
+every port, or a destination on the service's port), the hashed flag (the kernel's
+own), and an address not written canonically (the kernel lists it back canonical).
+Connection counts are whatever a test puts in ``conns``.
 
 :class:`FakeLinks` keeps the dummy link and its addresses: adding an address that is
 there (EEXIST) or to a missing link (ENODEV), deleting one that is not (EADDRNOTAVAIL).
@@ -35,6 +42,9 @@ from kubeproxy.dataplane.ipvs import (
 )
 
 T = TypeVar("T")
+# The kernel refuses a timeout beyond INT_MAX/HZ seconds; HZ=1000 is the strictest.
+_INT_MAX = 2**31 - 1
+_HZ = 1000
 
 
 def _each(fn: Callable[[T], None], items: Sequence[T]) -> list[Outcome]:
@@ -101,9 +111,8 @@ class FakeIpvs:
         return sorted(self.table.values(), key=lambda v: v.key)
 
     def destinations(self, key: ServiceKey) -> list[Destination]:
-        self._service(key)
         out = []
-        for ep, d in sorted(self.dests[key].items()):
+        for ep, d in sorted(self.dests.get(key, {}).items()):
             active, inactive = self.conns.get((key, ep), (0, 0))
             out.append(Destination(d.address, d.port, d.weight, active, inactive))
         return out
@@ -134,8 +143,10 @@ class FakeIpvs:
             raise IpvsError(f"address not canonical: {dest.address}", errno.EINVAL)
         if (":" in dest.address) != key.v6:
             # Mixed families only with tunnelling, never with NAT.
-            raise IpvsError(f"{dest} cannot serve {key}", errno.EAFNOSUPPORT)
-        if dest.weight < 0 or not 0 < dest.port < 65536:
+            raise IpvsError(f"{dest} cannot serve {key}", errno.EINVAL)
+        if dest.weight < 0:
+            raise IpvsError(f"negative weight of {dest}", errno.ERANGE)
+        if not 0 < dest.port < 65536:
             raise IpvsError(f"invalid destination {dest}", errno.EINVAL)
         return self.dests[key]
 
@@ -161,8 +172,8 @@ class FakeIpvs:
         self.calls.append(f"delete-dest {key} {address}:{port}")
 
     def set_timeouts(self, tcp: int, tcp_fin: int, udp: int) -> None:
-        if min(tcp, tcp_fin, udp) < 0:
-            raise IpvsError("negative timeout", errno.EINVAL)
+        if min(tcp, tcp_fin, udp) < 0 or max(tcp, tcp_fin, udp) > _INT_MAX // _HZ:
+            raise IpvsError("timeout out of range", errno.EINVAL)
         old = self.timeouts
         self.timeouts = (tcp or old[0], tcp_fin or old[1], udp or old[2])
         self.calls.append(f"timeouts {self.timeouts}")

@@ -21,7 +21,8 @@ Why not pyroute2's message classes: encoding one IPVS message through them costs
   request and reads its answers (a dump, or data and an acknowledgement).
 
 Byte order as the kernel reads it: ports and the IPv4 netmask in network order, every
-other integer in host order; addresses as their 4 or 16 bytes.
+other integer in host order; addresses as their 4 or 16 bytes. The weight and the
+timeouts are packed signed, as the kernel's ``int`` fields they land in.
 """
 
 from __future__ import annotations
@@ -96,6 +97,9 @@ _HEADER = struct.Struct("=IHHII")  # nlmsghdr: length, type, flags, sequence, po
 _ATTR = struct.Struct("=HH")
 _U16 = struct.Struct("=H")
 _U32 = struct.Struct("=I")
+# The weight and the timeouts are u32 attributes the kernel reads into ints: packed
+# signed, a negative value reaches the kernel, which refuses it (ERANGE, EINVAL).
+_I32 = struct.Struct("=i")
 _BE16 = struct.Struct("!H")
 # Messages per send: ~40 KB of requests, and at most as many 36-byte error answers,
 # well under the socket buffers.
@@ -162,7 +166,7 @@ def _dest(dest: Destination, full: bool) -> bytes:
     if full:
         attrs += [
             _attr(DEST_FWD_METHOD, _U32.pack(FWD_MASQ)),
-            _attr(DEST_WEIGHT, _U32.pack(dest.weight)),
+            _attr(DEST_WEIGHT, _I32.pack(dest.weight)),
             _attr(DEST_U_THRESH, _U32.pack(0)),
             _attr(DEST_L_THRESH, _U32.pack(0)),
         ]
@@ -264,7 +268,7 @@ def parse_family_id(payload: bytes | memoryview) -> int | None:
 
 def timeouts_message(family: int, tcp: int, tcp_fin: int, udp: int) -> Message:
     """``IPVS_CMD_SET_CONFIG`` (``ipvsadm --set``): 0 leaves that timeout as it is."""
-    attrs = b"".join(_attr(kind, _U32.pack(v)) for kind, v in
+    attrs = b"".join(_attr(kind, _I32.pack(v)) for kind, v in
                      ((CMD_ATTR_TIMEOUT_TCP, tcp), (CMD_ATTR_TIMEOUT_TCP_FIN, tcp_fin),
                       (CMD_ATTR_TIMEOUT_UDP, udp)))  # fmt: skip
     return Message(family, NLM_F_REQUEST, _genl(CMD_SET_CONFIG) + attrs)

@@ -35,7 +35,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from kubeproxy.lab.cluster import lab_env, stop_process
+from kubeproxy.lab.cluster import spawn, stop_process
 from kubeproxy.lab.echo import EchoServer
 from kubeproxy.lab.kube.api import Api, ApiError, Obj
 from kubeproxy.lab.kube.binaries import Binaries
@@ -105,7 +105,7 @@ class KubeLab:
     _namespaces: list[str] = field(default_factory=list)
     _executors: dict[str, NetnsExecutor] = field(default_factory=dict)
     _procs: list[subprocess.Popen[str]] = field(default_factory=list)
-    # The kubeproxy running on each node (start_kubeproxy / stop_kubeproxy).
+    # The kubeproxy started on each node (start_kubeproxy), for a test that swaps it.
     proxies: dict[str, subprocess.Popen[str]] = field(default_factory=dict)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     _pod_hosts: dict[str, itertools.count[int]] = field(default_factory=dict)
@@ -366,21 +366,14 @@ class KubeLab:
         return self.proxies[node]
 
     def stop_kubeproxy(self, node: str) -> None:
-        """SIGTERM kubeproxy on ``node`` (its rules stay, as when its Pod goes)."""
+        """SIGTERM the node's kubeproxy and wait for it; its rules stay, as on any stop."""
         proc = self.proxies.pop(node, None)
         if proc is not None:
             stop_process(proc)
 
     def spawn(self, command: list[str], log: Path) -> subprocess.Popen[str]:
-        with open(log, "a") as out:
-            proc = subprocess.Popen(
-                command,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                text=True,
-                env=lab_env(),
-                start_new_session=True,
-            )
+        """Start ``command``, appending to ``log``; stopped in :meth:`close`."""
+        proc = spawn(command, log, "a")
         self._procs.append(proc)
         return proc
 

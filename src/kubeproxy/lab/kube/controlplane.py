@@ -9,25 +9,31 @@ wants each namespace's ``default`` account), garbage collection (EndpointSlices 
 their Service) and namespaces. Each component can be stopped and started again
 (:meth:`ControlPlane.stop` / :meth:`ControlPlane.start`) for fault tests; etcd can be
 compacted (a watch then resumes with 410 Gone).
+
+:func:`lone_control_plane` runs one alone, in a namespace of its own with no bridge and no
+nodes, with its own ranges and flags (``extra_args``): for tests of the control plane
+itself, where only the API server's and the controllers' answers matter.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import json
 import os
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from kubeproxy.lab.cluster import lab_env, stop_process
+from kubeproxy.lab.cluster import spawn, stop_process
 from kubeproxy.lab.kube.api import Api, ApiError
 from kubeproxy.lab.kube.binaries import Binaries
 from kubeproxy.lab.kube.pki import Pair, Pki
-from kubeproxy.lab.netns import NetnsExecutor
+from kubeproxy.lab.netns import NetnsExecutor, add_netns, delete_netns, sh
 
 API_PORT = 6443
 ETCD = "http://127.0.0.1:2379"
@@ -79,6 +85,9 @@ class ControlPlane:
     # The first ClusterIP (the "kubernetes" Service's), for the serving certificate.
     kubernetes_ips: Sequence[str] = ("10.96.0.1", "fd00:10:96::1")
     pki: Pki | None = None
+    # More flags per component (``{"kube-apiserver": ["--service-node-port-range", ...]}``),
+    # for a control plane configured unlike the session's.
+    extra_args: Mapping[str, Sequence[str]] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen[str]] = field(default_factory=dict)
     _executor: NetnsExecutor | None = None
 
@@ -144,6 +153,9 @@ class ControlPlane:
                 "--service-account-signing-key-file", str(pki.sa_key),
                 "--service-cluster-ip-range", ",".join(self.service_cidrs),
                 "--authorization-mode", "RBAC",
+                # As kubeadm and kind: DaemonSets with a privileged container (upstream
+                # kube-proxy's, deploy/'s init container) are admitted.
+                "--allow-privileged=true",
                 "--cert-dir", str(self.workdir / "apiserver-certs"),
                 "--enable-priority-and-fairness=false", "--profiling=false",
                 "--v=1",
@@ -167,15 +179,11 @@ class ControlPlane:
         raise ValueError(f"no component {name!r}")
 
     def start(self, name: str) -> None:
-        with open(self.workdir / f"{name}.log", "a") as out:
-            self.procs[name] = subprocess.Popen(
-                ["ip", "netns", "exec", self.netns, *self.command(name)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                text=True,
-                env=lab_env(),
-                start_new_session=True,
-            )
+        command = [
+            "ip", "netns", "exec", self.netns,
+            *self.command(name), *self.extra_args.get(name, ()),
+        ]  # fmt: skip
+        self.procs[name] = spawn(command, self.workdir / f"{name}.log", "a")
 
     def stop(self, name: str) -> None:
         proc = self.procs.pop(name, None)
@@ -230,3 +238,44 @@ class ControlPlane:
         if self._executor is not None:
             self._executor.shutdown()
             self._executor = None
+
+
+# Where a lone control plane's API server says it is (on its loopback device; TEST-NET-1,
+# never routed, and not a loopback address, which the API server would not advertise).
+LONE_ADDRESS = "192.0.2.2"
+
+
+@contextlib.contextmanager
+def lone_control_plane(
+    netns: str,
+    workdir: Path,
+    binaries: Binaries,
+    service_cidrs: Sequence[str],
+    *,
+    extra_args: Mapping[str, Sequence[str]] | None = None,
+) -> Iterator[ControlPlane]:
+    """etcd, kube-apiserver and kube-controller-manager alone in namespace ``netns``
+    (created here, deleted by name afterwards), serving ``service_cidrs``."""
+    first_ips = [
+        str(ipaddress.ip_network(c, strict=False).network_address + 1) for c in service_cidrs
+    ]
+    add_netns(netns)
+    cp: ControlPlane | None = None
+    try:
+        sh("ip", "-n", netns, "addr", "add", f"{LONE_ADDRESS}/32", "dev", "lo")
+        workdir.mkdir(parents=True, exist_ok=True)
+        cp = ControlPlane(
+            netns,
+            LONE_ADDRESS,
+            workdir,
+            binaries,
+            tuple(service_cidrs),
+            tuple(first_ips),
+            extra_args=dict(extra_args or {}),
+        )
+        cp.up()
+        yield cp
+    finally:
+        if cp is not None:
+            cp.down()
+        delete_netns(netns)
