@@ -285,12 +285,13 @@ def test_replacing_upstream_and_going_back_under_traffic(
 
 def report_data(handovers: list[Handover], probes: list[ConnectProbe]) -> list[dict[str, Any]]:
     """Per handover: the step, seconds until only its rules were there, the failed
-    connects of each probe from its start to the next one's (and their span), what of
-    the previous proxy's it left."""
+    connects of each probe from its start to the next one's (their span and errors),
+    what of the previous proxy's it left."""
     out = []
     for h, nxt in zip(handovers, [*handovers[1:], None], strict=True):
         end = nxt.started if nxt else float("inf")
-        failed = [[a.at for a in p.failures() if h.started <= a.at < end] for p in probes]
+        failures = [[a for a in p.failures() if h.started <= a.at < end] for p in probes]
+        failed = [[a.at for a in f] for f in failures]
         out.append(
             {
                 "step": str(h.step),
@@ -298,6 +299,7 @@ def report_data(handovers: list[Handover], probes: list[ConnectProbe]) -> list[d
                 "failed": [len(f) for f in failed],
                 "failed_span_seconds": [round(max(f) - min(f), 2) if f else 0 for f in failed],
                 "connects": [sum(1 for a in p.attempts if h.started <= a.at < end) for p in probes],
+                "errors": [sorted({a.outcome for a in f}) for f in failures],
                 "leftovers": h.leftovers,
             }
         )
@@ -313,5 +315,6 @@ def summary(handovers: list[Handover], probes: list[ConnectProbe]) -> str:
             f"-> {row['step']:<26} {row['takeover_seconds']:6.2f} s   "
             f"{row['failed']} of {row['connects']} (span {row['failed_span_seconds']} s)"
         )
+        lines += [f"     failed: {err}" for errors in row["errors"] for err in errors]
         lines += [f"     left: {item}" for item in row["leftovers"]]
     return "\n".join(lines)

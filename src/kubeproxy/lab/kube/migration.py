@@ -101,6 +101,8 @@ def differences_besides_leftovers(
     for key in sorted(state.keys() - reference.keys()):
         if _reachable(key, state):
             differences.append(f"extra: {key}")
+        elif _declarations(key):  # a table the reference has nothing in: its chains
+            leftovers += [f"{key}: {line}" for line in state[key]]
         else:
             leftovers.append(key)
     return differences, leftovers
