@@ -18,7 +18,8 @@ start, before its first sync, and until that sync new connections are not proxie
 (measured and printed; the guide says what to expect and how to avoid it). After every
 handover only the running proxy's rules remain: kubeproxy's exactly as on a node that
 never had another proxy; upstream's exactly as it wrote them on the clean node, besides
-objects of ours it does not delete and nothing reaches (listed in the printout).
+objects of ours it does not delete and nothing reaches (listed in the printout). Neither
+proxy logged a failed or refused sync on the way.
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ from tests.realk8s.conftest import PROXY_FLAGS, answers
 NODE = "node-c"
 STREAM_PORT = 9000
 TAKEOVER_TIMEOUT = 60.0
+# What each proxy logs when the kernel refuses a sync: a takeover that first failed and
+# then succeeded on a retry ends in the same rules, so the logs are checked too.
+KUBEPROXY_FAILED = ("Sync failed", "Full sync refused", "Partial sync refused")
+UPSTREAM_FAILED = ("Failed to execute iptables-restore", "nftables sync failed")
 # How the node's rules differ from the running proxy's alone, and what it left of the
 # previous proxy's that nothing reaches.
 Comparison = tuple[list[str], list[str]]
@@ -271,6 +276,11 @@ def test_replacing_upstream_and_going_back_under_traffic(
     report = summary(handovers, probes)
     print(report)
     (tmp_path / "migration.json").write_text(json.dumps(report_data(handovers, probes)))
+    for log in node.logs:
+        text = log.read_text(errors="replace")
+        assert not [m for m in KUBEPROXY_FAILED if m in text], f"{log}:\n{text[-3000:]}"
+    upstream_log = node.upstream.log_text()
+    assert not [m for m in UPSTREAM_FAILED if m in upstream_log], upstream_log[-3000:]
     last = handovers[-1].started
     early = [a for p in probes for a in p.failures() if a.at < last]
     assert not early, f"{early[:5]}\n{report}"
