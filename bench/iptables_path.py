@@ -15,6 +15,8 @@ import ipaddress
 import shlex
 from dataclasses import dataclass, field, replace
 
+from kubeproxy.backends.iptables.names import DISPATCH_PREFIX
+
 Rules = dict[str, list[list[str]]]  # chain -> rules (arguments after "-A CHAIN")
 TERMINAL = {"ACCEPT", "DROP", "REJECT", "DNAT", "MASQUERADE", "SNAT"}
 
@@ -170,7 +172,7 @@ class FirstPacket:
 
     def tree(self) -> list[Step]:
         """The dispatch-tree chains the packet went through in nat PREROUTING."""
-        return [s for s in self.nat_prerouting.steps if s.chain.startswith("KUBE-DS-")]
+        return [s for s in self.nat_prerouting.steps if s.chain.startswith(DISPATCH_PREFIX)]
 
 
 def first_packet(nat: str, filter_: str, packet: Packet) -> FirstPacket:

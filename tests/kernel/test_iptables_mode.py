@@ -206,7 +206,7 @@ def test_cleanup_removes_our_chains_in_both_flavours_and_nothing_else(
     assert any("KUBE-SVC-" in r for r in removed)
     for fl in ("nft", "legacy"):
         left = save(scratch, fl) + ns_exec(scratch, f"iptables-{fl}-save", "-t", "nat")
-        assert "KUBE-SVC-" not in left and "KUBE-SERVICES" not in left and "KUBE-DS-" not in left
+        assert "KUBE-SVC-" not in left and "KUBE-SERVICES" not in left
         assert "MY-CHAIN" in left
 
 

@@ -18,6 +18,7 @@ from kubeproxy.backends.iptables.dispatch import (
     KeySpace,
     port_key,
 )
+from kubeproxy.backends.iptables.names import DISPATCH_PREFIX
 from kubeproxy.model.types import L4Protocol, NamespacedName, ServicePortName
 
 Chains = dict[str, tuple[tuple[str, ...], ...]]
@@ -52,7 +53,7 @@ def walk(tree: DispatchTree, chains: Chains, key: int) -> list[tuple[str, ...]]:
     def visit(chain: str) -> None:
         for args in chains[chain]:
             target = args[-1]
-            if target.startswith("KUBE-DS-"):
+            if target.startswith(DISPATCH_PREFIX):
                 if matches(tree.space, args, key):
                     visit(target)
             else:
@@ -161,7 +162,7 @@ def walk_ports(tree: DispatchTree, chains: Chains, key: int) -> list[tuple[str, 
 
     def visit(chain: str) -> None:
         for args in chains[chain]:
-            if args[-1].startswith("KUBE-DS-"):
+            if args[-1].startswith(DISPATCH_PREFIX):
                 if matches(tree.space, args, key):
                     visit(args[-1])
             else:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from kubeproxy.backends.iptables.diff import differing, rule_text, same_rules
+from kubeproxy.backends.iptables.names import DISPATCH_PREFIX
 from kubeproxy.backends.iptables.proxier import IptablesBackend
 from kubeproxy.dataplane.iptables.fake import FakeIptables
 from kubeproxy.dataplane.iptables.listing import UnreadableTableError, parse_save
@@ -15,6 +16,7 @@ from kubeproxy.dataplane.iptables.rules import canonical_text
 from kubeproxy.dataplane.iptables.runner import Flavor, IptablesError
 from kubeproxy.model.state import Snapshot
 from kubeproxy.model.types import Endpoint, IPFamily
+from tests.iptables_fake_cases import restore
 from tests.unit.test_iptables_restore_input import V4, snapshot
 
 SAVED = """\
@@ -106,7 +108,9 @@ def test_a_restart_over_an_identical_table_writes_no_per_service_chain(flavor: F
     assert result.full and runner.dump() == before
     written = written_chains(again)
     assert written and not [
-        c for c in written if c.startswith(("KUBE-SVC-", "KUBE-SEP-", "KUBE-DS-"))
+        c
+        for c in written
+        if c.startswith(("KUBE-SVC-", "KUBE-SEP-"))  # dispatch: KUBE-SVC-DS-
     ]
     assert written >= FIXED_NAT  # the fixed chains are rewritten as before
     assert sum(result.table_rules_written.values()) < 40
@@ -157,7 +161,11 @@ def test_a_service_changed_while_the_proxy_was_down_is_rewritten_and_stale_chain
     backend(fresh).sync(changed, None)
     assert runner.dump() == fresh.dump()
     assert "10.244.9.9" in restarted.last_restore and "-X KUBE-SEP-" in restarted.last_restore
-    rewritten = [c for c in written_chains(restarted) if c.startswith("KUBE-SVC-")]
+    rewritten = [
+        c
+        for c in written_chains(restarted)
+        if c.startswith("KUBE-SVC-") and not c.startswith(DISPATCH_PREFIX)
+    ]
     assert len(rewritten) == 2  # name0's chain, and name1's to delete it
 
 
@@ -216,3 +224,19 @@ def test_an_iptables_restore_that_never_answers_fails_the_sync_without_a_full_on
         b.sync(changed, set(changed.services) - set(snapshot(3, 2).services))
     assert runner.restores == restores and runner.refused == 1  # one attempt, no full sync
     assert b.sync(changed, None).full
+
+
+def test_dispatch_chains_of_an_older_version_go_at_the_first_full_sync() -> None:
+    # Dispatch chains were KUBE-DS- before they took upstream's KUBE-SVC- prefix: a node
+    # upgraded over them ends as a fresh one, the old tree (and the jump to it) gone.
+    runner = FakeIptables(IPFamily.IPv4)
+    snap = snapshot(10, 3)
+    backend(runner).sync(snap, None)
+    svc = min(c for c in runner.chains("nat") if c.startswith("KUBE-SVC-") and "-DS-" not in c)
+    old = "KUBE-DS-AAAAAAAAAAAA"
+    runner.restore(restore(nat=[f":{old}", f"-A {old} -j {svc}", f"-A KUBE-SERVICES -j {old}"]))
+    backend(runner).sync(snap, None)
+    fresh = FakeIptables(IPFamily.IPv4)
+    backend(fresh).sync(snap, None)
+    assert runner.dump() == fresh.dump()
+    assert old not in runner.dump()

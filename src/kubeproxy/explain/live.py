@@ -31,6 +31,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from kubeproxy.backends.iptables.names import DISPATCH_PREFIX
 from kubeproxy.backends.nftables.table import (
     DESTS_SUFFIX,
     ELEMENT_SETS,
@@ -333,7 +334,9 @@ def iptables_kernel_only(save: str, expected_chains: Iterable[str]) -> list[str]
     return [
         f"nat: chain {chain}: no Service has it (stale)"
         for chain in sorted(chains)
-        if chain.startswith(SERVICE_CHAIN_PREFIXES) and chain not in want
+        if chain.startswith(SERVICE_CHAIN_PREFIXES)
+        and not chain.startswith(DISPATCH_PREFIX)  # the trees, not a ServicePort's
+        and chain not in want
     ]
 
 

@@ -7,7 +7,7 @@ cluster). Here the same rules live in the leaves of a tree keyed by destination:
 address (``-d``) or a protocol and port (``-p tcp --dport``). A leaf holds at most
 :data:`LEAF_SIZE` distinct keys; an inner node has up to 16 children, one per group of
 keys that agree on the next 4 bits after their common prefix, each matched by its
-prefix (``-d 10.96.48.0/20 -j KUBE-DS-...``). A packet walks a few short chains instead
+prefix (``-d 10.96.48.0/20 -j KUBE-SVC-DS-...``). A packet walks a few short chains instead
 of one long one; a change rewrites only the chains on its key's path.
 
 The tree is a pure function of its set of entries (no history): a node's chain is named

@@ -5,7 +5,7 @@ The fixed chains keep upstream's names and roles (``KUBE-SERVICES``, ``KUBE-NODE
 (``KUBE-SVC-`` + base32(sha256("ns/name:port" + "tcp"))[:16], ``KUBE-SEP-`` with the
 endpoint appended), so a node switched from upstream's iptables mode shows the chain
 names its operators already know (``iptables-save | grep KUBE-SVC``). Names of our own
-dispatch chains (``KUBE-DS-``) are hashes too: no user string is ever a chain name.
+dispatch chains (``KUBE-SVC-DS-``) are hashes too: no user string is ever a chain name.
 """
 
 from __future__ import annotations
@@ -45,12 +45,20 @@ SVL_PREFIX = "KUBE-SVL-"
 FW_PREFIX = "KUBE-FW-"
 EXT_PREFIX = "KUBE-EXT-"
 SEP_PREFIX = "KUBE-SEP-"
-DISPATCH_PREFIX = "KUBE-DS-"
+# Our dispatch chains start with a prefix of upstream's isServiceChainName: going back
+# to kube-proxy, its iptables mode flushes and deletes the nat ones as stale (it knows no
+# other chains to delete), and its other modes' start-up cleanup does too; were they
+# named otherwise, they would stay, and a KUBE-SVC- chain one of them jumps to could not
+# be deleted (CHAIN_DEL: busy), failing that cleanup, or each of its syncs that deletes
+# a stale Service chain. (A ServicePort's KUBE-SVC- hash has no "-": no clash.)
+DISPATCH_PREFIX = "KUBE-SVC-DS-"
+# Before the above: still ours to delete, on a node upgraded from such a version.
+OLD_DISPATCH_PREFIX = "KUBE-DS-"
 # Chains of one ServicePort, and of our dispatch trees: a full sync deletes those of
 # them it no longer wants, and cleanup deletes them all (upstream's isServiceChainName,
 # plus ours).
 PER_SERVICE_PREFIXES = (SVC_PREFIX, SVL_PREFIX, FW_PREFIX, EXT_PREFIX, SEP_PREFIX)
-GENERATED_PREFIXES = (*PER_SERVICE_PREFIXES, DISPATCH_PREFIX)
+GENERATED_PREFIXES = (*PER_SERVICE_PREFIXES, OLD_DISPATCH_PREFIX)
 
 
 def is_generated(chain: str) -> bool:
