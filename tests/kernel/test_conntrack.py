@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from kubeproxy.backends.nftables.proxier import NftablesBackend
-from kubeproxy.config import ProxyConfig
-from kubeproxy.configfile import Duration, default_config
+from kubeproxy.config.defaults import default_config
+from kubeproxy.config.duration import Duration
+from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.conntrack import (
     ConntrackCommand,
     Entry,

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from kubeproxy.configfile import Duration, KubeProxyConntrackConfiguration, default_config
+from kubeproxy.config.defaults import default_config
+from kubeproxy.config.duration import Duration
+from kubeproxy.config.types import KubeProxyConntrackConfiguration
 from kubeproxy.dataplane.sysctl import (
     HASHSIZE,
     NETFILTER,

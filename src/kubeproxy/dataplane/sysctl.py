@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from kubeproxy.configfile import Duration, KubeProxyConntrackConfiguration
+from kubeproxy.config.duration import Duration
+from kubeproxy.config.types import KubeProxyConntrackConfiguration
 
 log = logging.getLogger(__name__)
 

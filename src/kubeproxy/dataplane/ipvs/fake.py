@@ -27,7 +27,7 @@ import errno
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from kubeproxy.config import IPVS_SCHEDULERS
+from kubeproxy.config.runtime import IPVS_SCHEDULERS
 from kubeproxy.dataplane.ipvs import (
     FLAG_HASHED,
     PROTOCOLS,

@@ -1,8 +1,11 @@
 """Effective proxy configuration, as the rest of the program receives it.
 
 :class:`ProxyConfig` is immutable; ``kubeproxy.cli`` builds it from the
-KubeProxyConfiguration file and flags (:mod:`kubeproxy.configfile`), and nothing reads
-flags or the environment after start-up. Defaults match upstream kube-proxy.
+KubeProxyConfiguration file and flags (the rest of :mod:`kubeproxy.config`), and nothing
+reads flags or the environment after start-up. Defaults match upstream kube-proxy.
+:class:`IpvsSettings` is the ``ipvs:`` section as ipvs mode uses it; :class:`ConfigError`
+the error every configuration problem is reported as; :func:`parse_cidrs`,
+:func:`detect_families` and :func:`default_hostname` the values the file leaves to the node.
 """
 
 from __future__ import annotations
