@@ -51,6 +51,7 @@ from kubeproxy.config.runtime import (
     ConfigError,
     IpvsSettings,
     ProxyConfig,
+    conntrack_settings,
     default_hostname,
     detect_families,
     parse_cidrs,
@@ -486,7 +487,7 @@ def make_source(
 
 def _init_only(cfg: KubeProxyConfiguration, config: ProxyConfig) -> int:
     """upstream's --init-only: what needs more than CAP_NET_ADMIN, then exit."""
-    apply_conntrack_sysctls(cfg.conntrack)
+    apply_conntrack_sysctls(conntrack_settings(cfg.conntrack))
     init: Callable[[ProxyConfig], None] | None = None
     if config.mode == "iptables":
         from kubeproxy.backends.iptables.proxier import init_node as init_iptables
@@ -647,7 +648,7 @@ async def _run(
         apply_oom_score_adj(cfg.oom_score_adj)
     # Each setting that cannot be applied (e.g. read-only in a network namespace) is
     # logged by apply_conntrack_sysctls; none of them stops the proxy, as upstream.
-    apply_conntrack_sysctls(cfg.conntrack)
+    apply_conntrack_sysctls(conntrack_settings(cfg.conntrack))
     return await _start(cfg, config, source, once, metrics, stop=stop)
 
 

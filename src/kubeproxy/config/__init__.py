@@ -19,8 +19,10 @@ Laid out as upstream's ``pkg/proxy/apis/config`` (types, scheme defaults, valida
   configuration the rest of the program receives (``kubeproxy.cli`` builds it).
 
 Imports run one way, no circle: duration → types → defaults → codec; types → features →
-validation → flags (validation and flags read the mode's section from defaults);
-validation reads the IPVS schedulers from runtime. Below the package: the model (feature
-flags, ProxyConfig's fields). This ``__init__`` re-exports nothing: importers name the
-module they use.
+validation → flags (validation and flags read the mode's section from defaults); runtime
+takes the types and builds the dataplane's small settings objects
+(:func:`~.runtime.conntrack_settings`). Below the package: the model (feature flags,
+ProxyConfig's fields) and the dataplane (the kernel's IPVS schedulers, the sysctl
+settings), neither of which imports it back. This ``__init__`` re-exports nothing:
+importers name the module they use.
 """

@@ -20,7 +20,6 @@ from typing import Any
 from kubeproxy.config.defaults import sync_section
 from kubeproxy.config.duration import Duration, go_quote
 from kubeproxy.config.features import effective_feature_gates
-from kubeproxy.config.runtime import IPVS_SCHEDULERS
 from kubeproxy.config.types import (
     DEFAULT_MODE,
     INT32,
@@ -36,6 +35,7 @@ from kubeproxy.config.types import (
     KubeProxyNFTablesConfiguration,
     LoggingConfiguration,
 )
+from kubeproxy.dataplane.ipvs import SCHEDULERS as IPVS_SCHEDULERS
 
 
 @dataclass(frozen=True)
