@@ -22,7 +22,7 @@ import pytest
 
 from kubeproxy.backends.ipvs.proxier import IpvsBackend, sysctls
 from kubeproxy.backends.ipvs.proxier import cleanup as ipvs_cleanup
-from kubeproxy.config import IpvsSettings, ProxyConfig
+from kubeproxy.config.runtime import IpvsSettings, ProxyConfig
 from kubeproxy.dataplane.ipset import IpsetCommand
 from kubeproxy.dataplane.iptables.runner import IptablesCommand
 from kubeproxy.dataplane.ipvs.netlink import NetlinkIpvs, NetlinkLinks

@@ -19,7 +19,7 @@ from kubeproxy.backends.ebpf.render import socket_entries
 from kubeproxy.backends.ebpf.teardown import SocketTeardown
 from kubeproxy.backends.nftables.proxier import NftablesBackend
 from kubeproxy.backends.planning import family_plans, service_port_plans
-from kubeproxy.config import ProxyConfig
+from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.bpf import build
 from kubeproxy.dataplane.bpf.socklb import (
     NONE,

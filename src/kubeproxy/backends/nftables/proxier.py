@@ -65,7 +65,7 @@ from kubeproxy.backends.nftables.table import (
     static_sets,
 )
 from kubeproxy.backends.planning import family_plans, service_port_plans
-from kubeproxy.config import ProxyConfig
+from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.kernel import dotted, kernel_version
 from kubeproxy.dataplane.nftables.runner import NftError, NftRunner
 from kubeproxy.dataplane.nftables.transaction import TableRef, Transaction
