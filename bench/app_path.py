@@ -20,7 +20,7 @@ from typing import Any
 from bench.cluster import cluster, service_objects
 from kubeproxy.app import Proxy
 from kubeproxy.backends import SyncResult
-from kubeproxy.config import ProxyConfig
+from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.model.parse import parse_endpoint_slice, parse_service
 from kubeproxy.model.state import Snapshot
 from kubeproxy.model.types import ServicePortName

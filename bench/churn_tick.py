@@ -36,7 +36,7 @@ import msgspec
 from bench.soak import CLUSTER_CIDR, Fleet
 from kubeproxy.app import Proxy
 from kubeproxy.backends.nftables.proxier import NftablesBackend
-from kubeproxy.config import ProxyConfig
+from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.conntrack import ConntrackCommand
 from kubeproxy.dataplane.nftables.runner import open_runner
 from kubeproxy.dataplane.nftables.transaction import AddElements, DeleteElements, Transaction

@@ -30,7 +30,7 @@ import yaml
 
 from bench.cluster import cluster, service_objects
 from kubeproxy.backends.nftables.proxier import NftablesBackend
-from kubeproxy.config import ProxyConfig
+from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.nftables.transaction import Transaction
 from kubeproxy.model.parse import parse_endpoint_slice, parse_service
 from kubeproxy.model.state import ProxyState

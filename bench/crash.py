@@ -204,8 +204,10 @@ class Proxy:
     def child(self) -> int | None:
         """The pid of the tool applying a sync (``nft -f``, ``*-restore``) now, if any.
 
-        Not the probes (``iptables --version``, ``iptables-save``): a killed start-up
-        probe makes the proxy exit with one clear line, by design, like upstream's."""
+        Not the probes (``iptables --version``, ``iptables-restore --version``, the
+        write probe ``iptables-restore --noflush`` without ``--counters``, ``iptables-save``):
+        a killed start-up probe makes the proxy exit with one clear line, by design, like
+        upstream's."""
         if self.proc is None:
             return None
         for pid in process_tree(self.proc.pid)[1:]:
@@ -214,7 +216,9 @@ class Proxy:
             except OSError:
                 continue
             tool = os.path.basename(argv[0].decode())
-            if (tool == "nft" and b"-f" in argv) or tool.endswith("-restore"):
+            if (tool == "nft" and b"-f" in argv) or (
+                tool.endswith("-restore") and b"--counters" in argv
+            ):
                 return pid
         return None
 

@@ -46,7 +46,7 @@ from bench.datapath import probe
 from bench.sync_worker import feed
 from kubeproxy.backends.ebpf.proxier import EbpfBackend, socket_lb_opener
 from kubeproxy.backends.nftables.proxier import NftablesBackend
-from kubeproxy.config import ProxyConfig
+from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.bpf.socklb import Backends, Frontend, Target, cleanup
 from kubeproxy.dataplane.nftables.runner import NftCommand
 from kubeproxy.lab.cluster import NODE, Lab

@@ -24,7 +24,7 @@ from bench.ebpf import SPARE_IP, snapshot_of
 from kubeproxy.backends import planning
 from kubeproxy.backends.ebpf.proxier import EbpfBackend
 from kubeproxy.backends.nftables.proxier import NftablesBackend
-from kubeproxy.config import ProxyConfig
+from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.bpf.socklb import FakeMap, Frontend, ServiceTable, Target
 from kubeproxy.dataplane.nftables.fake import FakeNftables
 from kubeproxy.lab.cluster import NODE

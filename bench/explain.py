@@ -25,7 +25,7 @@ import yaml
 
 from bench.cluster import cluster, cluster_ip
 from kubeproxy.backends.planning import family_plans, service_port_plans
-from kubeproxy.config import ProxyConfig
+from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.explain.listing import rows
 from kubeproxy.explain.packet import Packet, explain
 from kubeproxy.model.state import ProxyState, Snapshot

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kubeproxy.backends.ipvs.proxier import IpvsBackend, cleanup, sysctls
-from kubeproxy.config import ProxyConfig
+from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.ipset import IpsetCommand
 from kubeproxy.dataplane.iptables.runner import IptablesCommand
 from kubeproxy.dataplane.ipvs.netlink import NetlinkIpvs, NetlinkLinks

@@ -16,7 +16,7 @@ from pathlib import Path
 from kubeproxy.backends import Backend
 from kubeproxy.backends.iptables.proxier import IptablesBackend
 from kubeproxy.backends.nftables.proxier import NftablesBackend
-from kubeproxy.config import ProxyConfig
+from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.iptables.runner import Flavor, IptablesCommand, command_names
 from kubeproxy.dataplane.nftables.runner import NftCommand, open_runner
 from kubeproxy.lab.netns import sh

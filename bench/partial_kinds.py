@@ -27,7 +27,7 @@ from collections.abc import Callable
 from bench.cluster import cluster, service_objects
 from bench.sync_worker import feed
 from kubeproxy.backends.nftables.proxier import NftablesBackend
-from kubeproxy.config import ProxyConfig
+from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.nftables.runner import open_runner
 from kubeproxy.model.parse import parse_endpoint_slice, parse_service
 from kubeproxy.model.state import ProxyState

@@ -64,7 +64,7 @@ def measure(services: int, endpoints: int, rounds: int, apply_script: bool) -> d
     from kubeproxy.backends.nftables.proxier import NftablesBackend
     from kubeproxy.backends.nftables.render import render_service_port
     from kubeproxy.backends.planning import family_plans
-    from kubeproxy.config import ProxyConfig
+    from kubeproxy.config.runtime import ProxyConfig
     from kubeproxy.dataplane.nftables.runner import NftCommand
     from kubeproxy.dataplane.nftables.transaction import TableRef, Transaction
     from kubeproxy.model.plan import plan_service_port

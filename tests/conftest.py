@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -31,6 +32,7 @@ from typing import NoReturn, TypeVar
 import pytest
 
 from kubeproxy.lab import uml
+from kubeproxy.lab.kube import binaries
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -61,6 +63,17 @@ def require_tool(tool: str, why: str = "", *, env: str | None = None, how: str =
         where = f"${env} ({directory or 'unset'}) or PATH"
     message = f"needs the {tool!r} command{f' ({why})' if why else ''}, not in {where}"
     unavailable(message, how or "./scripts/bootstrap installs it")
+
+
+def upstream_tool(tool: str, why: str, how: str) -> str:
+    """The path of one of upstream's commands (kubectl) in ``$KUBEPROXY_UPSTREAM_BIN``
+    (then PATH). scripts/test names that directory while it builds the binaries in the
+    background: a root run waits for that build first."""
+    if IS_ROOT and os.environ.get(UPSTREAM_BIN):
+        # Missing after all: require_tool says what, and how to get it.
+        with contextlib.suppress(binaries.MissingBinariesError):
+            binaries.find()
+    return require_tool(tool, why, env=UPSTREAM_BIN, how=how)
 
 
 def relies_on_exception(reason: str) -> Callable[[F], F]:
@@ -179,3 +192,25 @@ def pytest_configure(config: pytest.Config) -> None:
     # Inside the IPVS guest the host enforces it (it replays each guest skip).
     policy = SkipPolicy(load_allowed_skips(), enforce=IS_ROOT and not uml.in_guest())
     config.pluginmanager.register(policy, "kubeproxy-skip-policy")
+
+
+TESTS = Path(__file__).parent
+
+
+def run_order(item: pytest.Item) -> int:
+    """Where a test goes in the run: the host's own tests first; then the IPVS tests,
+    whose outcomes come from the guest booted in the background as the run began
+    (tests/ipvs/guest_session.py), so it had the host's tests' time; last those needing
+    upstream's binaries, which scripts/test builds in the background meanwhile."""
+    path = Path(item.path)
+    if TESTS / "realk8s" in path.parents or item.get_closest_marker("upstream_binaries"):
+        return 2
+    if TESTS / "ipvs" in path.parents:
+        return 1
+    return 0
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # A stable sort: each module's tests stay together and in order (module fixtures).
+    items.sort(key=run_order)

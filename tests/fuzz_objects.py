@@ -34,10 +34,13 @@ from typing import Any
 import yaml
 from hypothesis import strategies as st
 
-from kubeproxy import cli, configfile
+from kubeproxy import cli
 from kubeproxy.backends.iptables.proxier import IptablesBackend
 from kubeproxy.backends.nftables.proxier import NftablesBackend
-from kubeproxy.config import ConfigError, ProxyConfig
+from kubeproxy.config.codec import to_dict
+from kubeproxy.config.defaults import default_config
+from kubeproxy.config.runtime import ConfigError, ProxyConfig
+from kubeproxy.config.types import API_VERSION, KIND
 from kubeproxy.dataplane.iptables.fake import FakeIptables
 from kubeproxy.dataplane.nftables.runner import NftCommand
 from kubeproxy.model.nodeports import NodePortAddresses
@@ -703,8 +706,8 @@ def kernel_refusals(netns: str, scripts: dict[str, str]) -> list[str]:
 
 
 def _valid_config() -> Doc:
-    doc = configfile.to_dict(configfile.default_config())
-    doc.update(apiVersion=configfile.API_VERSION, kind=configfile.KIND)
+    doc = to_dict(default_config())
+    doc.update(apiVersion=API_VERSION, kind=KIND)
     doc.update(clusterCIDR="10.244.0.0/16", hostnameOverride=NODE)
     return doc
 

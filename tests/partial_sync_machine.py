@@ -23,7 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
 from kubeproxy.backends.nftables.proxier import NftablesBackend
 from kubeproxy.backends.nftables.table import LOCAL_OFFSET, is_backends
-from kubeproxy.config import ProxyConfig
+from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.nftables.runner import NftRunner
 from kubeproxy.model.state import NodeState, Snapshot
 from kubeproxy.model.types import (

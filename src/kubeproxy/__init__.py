@@ -4,7 +4,8 @@ Map of the package:
 
 * :mod:`kubeproxy.cli` / :mod:`kubeproxy.__main__` — command line (upstream flag names).
 * :mod:`kubeproxy.app` — composition root: source → state → runner → backend.
-* :mod:`kubeproxy.config` — the effective configuration.
+* :mod:`kubeproxy.config` — the KubeProxyConfiguration file and flags (types, codec,
+  defaults, validation, flags) and the effective configuration (``runtime``).
 * :mod:`kubeproxy.model` — pure core: API objects → model types (``parse``), change
   trackers (``tracker``), endpoint selection (``topology``), the proxy's view (``state``).
 * :mod:`kubeproxy.sources` — where objects come from (a manifest directory).

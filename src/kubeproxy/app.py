@@ -30,7 +30,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 from kubeproxy.backends import SYNC_LOG_WORDS, Backend, SyncResult
-from kubeproxy.config import ProxyConfig
+from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.conntrack import Conntrack, Filter, apply, stale_conntrack_filters
 from kubeproxy.health import HealthServer, ProxyHealth, ServiceHealthServers
 from kubeproxy.health.services import (

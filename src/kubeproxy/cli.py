@@ -1,11 +1,11 @@
 """Command line: ``kubeproxy run | render | explain | list | cleanup``, flags as upstream's.
 
 Argument parsing and configuration only: upstream's flags come from
-:data:`kubeproxy.configfile.FLAGS` (so ``--config`` files and flags share one table and
+:data:`kubeproxy.config.flags.FLAGS` (so ``--config`` files and flags share one table and
 one precedence rule: with ``--config`` the file wins, except ``--hostname-override`` and
 ``--v``, exactly as upstream); the result is validated (every error at once, with its field
 path) before anything touches the kernel, then turned into a
-:class:`~kubeproxy.config.ProxyConfig`. The work happens in :mod:`kubeproxy.app`.
+:class:`~kubeproxy.config.runtime.ProxyConfig`. The work happens in :mod:`kubeproxy.app`.
 
 Objects come from ``--manifests DIR`` (a directory of YAML) or, without it, from the
 Kubernetes API (``--kubeconfig`` / ``--master`` / in-cluster service account).
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from kubeproxy import __version__, configfile, logs
+from kubeproxy import __version__, logs
 from kubeproxy.app import Proxy, ServerBindError, install_signal_handlers
 from kubeproxy.backends import (
     BACKENDS,
@@ -40,15 +40,24 @@ from kubeproxy.backends import (
     removal_summary,
 )
 from kubeproxy.backends.planning import describe_snapshot
-from kubeproxy.config import (
+from kubeproxy.config.codec import ConfigFileError, decode, to_dict, to_yaml
+from kubeproxy.config.defaults import complete, default_config, mode_settings
+from kubeproxy.config.duration import Duration
+from kubeproxy.config.features import feature_flags, feature_gate_warnings, feature_states
+from kubeproxy.config.flags import FlagError, add_arguments, apply_flags, given_flags
+from kubeproxy.config.options import IPTABLES_BACKENDS, OptionsError, split_config
+from kubeproxy.config.runtime import (
     EBPF_FALLBACKS,
     ConfigError,
     IpvsSettings,
     ProxyConfig,
+    conntrack_settings,
     default_hostname,
     detect_families,
     parse_cidrs,
 )
+from kubeproxy.config.types import KubeProxyConfiguration, KubeProxyIPVSConfiguration
+from kubeproxy.config.validation import validate
 from kubeproxy.dataplane.conntrack import ConntrackCommand
 from kubeproxy.dataplane.iptables.cleanup import KeepMap
 from kubeproxy.dataplane.sysctl import apply_conntrack_sysctls
@@ -60,7 +69,6 @@ from kubeproxy.model.plan import DetectLocal, LocalMode
 from kubeproxy.model.state import ProxyState, Snapshot
 from kubeproxy.model.types import L4Protocol
 from kubeproxy.oom import apply_oom_score_adj
-from kubeproxy.options import IPTABLES_BACKENDS, OptionsError, split_config
 from kubeproxy.profiling import start_heap_tracing
 from kubeproxy.sources import Source, initial_state
 from kubeproxy.sources.events import dispatch
@@ -85,7 +93,7 @@ _OURS = (
 
 
 def _add_proxy_flags(p: argparse.ArgumentParser) -> None:
-    configfile.add_arguments(p)
+    add_arguments(p)
     p.add_argument(
         "--config",
         type=Path,
@@ -141,9 +149,7 @@ def request_timeout(text: str) -> float:
     """kubectl's ``--request-timeout``: seconds, or a duration (``1s``, ``2m``, ``3h``);
     ``0`` is no limit."""
     try:
-        seconds = (
-            float(text) if re.fullmatch(r"-?\d+", text) else configfile.Duration.parse(text).seconds
-        )
+        seconds = float(text) if re.fullmatch(r"-?\d+", text) else Duration.parse(text).seconds
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
     if seconds < 0:
@@ -290,8 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
 def load_configuration(
     args: argparse.Namespace,
     *,
-    blank_mode: Callable[[configfile.KubeProxyConfiguration], str] | None = None,
-) -> configfile.KubeProxyConfiguration:
+    blank_mode: Callable[[KubeProxyConfiguration], str] | None = None,
+) -> KubeProxyConfiguration:
     """File (if any) + flags + upstream defaults, validated; ConfigError lists every problem.
 
     ``blank_mode``: when neither the file nor the flags choose a proxy mode, the mode to
@@ -304,9 +310,7 @@ def load_configuration(
             text, options = split_config(_read(args.config), str(args.config))
             # Upstream decodes v1alpha1 strictly, then leniently with a log line naming
             # the unknown fields (real clusters carry stale ones, e.g. udpIdleTimeout).
-            cfg, errors = configfile.decode(
-                text, source=str(args.config), strict=False, warn=log.warning
-            )
+            cfg, errors = decode(text, source=str(args.config), strict=False, warn=log.warning)
             # kubeproxy's own settings from the file; flags win.
             if args.manifests is None:
                 args.manifests = options.manifests
@@ -315,16 +319,16 @@ def load_configuration(
             if args.iptables_backend is None:
                 args.iptables_backend = options.iptables_backend
         else:
-            cfg = configfile.default_config()
-        cfg = configfile.apply_flags(
-            cfg, configfile.given_flags(args), config_file=args.config is not None, warn=log.warning
+            cfg = default_config()
+        cfg = apply_flags(
+            cfg, given_flags(args), config_file=args.config is not None, warn=log.warning
         )
         was_blank = not cfg.mode
         mode = blank_mode(cfg) if blank_mode is not None and was_blank else None
-        cfg = configfile.complete(cfg, blank_mode=mode)
-    except (configfile.ConfigFileError, configfile.FlagError, OptionsError) as err:
+        cfg = complete(cfg, blank_mode=mode)
+    except (ConfigFileError, FlagError, OptionsError) as err:
         raise ConfigError(str(err)) from None
-    errors += configfile.validate(cfg)
+    errors += validate(cfg)
     mode = cfg.mode
     if mode not in BACKENDS:
         errors.append(
@@ -334,7 +338,7 @@ def load_configuration(
     if errors:
         where = f" in {args.config}" if args.config else ""
         raise ConfigError(f"invalid configuration{where}:\n  " + "\n  ".join(errors))
-    for warning in configfile.feature_gate_warnings(cfg):
+    for warning in feature_gate_warnings(cfg):
         log.warning("%s", warning)
     if was_blank and args.command == "run":
         log.info(
@@ -353,8 +357,8 @@ def _read(path: Path) -> str:
         raise ConfigError(f"--config: {path}: {err.strerror or err}") from None
 
 
-def proxy_config(cfg: configfile.KubeProxyConfiguration, args: argparse.Namespace) -> ProxyConfig:
-    ms = configfile.mode_settings(cfg)
+def proxy_config(cfg: KubeProxyConfiguration, args: argparse.Namespace) -> ProxyConfig:
+    ms = mode_settings(cfg)
     if getattr(args, "iptables_backend", None) and ms.mode not in ("iptables", "ipvs"):
         log.warning("--iptables-backend is ignored in proxy mode %r", ms.mode)
     for flag in ("ebpf_cgroup_path", "ebpf_fallback"):
@@ -381,7 +385,7 @@ def proxy_config(cfg: configfile.KubeProxyConfiguration, args: argparse.Namespac
         families=detect_families(),
         min_sync_period=ms.min_sync_period.seconds,
         sync_period=ms.sync_period.seconds,
-        features=configfile.feature_flags(cfg),
+        features=feature_flags(cfg),
         healthz_bind_address=cfg.healthz_bind_address,
         metrics_bind_address=cfg.metrics_bind_address,
         bind_address_hard_fail=cfg.bind_address_hard_fail,
@@ -393,8 +397,8 @@ def proxy_config(cfg: configfile.KubeProxyConfiguration, args: argparse.Namespac
     )
 
 
-def ipvs_settings(ipvs: configfile.KubeProxyIPVSConfiguration) -> IpvsSettings:
-    """The ``ipvs:`` section (validated by configfile)."""
+def ipvs_settings(ipvs: KubeProxyIPVSConfiguration) -> IpvsSettings:
+    """The ``ipvs:`` section (validated by kubeproxy.config.validation)."""
     return IpvsSettings(
         scheduler=ipvs.scheduler or "rr",
         exclude_cidrs=tuple(
@@ -407,8 +411,8 @@ def ipvs_settings(ipvs: configfile.KubeProxyIPVSConfiguration) -> IpvsSettings:
     )
 
 
-def detect_local(cfg: configfile.KubeProxyConfiguration) -> DetectLocal:
-    """``detectLocalMode`` and ``detectLocal`` (validated by configfile; blank is
+def detect_local(cfg: KubeProxyConfiguration) -> DetectLocal:
+    """``detectLocalMode`` and ``detectLocal`` (validated by kubeproxy.config.validation; blank is
     ClusterCIDR once complete() ran)."""
     mode = LocalMode(cfg.detect_local_mode or LocalMode.CLUSTER_CIDR.value)
     settings = DetectLocal(
@@ -430,7 +434,7 @@ def detect_local(cfg: configfile.KubeProxyConfiguration) -> DetectLocal:
 
 
 def make_source(
-    cfg: configfile.KubeProxyConfiguration,
+    cfg: KubeProxyConfiguration,
     config: ProxyConfig,
     args: argparse.Namespace,
     *,
@@ -481,9 +485,9 @@ def make_source(
     return Bounded(source, (timeout if timeout is not None else DEFAULT_TIMEOUT) or None)
 
 
-def _init_only(cfg: configfile.KubeProxyConfiguration, config: ProxyConfig) -> int:
+def _init_only(cfg: KubeProxyConfiguration, config: ProxyConfig) -> int:
     """upstream's --init-only: what needs more than CAP_NET_ADMIN, then exit."""
-    apply_conntrack_sysctls(cfg.conntrack)
+    apply_conntrack_sysctls(conntrack_settings(cfg.conntrack))
     init: Callable[[ProxyConfig], None] | None = None
     if config.mode == "iptables":
         from kubeproxy.backends.iptables.proxier import init_node as init_iptables
@@ -630,7 +634,7 @@ def cleanup_other_modes(
 
 
 async def _run(
-    cfg: configfile.KubeProxyConfiguration,
+    cfg: KubeProxyConfiguration,
     config: ProxyConfig,
     source: Source,
     once: bool,
@@ -644,12 +648,12 @@ async def _run(
         apply_oom_score_adj(cfg.oom_score_adj)
     # Each setting that cannot be applied (e.g. read-only in a network namespace) is
     # logged by apply_conntrack_sysctls; none of them stops the proxy, as upstream.
-    apply_conntrack_sysctls(cfg.conntrack)
+    apply_conntrack_sysctls(conntrack_settings(cfg.conntrack))
     return await _start(cfg, config, source, once, metrics, stop=stop)
 
 
 async def _start(
-    cfg: configfile.KubeProxyConfiguration,
+    cfg: KubeProxyConfiguration,
     config: ProxyConfig,
     source: Source,
     once: bool,
@@ -660,7 +664,7 @@ async def _start(
     if config.enable_profiling and not once:
         # From the start, so /debug/pprof/heap sees every allocation still alive.
         start_heap_tracing()
-    configz = {k: v for k, v in configfile.to_dict(cfg).items() if k not in ("apiVersion", "kind")}
+    configz = {k: v for k, v in to_dict(cfg).items() if k not in ("apiVersion", "kind")}
     backend = create_backend(config)
     proxy = Proxy(
         config,
@@ -711,11 +715,11 @@ def main(argv: list[str] | None = None) -> int:
             vmodule=[(i.file_pattern, i.verbosity) for i in cfg.logging.vmodule or ()],
         )
         if getattr(args, "write_config_to", None) is not None:
-            args.write_config_to.write_text(configfile.to_yaml(cfg))
+            args.write_config_to.write_text(to_yaml(cfg))
             log.info("Wrote the effective configuration to %s", args.write_config_to)
             return 0
         config = proxy_config(cfg, args)
-        metrics = Metrics(config.mode, features=configfile.feature_states(cfg))
+        metrics = Metrics(config.mode, features=feature_states(cfg))
         source = make_source(cfg, config, args, observe=metrics.api_request)
     except ConfigError as err:
         # As upstream: the error (every problem at once), no usage banner, exit 1.
@@ -763,10 +767,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _running_mode(
     args: argparse.Namespace,
-) -> Callable[[configfile.KubeProxyConfiguration], str]:
+) -> Callable[[KubeProxyConfiguration], str]:
     """``--live`` without a proxy mode: the mode running on this node, said on stderr."""
 
-    def find(cfg: configfile.KubeProxyConfiguration) -> str:
+    def find(cfg: KubeProxyConfiguration) -> str:
         from kubeproxy.explain.running import running_mode
 
         pin = Path(getattr(args, "ebpf_pin_path", None) or ProxyConfig.ebpf_pin_path)

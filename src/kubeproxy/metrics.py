@@ -197,7 +197,7 @@ class Metrics:
         self, mode: str = "nftables", *, features: Iterable[tuple[str, str, bool]] = ()
     ) -> None:
         """``features``: (name, stage, enabled) of every known feature gate
-        (:func:`kubeproxy.configfile.feature_states`)."""
+        (:func:`kubeproxy.config.features.feature_states`)."""
         self.mode = mode
         self.registry = CollectorRegistry(auto_describe=True)
         # Upstream's registry carries the process and Go runtime collectors; these are

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kubeproxy.config import ConfigError
+from kubeproxy.config.runtime import ConfigError
 from kubeproxy.sources.kube import KubeSource
 from kubeproxy.sources.kube_client import Connection, TokenBucket, load_connection
 from kubeproxy.sources.kube_informer import Backoff

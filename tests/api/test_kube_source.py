@@ -627,9 +627,11 @@ def test_a_flood_of_endpoint_slice_events_is_coalesced_into_few_batches() -> Non
     async def scenario() -> None:
         async with ApiServer() as api:
             api.create(svc("web", "10.96.0.10"))
-            # A batch closes after 0.1 s without events, or 2 s after it opened: the
-            # count below then does not depend on how fast this machine is.
-            tuning = replace(FAST, batch_quiet=0.1, batch_max_delay=2.0)
+            # A batch closes after 0.25 s without events, or 2 s after it opened. One
+            # per event would be 10,000; a loaded machine stalls the stream now and then
+            # (each stall over 0.25 s closes a batch), so the bound leaves room for a
+            # dozen stalls rather than asserting this machine's speed.
+            tuning = replace(FAST, batch_quiet=0.25, batch_max_delay=2.0)
             async with Consumer(source_for(api, tuning=tuning)) as consumer:
                 await consumer.next_batch()
                 for i in range(10_000):
@@ -639,6 +641,6 @@ def test_a_flood_of_endpoint_slice_events_is_coalesced_into_few_batches() -> Non
                 )
                 batches = consumer.batches[1:]
                 assert sum(len(b) for b in batches) == 10_000
-                assert len(batches) <= 5, [len(b) for b in batches]
+                assert len(batches) <= 20, [len(b) for b in batches]
 
     run(scenario, timeout=60)

@@ -22,7 +22,7 @@ import pytest
 
 from kubeproxy.backends.ipvs.proxier import IpvsBackend, sysctls
 from kubeproxy.backends.ipvs.proxier import cleanup as ipvs_cleanup
-from kubeproxy.config import IpvsSettings, ProxyConfig
+from kubeproxy.config.runtime import IpvsSettings, ProxyConfig
 from kubeproxy.dataplane.ipset import IpsetCommand
 from kubeproxy.dataplane.iptables.runner import IptablesCommand
 from kubeproxy.dataplane.ipvs.netlink import NetlinkIpvs, NetlinkLinks
@@ -54,6 +54,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.ipvs)
     if not uml.in_guest():
         guest_session.replace_items(config, items, HERE)
+
+
+def pytest_runtestloop(session: pytest.Session) -> None:
+    if not uml.in_guest():
+        guest_session.start(session.config)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

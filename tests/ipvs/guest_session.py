@@ -2,11 +2,14 @@
 
 The host cannot run these tests (its kernel has no IPVS), so after collection each
 selected test under tests/ipvs/ is swapped for a :class:`GuestItem` with the same node id
-and markers. The first of them to run boots ONE user-mode-linux guest
-(:mod:`kubeproxy.lab.uml`) running ``pytest`` on all of their node ids; inside, the
+and markers, and the items are moved after the host's own (tests/conftest.py orders
+them). As the run starts, ONE user-mode-linux guest (:mod:`kubeproxy.lab.uml`) boots in
+a background thread running ``pytest`` on all of their node ids, beside the host's tests
+(the guest is one CPU, and most host tests wait on packets); inside, the
 reporter (:func:`record`) appends each phase report (setup/call/teardown: outcome,
 traceback text, captured output) to a JSON-lines file in a directory the guest writes to
-the host. Each host item then replays its own test's outcome: a failure in the guest
+the host. Each host item waits for the guest session to end, then replays its own
+test's outcome: a failure in the guest
 fails that host item with the guest's traceback, a skip skips it with the guest's reason,
 a test the guest never reported (guest crash, timeout) fails with the end of the guest's
 output. The guest's whole output is kept in a temporary directory when a test failed
@@ -20,6 +23,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +39,7 @@ from tests.conftest import require_tool
 # the fakes' kernel cases (tests/ipvs/test_fakes_vs_kernel.py) add ~100-140 s there.
 GUEST_TIMEOUT = 1800.0
 REPORT_ENV = "KUBEPROXY_UML_REPORT"
+SESSION = pytest.StashKey["GuestSession"]()
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -70,7 +75,8 @@ class FailedInGuestError(Exception):
 
 @dataclass
 class GuestSession:
-    """Runs the selected node ids in one guest, once, on first demand."""
+    """Runs the selected node ids in one guest, once: in the background from
+    :meth:`start`, or on first demand."""
 
     nodeids: list[str]
     reports: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
@@ -78,12 +84,18 @@ class GuestSession:
     error: str | None = None
     # Whether to keep the guest's output for a look after the run (a test failed).
     keep: bool = False
-    _ran: bool = False
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Boot the guest now, in a thread; :meth:`results` waits for it."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="ipvs-guest", daemon=True)
+            self._thread.start()
 
     def results(self, nodeid: str) -> list[dict[str, Any]]:
-        if not self._ran:
-            self._ran = True
-            self._run()
+        self.start()
+        assert self._thread is not None
+        self._thread.join()
         return self.reports.get(nodeid, [])
 
     def _run(self) -> None:
@@ -192,6 +204,7 @@ def replace_items(config: pytest.Config, items: list[pytest.Item], here: Path) -
     if not chosen:
         return
     guest = GuestSession([item.nodeid for _, item in chosen])
+    config.stash[SESSION] = guest
     config.add_cleanup(guest.cleanup)
     for i, item in chosen:
         assert item.parent is not None
@@ -207,3 +220,12 @@ def replace_items(config: pytest.Config, items: list[pytest.Item], here: Path) -
         # limits each test inside the guest).
         stand_in.add_marker(pytest.mark.timeout(GUEST_TIMEOUT + 60))
         items[i] = stand_in
+
+
+def start(config: pytest.Config) -> None:
+    """Boot the guest of the selected IPVS tests, if any, in the background (not for a
+    ``--collect-only``, nor without the guest's kernel: each item then says what is
+    missing)."""
+    guest = config.stash.get(SESSION, None)
+    if guest is not None and not config.option.collectonly and shutil.which(uml.UML_KERNEL):
+        guest.start()

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 
 from kubeproxy.backends.nftables.proxier import NftablesBackend
-from kubeproxy.config import ProxyConfig
-from kubeproxy.configfile import Duration, default_config
+from kubeproxy.config.defaults import default_config
+from kubeproxy.config.duration import Duration
+from kubeproxy.config.runtime import ProxyConfig, conntrack_settings
 from kubeproxy.dataplane.conntrack import (
     ConntrackCommand,
     Entry,
@@ -326,7 +327,9 @@ def test_conntrack_sysctls_in_a_network_namespace(lab: Lab, tmp_path: Path) -> N
         close_wait = (
             "unchanged" if inside("nf_conntrack_tcp_timeout_close_wait") == "3600" else "set"
         )
-        first = executor.call(apply_conntrack_sysctls, cfg, sys_root=tmp_path / "sys")
+        first = executor.call(
+            apply_conntrack_sysctls, conntrack_settings(cfg), sys_root=tmp_path / "sys"
+        )
         outcomes = {r.path.rsplit("/", 1)[-1]: r.outcome for r in first}
         # nf_conntrack_max is global and read-only outside the initial namespace:
         # reported, not fatal; the per-namespace timeouts are set.
@@ -342,7 +345,9 @@ def test_conntrack_sysctls_in_a_network_namespace(lab: Lab, tmp_path: Path) -> N
         assert inside("nf_conntrack_tcp_timeout_close_wait") == "3600"
         assert inside("nf_conntrack_tcp_be_liberal") == "1"
         assert inside("nf_conntrack_udp_timeout") == "45"
-        again = executor.call(apply_conntrack_sysctls, cfg, sys_root=tmp_path / "sys")
+        again = executor.call(
+            apply_conntrack_sysctls, conntrack_settings(cfg), sys_root=tmp_path / "sys"
+        )
         assert [r.outcome for r in again] == ["failed"] + ["unchanged"] * 4
     finally:
         executor.shutdown()

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, settings
 from kubeproxy.backends.iptables.diff import differing
 from kubeproxy.backends.iptables.names import is_generated
 from kubeproxy.backends.iptables.proxier import IptablesBackend, _canonical, cleanup
-from kubeproxy.config import ProxyConfig
+from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.iptables.listing import parse_save
 from kubeproxy.dataplane.iptables.runner import Flavor, IptablesCommand
 from kubeproxy.dataplane.nfacct import NfacctCommand

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from kubeproxy.backends.nftables.proxier import NftablesBackend
-from kubeproxy.config import ProxyConfig
+from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.nftables.runner import NftCommand
 from kubeproxy.dataplane.nftables.transaction import element_comment
 from kubeproxy.explain.live import parse_elements

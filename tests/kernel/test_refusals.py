@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from kubeproxy.backends.nftables.proxier import NftablesBackend
-from kubeproxy.config import ProxyConfig
+from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.nftables.runner import NftCommand
 from kubeproxy.lab.cluster import CLIENT_IP6, NODE_IP, Lab
 from kubeproxy.lab.echo import tally, tcp_ask

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kubeproxy.backends.nftables.proxier import NftablesBackend
-from kubeproxy.config import ProxyConfig
+from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.nftables.runner import NftCommand
 from kubeproxy.lab.cluster import Lab
 from kubeproxy.model.nodeports import NodePortAddresses

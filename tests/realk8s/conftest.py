@@ -91,6 +91,13 @@ def namespace(kube: KubeLab) -> Iterator[str]:
         what=f"namespace {name}'s default ServiceAccount",
     )
     yield name
+    # No kubelet ends a Pod's graceful deletion: the namespace controller, which deletes
+    # Pods first, would wait for them forever, and the namespace's Services would stay
+    # programmed on every node for the rest of the session.
+    kube.kubectl(
+        "-n", name, "delete", "pods", "--all", "--grace-period=0", "--force", "--wait=false",
+        check=False,
+    )  # fmt: skip
     kube.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from kubeproxy.app import Proxy, ServerBindError, changed_names
 from kubeproxy.backends import SyncResult
-from kubeproxy.config import ProxyConfig
+from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.conntrack import Entry, FakeConntrack, Filter
 from kubeproxy.metrics import Metrics
 from kubeproxy.model.state import ProxyState, Snapshot

@@ -42,8 +42,14 @@ import yaml
 from lightkube import KubeConfig
 
 import kubeproxy
-from kubeproxy import configfile
-from tests.conftest import UPSTREAM_BIN, relies_on_exception, require_tool, unavailable
+from kubeproxy.config.codec import loads
+from kubeproxy.config.defaults import complete
+from kubeproxy.config.types import KubeProxyConfiguration
+from kubeproxy.config.validation import validate
+from tests.conftest import UPSTREAM_BIN, relies_on_exception, unavailable, upstream_tool
+
+# kustomize is kubectl's, built by scripts/build-upstream: these run after the rest.
+pytestmark = pytest.mark.upstream_binaries
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -203,7 +209,7 @@ def client_version(path: str) -> tuple[int, int]:
 
 def kubectl() -> str:
     """The kubectl that renders the overlays; missing or too old fails a root run."""
-    path = require_tool("kubectl", "kustomize renders deploy/", env=UPSTREAM_BIN, how=KUBECTL_HOW)
+    path = upstream_tool("kubectl", "kustomize renders deploy/", KUBECTL_HOW)
     version = client_version(path)
     if version < KUBECTL_MIN:
         unavailable(
@@ -317,13 +323,13 @@ def test_kind_overlays_own_configmap_has_kubeadms_keys() -> None:
     assert cfg.cluster_cidr == "10.244.0.0/16"
 
 
-def check_configmap(cm: dict[str, Any], overlay: str) -> configfile.KubeProxyConfiguration:
+def check_configmap(cm: dict[str, Any], overlay: str) -> KubeProxyConfiguration:
     """config.conf decodes strictly and validates; its kubeconfig is the other key, in
     the mount, and authenticates with the Pod's service account."""
     data = cm["data"]
     assert set(data) == {"config.conf", "kubeconfig.conf"}
-    cfg = configfile.loads(data["config.conf"], source=f"{overlay}:config.conf")
-    assert configfile.validate(configfile.complete(cfg)) == []
+    cfg = loads(data["config.conf"], source=f"{overlay}:config.conf")
+    assert validate(complete(cfg)) == []
     kubeconfig = Path(cfg.client_connection.kubeconfig)
     assert kubeconfig == Path(config_mount(overlay)) / "kubeconfig.conf"
     single = KubeConfig.from_dict(yaml.safe_load(data["kubeconfig.conf"])).get()
@@ -331,7 +337,7 @@ def check_configmap(cm: dict[str, Any], overlay: str) -> configfile.KubeProxyCon
     assert single.cluster.server.startswith("https://")
     assert single.cluster.certificate_auth == f"{SERVICE_ACCOUNT}/ca.crt"
     assert single.user.token_file == f"{SERVICE_ACCOUNT}/token"
-    return configfile.complete(cfg)
+    return complete(cfg)
 
 
 def test_cluster_role_is_exactly_what_the_proxy_needs() -> None:
@@ -438,9 +444,7 @@ def test_probes_do_not_stall_a_rollout_on_a_draining_node() -> None:
     ds = one("overlays/kubeadm", "DaemonSet")["spec"]
     assert ds["updateStrategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}}
     # The port is the one the configurations bind (kubeadm's "" defaults to it).
-    cfg = configfile.complete(
-        configfile.loads(yaml.safe_load(KUBEADM_CONFIGMAP.read_text())["data"]["config.conf"])
-    )
+    cfg = complete(loads(yaml.safe_load(KUBEADM_CONFIGMAP.read_text())["data"]["config.conf"]))
     assert cfg.healthz_bind_address.endswith(":10256")
 
 

@@ -19,7 +19,7 @@ from kubeproxy.backends.ebpf.render import socket_entries
 from kubeproxy.backends.ebpf.teardown import SocketTeardown
 from kubeproxy.backends.nftables.proxier import NftablesBackend
 from kubeproxy.backends.planning import family_plans, service_port_plans
-from kubeproxy.config import ProxyConfig
+from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.bpf import build
 from kubeproxy.dataplane.bpf.socklb import (
     NONE,
@@ -397,11 +397,13 @@ class SlowLB(FakeLB):
     def __init__(self, kv: FakeMap, kv6: FakeMap) -> None:
         super().__init__(kv, kv6)
         self.go = threading.Event()
+        self.started = threading.Event()  # a teardown is under way (waiting for go)
         self.seen: list[dict[Frontend, Backends]] = []
         self.fail = False
 
     def destroy_stale(self, stale: Iterable[tuple[Frontend, Target]]) -> int:
         self.seen.append(self.services.dump())
+        self.started.set()
         assert self.go.wait(5)
         if self.fail:
             raise OSError(errno.EOPNOTSUPP, "SOCK_DESTROY: not supported")
@@ -453,8 +455,10 @@ def test_a_failed_teardown_is_counted_and_the_syncs_go_on() -> None:
 def test_an_endpoint_back_before_its_teardown_ran_keeps_its_sockets() -> None:
     b, lb, udp = dns_backend()
     b.sync(Snapshot({udp.name: udp}, {udp.name: EPS[:1]}, NODE), {udp.name})  # .2.10 gone
+    # The first walk (.2.10) is under way (else the worker could take .1.10 with it)...
+    assert lb.started.wait(5)
     b.sync(Snapshot({udp.name: udp}, {udp.name: EPS[1:]}, NODE), {udp.name})  # .1.10 gone
-    # The first walk (.2.10) is under way; .1.10 waits for it, and comes back meanwhile.
+    # ... .1.10 waits for it, and comes back meanwhile.
     b.sync(Snapshot({udp.name: udp}, {udp.name: EPS}, NODE), {udp.name})
     lb.go.set()
     assert b.teardown.wait(5)

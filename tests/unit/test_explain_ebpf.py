@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from kubeproxy.config import ProxyConfig
+from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.bpf.socklb import Backends, Target
 from kubeproxy.explain.command import explain_packet
 from kubeproxy.explain.packet import Explanation, NodeAddresses, Origin, Outcome, Packet, explain

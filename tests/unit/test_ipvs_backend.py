@@ -18,7 +18,7 @@ from kubeproxy.backends.ipvs.graceful import Action, GracefulTermination
 from kubeproxy.backends.ipvs.proxier import IpvsBackend, cleanup, sysctls
 from kubeproxy.backends.ipvs.render import desired_state
 from kubeproxy.backends.planning import family_plans, service_port_plans
-from kubeproxy.config import ConfigError, IpvsSettings, ProxyConfig
+from kubeproxy.config.runtime import ConfigError, IpvsSettings, ProxyConfig
 from kubeproxy.dataplane.ipset.fake import FakeIpset
 from kubeproxy.dataplane.iptables.fake import FakeIptables
 from kubeproxy.dataplane.ipvs import (

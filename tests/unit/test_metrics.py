@@ -6,8 +6,11 @@ import asyncio
 
 import pytest
 
-from kubeproxy import __version__, configfile
+from kubeproxy import __version__
 from kubeproxy.backends import SyncResult
+from kubeproxy.config.defaults import default_config
+from kubeproxy.config.features import FEATURE_GATE_STAGES, KNOWN_FEATURE_GATES, feature_states
+from kubeproxy.config.flags import apply_flags
 from kubeproxy.health import HealthServer, ProxyHealth
 from kubeproxy.metrics import (
     NETWORK_PROGRAMMING_BUCKETS,
@@ -294,12 +297,12 @@ def test_build_info_has_component_bases_labels() -> None:
 
 
 def test_feature_enabled_for_every_known_gate() -> None:
-    cfg = configfile.apply_flags(
-        configfile.default_config(),
+    cfg = apply_flags(
+        default_config(),
         {"feature-gates": {"PreferSameTrafficDistribution": False, "Unknown": True}},
         config_file=False,
     )
-    metrics = Metrics(features=configfile.feature_states(cfg))
+    metrics = Metrics(features=feature_states(cfg))
     value = metrics.registry.get_sample_value
     name = "kubernetes_feature_enabled"
     assert value(name, {"name": "PreferSameTrafficDistribution", "stage": "BETA"}) == 0
@@ -309,7 +312,7 @@ def test_feature_enabled_for_every_known_gate() -> None:
         s.labels["name"] for m in metrics.registry.collect() if m.name == name for s in m.samples
     }
     # Every gate kubeproxy knows, and only those (an unknown one is ignored, with a warning).
-    assert samples == set(configfile.KNOWN_FEATURE_GATES)
-    assert set(configfile.FEATURE_GATE_STAGES) == set(configfile.KNOWN_FEATURE_GATES)
+    assert samples == set(KNOWN_FEATURE_GATES)
+    assert set(FEATURE_GATE_STAGES) == set(KNOWN_FEATURE_GATES)
     text = metrics.exposition().decode()
     assert 'kubernetes_feature_enabled{name="LoadBalancerIPMode",stage=""} 1.0' in text

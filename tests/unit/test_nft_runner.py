@@ -8,7 +8,7 @@ import pytest
 
 from kubeproxy.backends import BackendError
 from kubeproxy.backends.nftables.proxier import NftablesBackend
-from kubeproxy.config import ProxyConfig
+from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.nftables.runner import NftCommand, NftError
 from kubeproxy.dataplane.nftables.transaction import TableRef, Transaction
 

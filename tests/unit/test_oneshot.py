@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kubeproxy import cli
-from kubeproxy.config import ConfigError
+from kubeproxy.config.runtime import ConfigError
 from kubeproxy.sources import initial_state
 from kubeproxy.sources.events import Event
 from kubeproxy.sources.kube import KubeSource

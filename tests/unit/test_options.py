@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kubeproxy.options import OptionsError, split_config
+from kubeproxy.config.options import OptionsError, split_config
 
 UPSTREAM = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
 

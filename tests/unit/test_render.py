@@ -328,10 +328,28 @@ def test_table_text_is_declarative_and_ordered() -> None:
     assert "ip daddr . meta l4proto . th dport @cluster-ip-1-dests goto cluster-ip-1" in text
 
 
-@pytest.mark.parametrize("name", ["", "a b", "x;flush ruleset", "a\nb", "a" * 80, "-x", "ä"])
+@pytest.mark.parametrize(
+    "name", ["", "a b", "x;flush ruleset", "a\nb", "a" * 256, "-x", "/x", "ä", 'a"b', "a{b"]
+)
 def test_hostile_object_names_are_refused(name: str) -> None:
     with pytest.raises(ScriptError, match="invalid nftables object name"):
         check_name(name)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        # What upstream kube-proxy's nftables mode (v1.37) names its per-Service chains
+        # and affinity sets: a table taken over from it holds these, and they are
+        # deleted by name.
+        "service-2QRHZV4L-default/kubernetes/tcp/https",
+        "endpoint-CYD6F4ZM-m/web/tcp/http__10.244.1.10/8080",
+        "affinity-CYD6F4ZM-m/web/tcp/http__10.244.1.10/8080",
+        "a" * 255,  # the kernel's limit
+    ],
+)
+def test_names_nft_accepts_are_accepted(name: str) -> None:
+    assert check_name(name) == name
 
 
 # ------------------------------------------------------------ element comments (issue 13)

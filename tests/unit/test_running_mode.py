@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kubeproxy.config import ConfigError
+from kubeproxy.config.runtime import ConfigError
 from kubeproxy.dataplane.bpf.socklb import map_pin
 from kubeproxy.dataplane.process import ToolError
 from kubeproxy.explain.running import Found, kernel_modes, proxy_mode_url, running_mode

@@ -1,4 +1,8 @@
-"""kubeproxy.dataplane.sysctl: conntrack sysctls from the config, under fake /proc and /sys."""
+"""kubeproxy.dataplane.sysctl: conntrack sysctls from the config, under fake /proc and /sys.
+
+The settings are built from v1alpha1 values by kubeproxy.config.runtime.conntrack_settings,
+so these tests pin the conversion (whole seconds, truncated; 0 leaves the kernel alone) too.
+"""
 
 from __future__ import annotations
 
@@ -6,21 +10,28 @@ from pathlib import Path
 
 import pytest
 
-from kubeproxy.configfile import Duration, KubeProxyConntrackConfiguration, default_config
+from kubeproxy.config.defaults import default_config
+from kubeproxy.config.duration import Duration
+from kubeproxy.config.runtime import conntrack_settings
+from kubeproxy.config.types import KubeProxyConntrackConfiguration
 from kubeproxy.dataplane.sysctl import (
     HASHSIZE,
     NETFILTER,
+    ConntrackSettings,
     SysctlResult,
     apply_conntrack_sysctls,
     conntrack_max,
     plan,
 )
 
-DEFAULTS = default_config().conntrack
+SECTION = default_config().conntrack
+DEFAULTS = conntrack_settings(SECTION)
 
 
-def ct(**changes: object) -> KubeProxyConntrackConfiguration:
-    return KubeProxyConntrackConfiguration(**{**DEFAULTS.__dict__, **changes})
+def ct(**changes: object) -> ConntrackSettings:
+    """The defaulted ``conntrack`` section with ``changes`` (v1alpha1 values), as
+    kubeproxy.cli hands it to the sysctls."""
+    return conntrack_settings(KubeProxyConntrackConfiguration(**{**SECTION.__dict__, **changes}))
 
 
 @pytest.mark.parametrize(

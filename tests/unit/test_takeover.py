@@ -15,7 +15,7 @@ from kubeproxy.backends.iptables.proxier import IptablesBackend, working_runners
 from kubeproxy.backends.iptables.proxier import owned as iptables_owned
 from kubeproxy.backends.ipvs.proxier import owned as ipvs_owned
 from kubeproxy.backends.nftables.proxier import NftablesBackend
-from kubeproxy.config import ProxyConfig
+from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.bpf.socklb import SockLBError, _pin_dir_ready
 from kubeproxy.dataplane.iptables.cleanup import cleanup_chains
 from kubeproxy.dataplane.iptables.fake import FakeIptables

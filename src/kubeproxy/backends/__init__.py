@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from kubeproxy.config import ProxyConfig
+from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.iptables.cleanup import KeepMap
 
 if TYPE_CHECKING:

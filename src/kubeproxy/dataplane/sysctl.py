@@ -1,5 +1,9 @@
 """Conntrack sysctls from the ``conntrack`` section of the configuration (at start-up).
 
+The section arrives as :class:`ConntrackSettings` (plain values, built by
+:func:`kubeproxy.config.runtime.conntrack_settings`), so this module knows no
+configuration schema.
+
 As upstream's ``pkg/proxy/conntrack/sysctls.go``:
 
 * ``nf_conntrack_max`` is raised to max(``min``, ``maxPerCore`` x CPUs), at most
@@ -28,8 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from kubeproxy.configfile import Duration, KubeProxyConntrackConfiguration
-
 log = logging.getLogger(__name__)
 
 NETFILTER = "sys/net/netfilter"
@@ -42,6 +44,20 @@ Outcome = Literal["set", "unchanged", "failed"]
 
 
 @dataclass(frozen=True)
+class ConntrackSettings:
+    """The ``conntrack`` section: counts as written (None: unset), timeouts in whole
+    seconds (None: leave the kernel's value)."""
+
+    max_per_core: int | None = None
+    min: int | None = None
+    tcp_established_timeout: int | None = None
+    tcp_close_wait_timeout: int | None = None
+    tcp_be_liberal: bool = False
+    udp_timeout: int | None = None
+    udp_stream_timeout: int | None = None
+
+
+@dataclass(frozen=True)
 class SysctlResult:
     """One setting: its file (relative to the /proc or /sys root), value and outcome."""
 
@@ -51,7 +67,7 @@ class SysctlResult:
     error: str | None = None
 
 
-def conntrack_max(cfg: KubeProxyConntrackConfiguration, cpus: int) -> int:
+def conntrack_max(cfg: ConntrackSettings, cpus: int) -> int:
     """The nf_conntrack_max to set, 0 for "leave it"."""
     per_core = cfg.max_per_core or 0
     if per_core <= 0:
@@ -62,25 +78,18 @@ def conntrack_max(cfg: KubeProxyConntrackConfiguration, cpus: int) -> int:
     return max(scaled, cfg.min or 0)
 
 
-def _seconds(value: Duration | None) -> int | None:
-    if value is None or value.nanoseconds <= 0:
-        return None
-    # int(d / time.Second) in Go: whole seconds, truncated.
-    return value.nanoseconds // 1_000_000_000
-
-
-def plan(cfg: KubeProxyConntrackConfiguration, cpus: int) -> list[tuple[str, int]]:
+def plan(cfg: ConntrackSettings, cpus: int) -> list[tuple[str, int]]:
     """The netfilter sysctls to write, by name, in upstream's order."""
     out: list[tuple[str, int]] = []
     maximum = conntrack_max(cfg, cpus)
     if maximum > 0:
         out.append((CONNTRACK_MAX, maximum))
     for name, value in (
-        ("nf_conntrack_tcp_timeout_established", _seconds(cfg.tcp_established_timeout)),
-        ("nf_conntrack_tcp_timeout_close_wait", _seconds(cfg.tcp_close_wait_timeout)),
+        ("nf_conntrack_tcp_timeout_established", cfg.tcp_established_timeout),
+        ("nf_conntrack_tcp_timeout_close_wait", cfg.tcp_close_wait_timeout),
         ("nf_conntrack_tcp_be_liberal", 1 if cfg.tcp_be_liberal else None),
-        ("nf_conntrack_udp_timeout", _seconds(cfg.udp_timeout)),
-        ("nf_conntrack_udp_timeout_stream", _seconds(cfg.udp_stream_timeout)),
+        ("nf_conntrack_udp_timeout", cfg.udp_timeout),
+        ("nf_conntrack_udp_timeout_stream", cfg.udp_stream_timeout),
     ):
         if value is not None:
             out.append((name, value))
@@ -108,7 +117,7 @@ def _write_int(root: Path, relative: str, value: int, *, always: bool = False) -
 
 
 def apply_conntrack_sysctls(
-    cfg: KubeProxyConntrackConfiguration,
+    cfg: ConntrackSettings,
     *,
     proc_root: Path = Path("/proc"),
     sys_root: Path = Path("/sys"),

@@ -28,7 +28,7 @@ from kubeproxy.backends.ipvs.names import DUMMY_DEVICE
 from kubeproxy.backends.ipvs.render import node_port_addresses
 from kubeproxy.backends.nftables import render as nft
 from kubeproxy.backends.planning import family_plans, service_port_plans
-from kubeproxy.config import ConfigError, ProxyConfig
+from kubeproxy.config.runtime import ConfigError, ProxyConfig
 from kubeproxy.dataplane.bpf.socklb import pinned_entry, unlinked_hooks
 from kubeproxy.dataplane.ipset import IpsetError
 from kubeproxy.dataplane.iptables.runner import IptablesCommand, detect_flavor

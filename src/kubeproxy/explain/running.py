@@ -13,7 +13,7 @@ configuration file's ``mode``) says, :func:`running_mode` finds it out, read-onl
 
 Exactly one answer is used, and said (the caller logs :attr:`Found.how`); none, or the
 rules of several modes at once (a switch half done), is a
-:class:`~kubeproxy.config.ConfigError` asking for ``--proxy-mode``.
+:class:`~kubeproxy.config.runtime.ConfigError` asking for ``--proxy-mode``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kubeproxy.backends.ipvs.names import DUMMY_DEVICE
-from kubeproxy.config import ConfigError
+from kubeproxy.config.runtime import ConfigError
 from kubeproxy.dataplane.bpf.socklb import map_pin
 from kubeproxy.dataplane.process import ToolError
 from kubeproxy.explain.live import Reader, read_command

@@ -12,12 +12,16 @@ unless it exceeds ``timeout``).
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
 
-from kubeproxy.lab.echo import tcp_ask
+from kubeproxy.lab.echo import family_of, read_reply
 from kubeproxy.lab.netns import enter_netns
+
+# The outcome's start when the connect succeeded but the answer never came.
+NO_ANSWER = "error: no answer once connected"
 
 
 @dataclass(frozen=True)
@@ -57,13 +61,24 @@ class ConnectProbe:
         next_at = time.monotonic()
         while not self._stop.is_set():
             started = time.monotonic()
-            try:
-                outcome = tcp_ask(self.host, self.port, timeout=self.timeout).pod
-            except OSError as err:
-                outcome = f"error: {type(err).__name__}: {err}"
+            outcome = self._ask()
             self.attempts.append(Attempt(started, outcome, time.monotonic() - started))
             next_at = max(next_at + self.interval, time.monotonic())
             self._stop.wait(next_at - time.monotonic())
+
+    def _ask(self) -> str:
+        """The Pod that answered, or the error, saying whether the connect failed or
+        the answer never came on an established connection (two different claims)."""
+        with socket.socket(family_of(self.host), socket.SOCK_STREAM) as s:
+            s.settimeout(self.timeout)
+            try:
+                s.connect((self.host, self.port))
+            except OSError as err:
+                return f"error: {type(err).__name__}: {err}"
+            try:
+                return read_reply(s).pod
+            except OSError as err:
+                return f"{NO_ANSWER}: {type(err).__name__}: {err}"
 
     def stop(self) -> list[Attempt]:
         """Stop and return every attempt."""

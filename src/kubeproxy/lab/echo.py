@@ -118,13 +118,13 @@ def _dual_stack_socket(kind: socket.SocketKind) -> socket.socket:
     return s
 
 
-def _family(ip: str) -> socket.AddressFamily:
+def family_of(ip: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in ip else socket.AF_INET
 
 
 def tcp_ask(ip: str, port: int, timeout: float = 2.0) -> Reply:
     """Connect, read the one-line answer. Raises ConnectionRefusedError, TimeoutError..."""
-    with socket.socket(_family(ip), socket.SOCK_STREAM) as s:
+    with socket.socket(family_of(ip), socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
         s.connect((ip, port))
         return read_reply(s)
@@ -144,7 +144,7 @@ def read_reply(s: socket.socket) -> Reply:
 def udp_ask(ip: str, port: int, timeout: float = 1.0, sock: socket.socket | None = None) -> Reply:
     """Send one datagram and wait for the answer (TimeoutError if none)."""
     own = sock is None
-    s = sock or socket.socket(_family(ip), socket.SOCK_DGRAM)
+    s = sock or socket.socket(family_of(ip), socket.SOCK_DGRAM)
     try:
         s.settimeout(timeout)
         s.sendto(b"?", (ip, port))
@@ -158,7 +158,7 @@ def udp_ask(ip: str, port: int, timeout: float = 1.0, sock: socket.socket | None
 def udp_ask_connected(ip: str, port: int, timeout: float = 1.0) -> Reply:
     """:func:`udp_ask` on a connected socket: an ICMP port unreachable (REJECT) raises
     ConnectionRefusedError instead of passing as a timeout (DROP)."""
-    with socket.socket(_family(ip), socket.SOCK_DGRAM) as s:
+    with socket.socket(family_of(ip), socket.SOCK_DGRAM) as s:
         s.connect((ip, port))
         return udp_ask(ip, port, timeout, sock=s)
 

@@ -20,7 +20,7 @@ import json
 import re
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kubeproxy.backends.nftables.table import LOCAL_OFFSET, is_backends
@@ -153,9 +153,15 @@ def empty_rules(ns: str, mode: str) -> None:
         ns_exec(ns, binary, input=text)
 
 
-def fresh_sync(ns: str, mode: str, args: Sequence[str]) -> dict[str, Any]:
-    """:func:`rules_state` after ``kubeproxy run --once ARGS`` in a new, empty namespace
-    ``ns`` (deleted afterwards): the reference a node's rules are compared with."""
+def fresh_sync(
+    ns: str,
+    mode: str,
+    args: Sequence[str],
+    state: Callable[[str], dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """:func:`rules_state` (or ``state(ns)``) after ``kubeproxy run --once ARGS`` in a
+    new, empty namespace ``ns`` (deleted afterwards): the reference a node's rules are
+    compared with."""
     delete_netns(ns)
     add_netns(ns)
     try:
@@ -165,7 +171,7 @@ def fresh_sync(ns: str, mode: str, args: Sequence[str]) -> dict[str, Any]:
         )
         if done.returncode != 0:
             raise RuntimeError(f"the fresh sync failed: {done.stderr[-2000:]}")
-        return rules_state(ns, mode)
+        return rules_state(ns, mode) if state is None else state(ns)
     finally:
         delete_netns(ns)
 

@@ -44,7 +44,7 @@ from lightkube.config.models import Cluster, User
 from lightkube.core.exceptions import ConfigError as LightkubeConfigError
 
 from kubeproxy import __version__
-from kubeproxy.config import ConfigError
+from kubeproxy.config.runtime import ConfigError
 from kubeproxy.sources.kube_decode import Status, decode_status
 
 log = logging.getLogger(__name__)
@@ -350,7 +350,7 @@ def load_connection(
 ) -> Connection:
     """Build a :class:`Connection` from flags as upstream's createClient does.
 
-    Raises :class:`~kubeproxy.config.ConfigError` naming what is wrong.
+    Raises :class:`~kubeproxy.config.runtime.ConfigError` naming what is wrong.
     """
     check_content_type(content_type)
     config = _single_config(kubeconfig or None, master or None, service_account)

@@ -5,14 +5,13 @@ runs once with kubeproxy on :data:`NODE` and once with upstream's own kube-proxy
 nftables mode, the binary the lab built) there instead, the other nodes keeping
 kubeproxy. The assertions about :data:`NODE` are the same for both, so upstream is the
 oracle for each of them; where the two differ the test says which does what, and why.
-Swapping stops kubeproxy, deletes its tables (upstream cannot reuse them: its every sync
-fails, with "Expression is not a map" on kubeproxy's ``firewall-ips`` *set*, which upstream
-makes a *map*, and then with "Operation not supported" on the base chains
-``filter-input``/``-forward``/``-output``, which kubeproxy hooks at priority -110 and
-upstream at 0), starts upstream and waits for its first sync of both families; putting
-back does the reverse and waits for kubeproxy's first full sync. pytest groups the
-package's tests by parameter, so the whole package swaps once, and puts kubeproxy back
-before any test outside the package runs.
+Swapping stops kubeproxy, deletes its tables, starts upstream and waits for its first
+sync of both families; putting back does the reverse and waits for kubeproxy's first full
+sync. Each could take the other's tables over (tests/realk8s/test_migration.py), but
+upstream deletes only what it knows by name: kubeproxy's other chains, sets and maps
+would stay in its table, unreachable, and an oracle is easier to read without them.
+pytest groups the package's tests by parameter, so the whole package swaps once, and puts
+kubeproxy back before any test outside the package runs.
 
 **The outside host refuses what it would have to forward** (:func:`refusing_outside`,
 package-scoped, automatic): the nodes' default route leads to it, so a packet to a

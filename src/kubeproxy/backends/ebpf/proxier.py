@@ -42,7 +42,7 @@ from kubeproxy.backends import Backend, BackendError, SyncResult
 from kubeproxy.backends.ebpf.render import Entries, socket_entries
 from kubeproxy.backends.ebpf.teardown import SocketTeardown
 from kubeproxy.backends.planning import family_plans, service_port_plans
-from kubeproxy.config import ProxyConfig
+from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.bpf.build import BuildError, build
 from kubeproxy.dataplane.bpf.libbpf import BpfError
 from kubeproxy.dataplane.bpf.socklb import (

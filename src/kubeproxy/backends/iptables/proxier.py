@@ -67,7 +67,7 @@ from kubeproxy.backends.iptables.render import (
     render_service_port,
 )
 from kubeproxy.backends.planning import family_plans, service_port_plans
-from kubeproxy.config import ProxyConfig
+from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.iptables.cleanup import NOTHING, Keep, KeepMap, cleanup_chains
 from kubeproxy.dataplane.iptables.listing import UnreadableTableError
 from kubeproxy.dataplane.iptables.restore import Restore

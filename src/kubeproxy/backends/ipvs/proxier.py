@@ -55,7 +55,7 @@ from kubeproxy.backends.ipvs.render import (
     iptables_rules,
 )
 from kubeproxy.backends.planning import family_plans, service_port_plans
-from kubeproxy.config import ProxyConfig
+from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.ipset import Ipset, IpsetError, IpsetScript
 from kubeproxy.dataplane.iptables.cleanup import NOTHING, Jump, Keep, KeepMap, cleanup_chains
 from kubeproxy.dataplane.iptables.runner import Iptables, IptablesError

@@ -65,7 +65,7 @@ from kubeproxy.backends.nftables.table import (
     static_sets,
 )
 from kubeproxy.backends.planning import family_plans, service_port_plans
-from kubeproxy.config import ProxyConfig
+from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.kernel import dotted, kernel_version
 from kubeproxy.dataplane.nftables.runner import NftError, NftRunner
 from kubeproxy.dataplane.nftables.transaction import TableRef, Transaction
@@ -212,6 +212,13 @@ class NftablesBackend:
                 ours = {s.name for s in table.sets}
                 tx.add_table(t, TABLE_COMMENT)
                 tx.flush_table(t)
+                # Base chains are recreated, as upstream does on its first sync: the hook
+                # or priority of an existing one cannot change (upstream's filter-output
+                # runs at priority filter, ours at dstnat + 10), and nothing refers to
+                # a base chain, so deleting it within the transaction costs nothing.
+                bases = {c.name for c in table.chains if c.base is not None}
+                for name in sorted(existing[family]["chain"] & bases):
+                    tx.delete_chain(t, name)
                 for s in static_sets(index.fam):
                     if s.name in existing[family][s.keyword]:
                         tx.flush_set(t, s.keyword, s.name)

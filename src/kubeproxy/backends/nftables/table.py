@@ -35,11 +35,15 @@ SERVICE_NODEPORTS = "service-nodeports"
 NO_ENDPOINT_SERVICES = "no-endpoint-services"
 NO_ENDPOINT_NODEPORTS = "no-endpoint-nodeports"
 HAIRPIN = "hairpin"
-FIREWALL_IPS = "firewall-ips"
+# Names upstream's nftables mode also uses are for objects of its definition: going back
+# to it, its first sync adds its sets and maps over whatever holds those names, and a
+# set of another type or flags where it wants a map (its firewall-ips) or a plain set
+# (its nodeport-ips) fails that sync, and every one after it.
+FIREWALL_IPS = "firewalled-ips"
 FIREWALL_ALLOW = "firewall-allow"
 CLUSTER_IPS = "cluster-ips"
 SERVICE_CIDRS = "service-cidrs"
-NODEPORT_IPS = "nodeport-ips"
+NODEPORT_IPS = "nodeport-addresses"
 REJECT_CHAIN = "reject-chain"
 
 VERDICT_REJECT = f"goto {REJECT_CHAIN}"
@@ -256,7 +260,9 @@ class LBChain:
 
 
 def static_sets(fam: FamilyPlan) -> list[Set]:
-    """The table's sets and maps (empty; elements are added by the proxier)."""
+    """The table's sets and maps (empty; elements are added by the proxier). Those upstream
+    has too carry its definitions and comments (see FIREWALL_IPS): a node going from one
+    proxy to the other keeps each as the running one writes it."""
     v = Vocabulary.of(fam.family)
     addr = v.addr_type
     sets = [
@@ -271,12 +277,12 @@ def static_sets(fam: FamilyPlan) -> list[Set]:
         Set.map(
             NO_ENDPOINT_SERVICES,
             f"{addr} . inet_proto . inet_service : verdict",
-            comment="drop or reject traffic to services with no usable endpoints",
+            comment="vmap to drop or reject packets to services with no endpoints",
         ),
         Set.map(
             NO_ENDPOINT_NODEPORTS,
             "inet_proto . inet_service : verdict",
-            comment="drop or reject traffic to nodeports with no usable endpoints",
+            comment="vmap to drop or reject packets to service nodeports with no endpoints",
         ),
         Set(
             HAIRPIN,
@@ -294,7 +300,7 @@ def static_sets(fam: FamilyPlan) -> list[Set]:
             ("interval",),
             comment="sources allowed to each firewalled destination",
         ),
-        Set(CLUSTER_IPS, addr, comment="allocated ClusterIPs"),
+        Set(CLUSTER_IPS, addr, comment="Active ClusterIPs"),
         Set(SERVICE_CIDRS, addr, ("interval",), comment="service IP ranges"),
     ]
     if fam.node_ports.enabled and not fam.node_ports.match_all:
@@ -374,11 +380,14 @@ def skeleton(fam: FamilyPlan, classes: Iterable[LBChain] = ()) -> Table:
     # endpoints), once DNATed, no longer matches the no-endpoint maps (upstream #132456):
     # input/forward run after prerouting's DNAT anyway; on the output path they run at
     # dstnat + 10. The firewall check must see the destination before DNAT: dstnat - 10.
+    # The base chains have upstream's names (v1.37): going back to kube-proxy's nftables
+    # mode, it deletes and recreates its base chains by name, and one of ours under
+    # another name would stay hooked in beside its rules with what we last wrote.
     pre, post = "-110", "-90"
     new = "ct state new"
     table.chains = [
         Chain(
-            "filter-prerouting",
+            "filter-prerouting-pre-dnat",
             [f"{new} jump firewall-check"],
             BaseChain("filter", "prerouting", pre),
         ),
@@ -392,9 +401,13 @@ def skeleton(fam: FamilyPlan, classes: Iterable[LBChain] = ()) -> Table:
             [f"{new} jump endpoints-check", f"{new} jump cluster-ips-check"],
             BaseChain("filter", "forward", pre),
         ),
-        Chain("filter-output", [f"{new} jump firewall-check"], BaseChain("filter", "output", pre)),
         Chain(
-            "filter-output-post-dnat",
+            "filter-output-pre-dnat",
+            [f"{new} jump firewall-check"],
+            BaseChain("filter", "output", pre),
+        ),
+        Chain(
+            "filter-output",
             [f"{new} jump endpoints-check", f"{new} jump cluster-ips-check"],
             BaseChain("filter", "output", post),
         ),
@@ -428,11 +441,11 @@ def skeleton(fam: FamilyPlan, classes: Iterable[LBChain] = ()) -> Table:
 # Chains the skeleton always has (the canary check looks for the base chains).
 SKELETON_CHAINS = frozenset(
     {
-        "filter-prerouting",
+        "filter-prerouting-pre-dnat",
         "filter-input",
         "filter-forward",
+        "filter-output-pre-dnat",
         "filter-output",
-        "filter-output-post-dnat",
         "nat-prerouting",
         "nat-output",
         "nat-postrouting",

@@ -40,6 +40,9 @@ FLAGS_MASK = 0xFFFF
 # ip_vs.h: IP_VS_CONN_F_MASQ (the forwarding method of a NAT real server)
 FWD_MASQ = 0
 PROTOCOLS = ("TCP", "UDP", "SCTP")
+# The kernel's IPVS schedulers (ip_vs_<name> modules; mh since Linux 4.18): the names
+# ipvs.scheduler may take.
+SCHEDULERS = ("rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh")
 
 
 class IpvsError(RuntimeError):

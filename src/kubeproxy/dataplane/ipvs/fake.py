@@ -27,10 +27,10 @@ import errno
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from kubeproxy.config import IPVS_SCHEDULERS
 from kubeproxy.dataplane.ipvs import (
     FLAG_HASHED,
     PROTOCOLS,
+    SCHEDULERS,
     Change,
     Destination,
     IpvsError,
@@ -59,7 +59,7 @@ def _each(fn: Callable[[T], None], items: Sequence[T]) -> list[Outcome]:
 
 
 class FakeIpvs:
-    def __init__(self, schedulers: tuple[str, ...] = IPVS_SCHEDULERS) -> None:
+    def __init__(self, schedulers: tuple[str, ...] = SCHEDULERS) -> None:
         self.schedulers = schedulers
         self.table: dict[ServiceKey, VirtualServer] = {}
         self.dests: dict[ServiceKey, dict[tuple[str, int], Destination]] = {}

@@ -133,6 +133,7 @@ from functools import lru_cache
 from kubeproxy.dataplane.nftables.runner import NftError
 from kubeproxy.dataplane.nftables.transaction import (
     COMMENT_MAX,
+    NAME_PATTERN,
     AddChain,
     AddElements,
     AddSet,
@@ -221,7 +222,7 @@ _CONCAT = re.compile(r"\s+\.\s+")
 _IPV4 = re.compile(
     r"^(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)$"
 )
-_NAME = r"[A-Za-z_][A-Za-z0-9_.-]*"
+_NAME = NAME_PATTERN
 _ELEMENT_COMMENT = re.compile(r'^(.*?)\s+comment\s+"([^"]*)"$', re.DOTALL)
 
 

@@ -25,7 +25,13 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
+# nft's own grammar for an unquoted name (its scanner's ``string``: a letter, ``_`` or
+# ``.``, then letters, digits and ``/-_.``; nft 1.0.6 takes no quoted names), up to the
+# kernel's 255 bytes. Upstream kube-proxy's nftables mode names chains and sets
+# ``service-HASH-ns/name/tcp/port``: a table it wrote holds such names, and taking it over
+# means deleting them.
+NAME_PATTERN = r"[A-Za-z_.][A-Za-z0-9/_.-]{0,254}"
+_NAME = re.compile(rf"^{NAME_PATTERN}$")
 
 
 class ScriptError(ValueError):

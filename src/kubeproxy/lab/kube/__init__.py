@@ -16,6 +16,9 @@ Map:
   behind their node (real Pod objects whose status the lab sets, as no kubelet runs),
   Node objects with zones and allocatable CPU, and kubeproxy (or upstream kube-proxy) on
   every node with the credentials of deploy/'s ServiceAccount;
+* :mod:`.migration` — upstream's kube-proxy on a node with kubeadm's identity for it, and
+  what a node's kernel holds for each proxy, compared (who has taken the node over, and
+  what the previous proxy left that nothing reaches);
 * :mod:`.allocparity` / :mod:`.hintparity` — kubeproxy.controlplane with the real
   components as the oracle: the same Service requests to kube-apiserver's allocators and
   to ours; the same random clusters to kube-controller-manager's EndpointSlice controller

@@ -1,8 +1,10 @@
 """The upstream binaries the real-cluster lab runs, from the build cache.
 
-``KUBEPROXY_UPSTREAM_BIN`` (a directory) wins; otherwise ``scripts/build-upstream`` is
-run, which is a no-op returning the cached directory once the binaries are built (the
-first build takes about 15 minutes on two cores: CI's bootstrap runs it up front).
+``KUBEPROXY_UPSTREAM_BIN`` (a directory) wins once it holds every binary; otherwise
+``scripts/build-upstream`` is run, which is a no-op returning the cached directory once
+the binaries are built, waits for a build another process is running (scripts/test
+starts one in the background and names its directory up front), and builds otherwise
+(about 15 minutes on two cores the first time).
 """
 
 from __future__ import annotations
@@ -59,18 +61,21 @@ class Binaries:
 def find(build: bool = True) -> Binaries:
     """The binaries' directory; MissingBinariesError says how to get them."""
     given = os.environ.get("KUBEPROXY_UPSTREAM_BIN")
-    if given:
-        directory = Path(given)
-    elif build:
+    directory = Path(given) if given else None
+    if (directory is None or _missing(directory)) and build:
         proc = subprocess.run([str(BUILD)], capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             raise MissingBinariesError(f"scripts/build-upstream failed:\n{proc.stderr[-3000:]}")
-        directory = Path(proc.stdout.strip().splitlines()[-1])
-    else:
+        directory = directory or Path(proc.stdout.strip().splitlines()[-1])
+    if directory is None:
         raise MissingBinariesError("set KUBEPROXY_UPSTREAM_BIN or run scripts/build-upstream")
-    missing = [n for n in NAMES if not (directory / n).is_file()]
+    missing = _missing(directory)
     if missing:
         raise MissingBinariesError(
             f"{directory}: no {', '.join(missing)} (run scripts/build-upstream)"
         )
     return Binaries(directory)
+
+
+def _missing(directory: Path) -> list[str]:
+    return [n for n in NAMES if not (directory / n).is_file()]

@@ -1,8 +1,13 @@
 """Effective proxy configuration, as the rest of the program receives it.
 
 :class:`ProxyConfig` is immutable; ``kubeproxy.cli`` builds it from the
-KubeProxyConfiguration file and flags (:mod:`kubeproxy.configfile`), and nothing reads
-flags or the environment after start-up. Defaults match upstream kube-proxy.
+KubeProxyConfiguration file and flags (the rest of :mod:`kubeproxy.config`), and nothing
+reads flags or the environment after start-up. Defaults match upstream kube-proxy.
+:class:`IpvsSettings` is the ``ipvs:`` section as ipvs mode uses it; :class:`ConfigError`
+the error every configuration problem is reported as; :func:`parse_cidrs`,
+:func:`detect_families` and :func:`default_hostname` the values the file leaves to the node;
+:func:`conntrack_settings` the ``conntrack:`` section as :mod:`kubeproxy.dataplane.sysctl`
+takes it.
 """
 
 from __future__ import annotations
@@ -12,6 +17,9 @@ import os
 import socket
 from dataclasses import dataclass, field
 
+from kubeproxy.config.duration import Duration
+from kubeproxy.config.types import KubeProxyConntrackConfiguration
+from kubeproxy.dataplane.sysctl import ConntrackSettings
 from kubeproxy.model.nodeports import NodePortAddresses
 from kubeproxy.model.plan import DetectLocal
 from kubeproxy.model.topology import FeatureFlags
@@ -22,8 +30,6 @@ class ConfigError(ValueError):
     """Invalid configuration; the message names the flag or field."""
 
 
-# The kernel's IPVS schedulers (ip_vs_<name> modules) ipvs.scheduler may name.
-IPVS_SCHEDULERS = ("rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh")
 EBPF_FALLBACKS = ("none", "nftables")  # --ebpf-fallback (ours)
 
 
@@ -122,3 +128,24 @@ def parse_cidrs(value: str, flag: str, *, per_family: int = 1) -> tuple[str, ...
         if sum(family_of(c) is family for c in cidrs) > per_family:
             raise ConfigError(f"{flag}: at most {per_family} {family.value} CIDR(s)")
     return tuple(cidrs)
+
+
+def conntrack_settings(ct: KubeProxyConntrackConfiguration) -> ConntrackSettings:
+    """The ``conntrack`` section as :mod:`kubeproxy.dataplane.sysctl` takes it."""
+    return ConntrackSettings(
+        max_per_core=ct.max_per_core,
+        min=ct.min,
+        tcp_established_timeout=_whole_seconds(ct.tcp_established_timeout),
+        tcp_close_wait_timeout=_whole_seconds(ct.tcp_close_wait_timeout),
+        tcp_be_liberal=ct.tcp_be_liberal,
+        udp_timeout=_whole_seconds(ct.udp_timeout),
+        udp_stream_timeout=_whole_seconds(ct.udp_stream_timeout),
+    )
+
+
+def _whole_seconds(value: Duration | None) -> int | None:
+    """None for unset or not positive (leave the kernel's value); else int(d / time.Second)
+    in Go: whole seconds, truncated."""
+    if value is None or value.nanoseconds <= 0:
+        return None
+    return value.nanoseconds // 1_000_000_000

@@ -1,4 +1,4 @@
-"""kubeproxy.configfile: the v1alpha1 KubeProxyConfiguration file, flags and validation.
+"""kubeproxy.config: the v1alpha1 KubeProxyConfiguration file, flags and validation.
 
 The expectations are upstream kube-proxy's: its defaulted empty config
 (``pkg/proxy/apis/config/scheme/testdata/.../after/v1alpha1.yaml``), its validation field
@@ -18,28 +18,14 @@ from typing import Any
 import pytest
 import yaml
 
-from kubeproxy.configfile import (
-    FLAGS,
-    ConfigFileError,
-    Duration,
-    FlagError,
-    KubeProxyConfiguration,
-    add_arguments,
-    apply_flags,
-    complete,
-    decode,
-    default_config,
-    feature_flags,
-    feature_gate_warnings,
-    given_flags,
-    load_config,
-    loads,
-    mode_settings,
-    to_dict,
-    to_yaml,
-    validate,
-)
-from kubeproxy.options import split_config
+from kubeproxy.config.codec import ConfigFileError, decode, load_config, loads, to_dict, to_yaml
+from kubeproxy.config.defaults import complete, default_config, mode_settings
+from kubeproxy.config.duration import Duration
+from kubeproxy.config.features import feature_flags, feature_gate_warnings
+from kubeproxy.config.flags import FLAGS, FlagError, add_arguments, apply_flags, given_flags
+from kubeproxy.config.options import split_config
+from kubeproxy.config.types import KubeProxyConfiguration
+from kubeproxy.config.validation import validate
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "kubeproxy-config.yaml"
 HEADER = "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
@@ -295,7 +281,7 @@ def test_a_file_with_unknown_fields_and_invalid_values_warns_and_reports(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from kubeproxy.cli import build_parser, load_configuration
-    from kubeproxy.config import ConfigError
+    from kubeproxy.config.runtime import ConfigError
 
     bad = tmp_path / "bad.yaml"
     bad.write_text(
@@ -346,7 +332,7 @@ def test_duplicate_fields_and_bad_documents_are_errors(tmp_path: Path) -> None:
 
 
 def test_the_example_file_loads_and_validates() -> None:
-    # Its second document holds kubeproxy's own options (kubeproxy.options).
+    # Its second document holds kubeproxy's own options (kubeproxy.config.options).
     upstream_doc, options = split_config(EXAMPLE.read_text(), str(EXAMPLE))
     assert options.manifests == EXAMPLE.parent
     cfg = complete(loads(upstream_doc, source=str(EXAMPLE)))

@@ -1,7 +1,7 @@
 """kubeproxy's own settings, as an optional second document of a ``--config`` file.
 
 A config file stays a valid upstream ``KubeProxyConfiguration`` (decoded strictly by
-:mod:`kubeproxy.configfile`); what upstream has no field for lives in a separate document
+:mod:`kubeproxy.config.codec`); what upstream has no field for lives in a separate document
 of our own kind, so the upstream document never needs unknown fields::
 
     apiVersion: kubeproxy.config.k8s.io/v1alpha1
