@@ -272,6 +272,14 @@ class Differential:
         api.delete("Namespace", ns)
         if state.service_cidrs:
             api.delete("ServiceCIDR", f"{ns}-cidr")
+        # The namespace controller deletes the objects in the background: the next batch's
+        # proxies must not see them go while their probes run (their rules would change).
+        # (A ServiceCIDR is not waited for: one stayed past a minute in a bench run.)
+        wait_for(
+            lambda: not any(api.list_of(kind, ns) for kind in ("Service", "EndpointSlice")),
+            timeout=SETTLE_TIMEOUT,
+            what=f"the Services of seed {state.seed} gone",
+        )
 
     def live(self, state: st.State) -> dict[str, Obj]:
         ns = self.namespace(state.seed)
