@@ -19,7 +19,8 @@ from typing import Any
 
 from bench.cluster import cluster, service_objects
 from kubeproxy.app import Proxy
-from kubeproxy.backends import SyncResult
+from kubeproxy.backends.base import SyncResult
+from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.model.parse import parse_endpoint_slice, parse_service
 from kubeproxy.model.state import Snapshot
@@ -30,7 +31,7 @@ from kubeproxy.sources.events import Event, Model
 class NoKernel:
     """A backend that programs nothing."""
 
-    mode = "nftables"
+    mode = ProxyMode.NFTABLES
 
     def start(self) -> None:
         pass

@@ -46,6 +46,7 @@ from bench.datapath import probe
 from bench.sync_worker import feed
 from kubeproxy.backends.ebpf.proxier import EbpfBackend, socket_lb_opener
 from kubeproxy.backends.nftables.proxier import NftablesBackend
+from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.bpf.socklb import Backends, Frontend, Target, cleanup
 from kubeproxy.dataplane.nftables.runner import NftCommand
@@ -109,7 +110,7 @@ def lab_backend(lab: Lab, bpf: BpfLab) -> EbpfBackend:
     """An ebpf backend for node-a of ``lab``, its hooks on ``bpf``'s cgroup (started)."""
     config = ProxyConfig(
         hostname=NODE,
-        mode="ebpf",
+        mode=ProxyMode.EBPF,
         cluster_cidrs=("10.128.0.0/9", "10.244.0.0/16"),
         families=(IPFamily.IPv4,),
         ebpf_cgroup_path=str(bpf.cgroup),

@@ -8,7 +8,7 @@ state is frozen as ``kubeproxy run`` does. Then one-endpoint partial syncs of th
 measured Service, each's map phase timed in this thread's CPU time (what
 ``bench.ebpf`` reports as change to effect, minus the waiting for a CPU). Runs
 alternate between the family plans planned on every sync (``uncached``: the cache of
-``kubeproxy.backends.planning`` cleared before each, as before it remembered them) and
+``kubeproxy.model.planning`` cleared before each, as before it remembered them) and
 remembered (``cached``), so a noisy moment of a shared machine falls on both.
 """
 
@@ -21,13 +21,14 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from bench.ebpf import SPARE_IP, snapshot_of
-from kubeproxy.backends import planning
 from kubeproxy.backends.ebpf.proxier import EbpfBackend
 from kubeproxy.backends.nftables.proxier import NftablesBackend
+from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.bpf.socklb import FakeMap, Frontend, ServiceTable, Target
 from kubeproxy.dataplane.nftables.fake import FakeNftables
 from kubeproxy.lab.cluster import NODE
+from kubeproxy.model import planning
 from kubeproxy.model.types import Endpoint, IPFamily
 
 
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = ProxyConfig(
         hostname=NODE,
-        mode="ebpf",
+        mode=ProxyMode.EBPF,
         cluster_cidrs=("10.128.0.0/9", "10.244.0.0/16"),
         families=(IPFamily.IPv4,),
         healthz_bind_address="",

@@ -24,10 +24,10 @@ from pathlib import Path
 import yaml
 
 from bench.cluster import cluster, cluster_ip
-from kubeproxy.backends.planning import family_plans, service_port_plans
 from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.explain.listing import rows
 from kubeproxy.explain.packet import Packet, explain
+from kubeproxy.model.planning import family_plans, service_port_plans
 from kubeproxy.model.state import ProxyState, Snapshot
 from kubeproxy.model.types import IPFamily
 from kubeproxy.sources import initial_state
@@ -81,7 +81,7 @@ def main() -> None:
         snapshot = asyncio.run(load(path))
         t_load = time.perf_counter() - start
         config = ProxyConfig(hostname="node-a", families=(IPFamily.IPv4,))
-        fam = family_plans(config, snapshot)[0]
+        fam = family_plans(config.planning, snapshot)[0]
 
         def plan() -> list[object]:
             return [p for p in service_port_plans(snapshot, fam).values() if p is not None]

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kubeproxy.backends.ipvs.proxier import IpvsBackend, cleanup, sysctls
+from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.ipset import IpsetCommand
 from kubeproxy.dataplane.iptables.runner import IptablesCommand
@@ -47,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ENDPOINTS = 10
 CONFIG = ProxyConfig(
     hostname="node-a",
-    mode="ipvs",
+    mode=ProxyMode.IPVS,
     families=(IPFamily.IPv4,),
     cluster_cidrs=("10.244.0.0/16",),
     nodeport_addresses=NodePortAddresses((), primary=False),

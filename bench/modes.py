@@ -13,9 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kubeproxy.backends import Backend
+from kubeproxy.backends.base import Backend
 from kubeproxy.backends.iptables.proxier import IptablesBackend
 from kubeproxy.backends.nftables.proxier import NftablesBackend
+from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.iptables.runner import Flavor, IptablesCommand, command_names
 from kubeproxy.dataplane.nftables.runner import NftCommand, open_runner
@@ -54,7 +55,7 @@ class Mode:
         )
         if self.flavor is None:
             return config
-        return replace(config, mode="iptables", iptables_backend=self.flavor)
+        return replace(config, mode=ProxyMode.IPTABLES, iptables_backend=self.flavor)
 
     def backend(self, config: ProxyConfig, netns: str | None = None) -> Backend:
         """The backend in this process; ``netns``: the kernel it programs (default: ours)."""

@@ -63,11 +63,11 @@ def measure(services: int, endpoints: int, rounds: int, apply_script: bool) -> d
     from kubeproxy.backends.nftables.index import TableIndex
     from kubeproxy.backends.nftables.proxier import NftablesBackend
     from kubeproxy.backends.nftables.render import render_service_port
-    from kubeproxy.backends.planning import family_plans
     from kubeproxy.config.runtime import ProxyConfig
     from kubeproxy.dataplane.nftables.runner import NftCommand
     from kubeproxy.dataplane.nftables.transaction import TableRef, Transaction
     from kubeproxy.model.plan import plan_service_port
+    from kubeproxy.model.planning import family_plans
     from kubeproxy.model.state import ProxyState
     from kubeproxy.model.types import IPFamily
 
@@ -85,7 +85,7 @@ def measure(services: int, endpoints: int, rounds: int, apply_script: bool) -> d
         script = backend.render(snapshot)
         full_cpu.append(time.process_time() - started)
 
-    (fam,) = family_plans(config, snapshot)
+    (fam,) = family_plans(config.planning, snapshot)
     rules = {}
     for name, port in snapshot.services.items():
         plan = plan_service_port(port, snapshot.endpoints.get(name, ()), fam)

@@ -29,7 +29,8 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
-from kubeproxy.backends import SYNC_LOG_WORDS, Backend, SyncResult
+from kubeproxy.backends.base import SYNC_LOG_WORDS, Backend, SyncResult
+from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.conntrack import Conntrack, Filter, apply, stale_conntrack_filters
 from kubeproxy.health import HealthServer, ProxyHealth, ServiceHealthServers
@@ -326,7 +327,7 @@ class Proxy:
         if not log.isEnabledFor(level):
             return  # naming the changes sorts them: not for a line nobody sees
         elements, chains, operations = SYNC_LOG_WORDS.get(
-            self.backend.mode, SYNC_LOG_WORDS["nftables"]
+            self.backend.mode, SYNC_LOG_WORDS[ProxyMode.NFTABLES]
         )
         log.log(
             level,

@@ -29,22 +29,21 @@ import yaml
 
 from kubeproxy import __version__, logs
 from kubeproxy.app import Proxy, ServerBindError, install_signal_handlers
-from kubeproxy.backends import (
+from kubeproxy.backends.base import BackendError, owned_by
+from kubeproxy.backends.registry import (
     BACKENDS,
     COMPOSES,
-    BackendError,
     cleanup_all,
     cleanups,
     create_backend,
-    owned_by,
     removal_summary,
 )
-from kubeproxy.backends.planning import describe_snapshot
 from kubeproxy.config.codec import ConfigFileError, decode, to_dict, to_yaml
 from kubeproxy.config.defaults import complete, default_config, mode_settings
 from kubeproxy.config.duration import Duration
 from kubeproxy.config.features import feature_flags, feature_gate_warnings, feature_states
 from kubeproxy.config.flags import FlagError, add_arguments, apply_flags, given_flags
+from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.options import IPTABLES_BACKENDS, OptionsError, split_config
 from kubeproxy.config.runtime import (
     EBPF_FALLBACKS,
@@ -66,6 +65,7 @@ from kubeproxy.logs import bounded
 from kubeproxy.metrics import Metrics
 from kubeproxy.model.nodeports import NodePortAddresses
 from kubeproxy.model.plan import DetectLocal, LocalMode
+from kubeproxy.model.planning import describe_node
 from kubeproxy.model.state import ProxyState, Snapshot
 from kubeproxy.model.types import L4Protocol
 from kubeproxy.oom import apply_oom_score_adj
@@ -359,10 +359,13 @@ def _read(path: Path) -> str:
 
 def proxy_config(cfg: KubeProxyConfiguration, args: argparse.Namespace) -> ProxyConfig:
     ms = mode_settings(cfg)
-    if getattr(args, "iptables_backend", None) and ms.mode not in ("iptables", "ipvs"):
+    if getattr(args, "iptables_backend", None) and ms.mode not in (
+        ProxyMode.IPTABLES,
+        ProxyMode.IPVS,
+    ):
         log.warning("--iptables-backend is ignored in proxy mode %r", ms.mode)
     for flag in ("ebpf_cgroup_path", "ebpf_fallback"):
-        if getattr(args, flag, None) and ms.mode != "ebpf":
+        if getattr(args, flag, None) and ms.mode != ProxyMode.EBPF:
             log.warning("--%s is ignored in proxy mode %r", flag.replace("_", "-"), ms.mode)
     try:
         nodeports = NodePortAddresses.parse(list(cfg.node_port_addresses or ()))
@@ -370,7 +373,7 @@ def proxy_config(cfg: KubeProxyConfiguration, args: argparse.Namespace) -> Proxy
         raise ConfigError(str(err)) from None
     return ProxyConfig(
         hostname=cfg.hostname_override.strip().lower() or default_hostname(),
-        mode=ms.mode,
+        mode=ProxyMode(ms.mode),
         cluster_cidrs=parse_cidrs(cfg.cluster_cidr, "clusterCIDR"),
         detect_local=detect_local(cfg),
         service_cidrs=parse_cidrs(
@@ -489,11 +492,11 @@ def _init_only(cfg: KubeProxyConfiguration, config: ProxyConfig) -> int:
     """upstream's --init-only: what needs more than CAP_NET_ADMIN, then exit."""
     apply_conntrack_sysctls(conntrack_settings(cfg.conntrack))
     init: Callable[[ProxyConfig], None] | None = None
-    if config.mode == "iptables":
+    if config.mode == ProxyMode.IPTABLES:
         from kubeproxy.backends.iptables.proxier import init_node as init_iptables
 
         init = init_iptables
-    elif config.mode == "ipvs":
+    elif config.mode == ProxyMode.IPVS:
         from kubeproxy.backends.ipvs.proxier import init_node as init_ipvs
 
         init = init_ipvs
@@ -583,7 +586,7 @@ def _list(config: ProxyConfig, snapshot: Snapshot, args: argparse.Namespace) -> 
     from kubeproxy.explain.command import list_live, proxy_mode
 
     listed, kernel_only = list_live(config, snapshot, args.namespace, args.names)
-    mode = proxy_mode(config) if config.mode != "ebpf" else "ebpf"
+    mode = proxy_mode(config) if config.mode != ProxyMode.EBPF else "ebpf"
     if fmt == "json":
         data = {
             "mode": mode,
@@ -600,7 +603,7 @@ def _list(config: ProxyConfig, snapshot: Snapshot, args: argparse.Namespace) -> 
 async def _render(config: ProxyConfig, source: Source, fmt: str, *, guessed: bool) -> int:
     snapshot = await _snapshot(config, source, guessed=guessed)
     if fmt == "json":
-        sys.stdout.write(json.dumps(describe_snapshot(config, snapshot), indent=2) + "\n")
+        sys.stdout.write(json.dumps(describe_node(config.planning, snapshot), indent=2) + "\n")
     else:
         backend = create_backend(config)
         try:
@@ -611,7 +614,7 @@ async def _render(config: ProxyConfig, source: Source, fmt: str, *, guessed: boo
 
 
 def cleanup_other_modes(
-    mode: str, *, ebpf_pin_path: str | None = None, keep: KeepMap | None = None
+    mode: ProxyMode, *, ebpf_pin_path: str | None = None, keep: KeepMap | None = None
 ) -> None:
     """As upstream's platformCleanup: when a node switches proxy modes, the rules the
     other modes left behind would still catch traffic, so they go (not those of a mode

@@ -117,7 +117,8 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 from kubeproxy import __version__, logs, profiling
-from kubeproxy.backends import SyncResult
+from kubeproxy.backends.base import SyncResult
+from kubeproxy.config.modes import ProxyMode
 from kubeproxy.health.listener import BindAddress, HttpListener, json_response
 
 DEFAULT_METRICS_BIND_ADDRESS = "127.0.0.1:10249"
@@ -287,7 +288,7 @@ class Metrics:
                 "sync_proxy_rules_nftables_cleanup_failures_total",
                 "Cumulative proxy nftables cleanup failures",
             )
-            if mode == "nftables"
+            if mode == ProxyMode.NFTABLES
             else None
         )
         self.isolated = gauge(
@@ -320,7 +321,7 @@ class Metrics:
         self.iptables_rules: Gauge | None = None
         self.iptables_rules_last: Gauge | None = None
         self.iptables_partial_failures: Counter | None = None
-        if mode == "iptables":
+        if mode == ProxyMode.IPTABLES:
             self.iptables_rules = gauge(
                 "sync_proxy_rules_iptables_total",
                 "Total number of iptables rules owned by kube-proxy",
@@ -353,12 +354,12 @@ class Metrics:
         self.registry.register(_Goroutines())
         # Kernel counters, read at scrape time (iptables mode's nfacct objects).
         self.counter_reader: Callable[[], Mapping[str, int]] = dict
-        if mode in ("iptables", "ebpf"):
+        if mode in (ProxyMode.IPTABLES, ProxyMode.EBPF):
             self.registry.register(_KernelCounters(self))
         # What the nftables backend programmed (ours; other modes count their own way).
         self.nftables_elements: Gauge | None = None
         self.nftables_chains: Gauge | None = None
-        if mode == "nftables":
+        if mode == ProxyMode.NFTABLES:
             self.nftables_elements = gauge(
                 "sync_proxy_rules_nftables_elements",
                 "Number of nftables set and map elements programmed by kube-proxy",

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, settings
 from kubeproxy.backends.iptables.diff import differing
 from kubeproxy.backends.iptables.names import is_generated
 from kubeproxy.backends.iptables.proxier import IptablesBackend, _canonical, cleanup
+from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.iptables.listing import parse_save
 from kubeproxy.dataplane.iptables.runner import Flavor, IptablesCommand
@@ -116,7 +117,7 @@ class OnTheKernel(PartialVersusFull):
         ns = f"{self.lab.prefix}-{role}"
         delete_netns(ns)
         add_netns(ns)
-        config = replace(CONFIG, mode="iptables")
+        config = replace(CONFIG, mode=ProxyMode.IPTABLES)
         runners = {f: IptablesCommand(f, self.flavor, netns=ns) for f in config.families}
         backend = IptablesBackend(config, runners)
         backend.start()
@@ -167,7 +168,7 @@ def scratch(lab: Lab) -> Any:
 
 
 def test_canary_notices_flushed_tables_and_a_full_sync_repairs(lab: Lab, scratch: str) -> None:
-    config = ProxyConfig(hostname="node-a", mode="iptables", families=(IPFamily.IPv4,))
+    config = ProxyConfig(hostname="node-a", mode=ProxyMode.IPTABLES, families=(IPFamily.IPv4,))
     runner = IptablesCommand(IPFamily.IPv4, flavor(lab), netns=scratch)
     backend = IptablesBackend(config, {IPFamily.IPv4: runner})
     backend.start()
@@ -189,7 +190,7 @@ def test_canary_notices_flushed_tables_and_a_full_sync_repairs(lab: Lab, scratch
 def test_cleanup_removes_our_chains_in_both_flavours_and_nothing_else(
     lab: Lab, scratch: str
 ) -> None:
-    config = ProxyConfig(hostname="node-a", mode="iptables", families=(IPFamily.IPv4,))
+    config = ProxyConfig(hostname="node-a", mode=ProxyMode.IPTABLES, families=(IPFamily.IPv4,))
     svc = ServicePort(name=port_name(0), cluster_ips=("10.96.53.1",), port=80)
     snap = Snapshot({svc.name: svc}, {svc.name: (Endpoint("10.244.1.10", 8080, "node-a"),)}, NODE)
     flavors: tuple[Flavor, ...] = ("nft", "legacy")
@@ -215,7 +216,7 @@ def test_a_service_iptables_refuses_is_left_out_and_the_rest_programmed(
 ) -> None:
     """A NodePort above 65535 (the parser never lets one through; the model object is
     built directly) stands for any ServicePort whose rules iptables refuses."""
-    config = ProxyConfig(hostname="node-a", mode="iptables", families=(IPFamily.IPv4,))
+    config = ProxyConfig(hostname="node-a", mode=ProxyMode.IPTABLES, families=(IPFamily.IPv4,))
     runner = IptablesCommand(IPFamily.IPv4, flavor(lab), netns=scratch)
     backend = IptablesBackend(config, {IPFamily.IPv4: runner})
     backend.start()
@@ -277,7 +278,7 @@ def rich_snapshot(changed: bool = False) -> Snapshot:
 
 
 def dual_backend(ns: str, fl: Flavor) -> IptablesBackend:
-    config = replace(CONFIG, mode="iptables")
+    config = replace(CONFIG, mode=ProxyMode.IPTABLES)
     runners = {f: IptablesCommand(f, fl, netns=ns) for f in config.families}
     backend = IptablesBackend(config, runners)
     backend.start()
@@ -306,11 +307,11 @@ def test_after_a_full_sync_iptables_save_lists_every_chain_as_we_compare_it(
     backend = dual_backend(scratch, flavor(lab))
     snap = rich_snapshot()
     backend.sync(snap, None)
-    plans = backend._plan(snap)
+    plans = backend._fams(backend.plan(snap))
     assert [fam.family for fam in plans] == sorted(backend.runners)
     for fam in plans:
         runner = backend.runners[fam.family]
-        state, desired = backend._build(snap, fam)
+        state, desired = backend._build(backend.plan(snap), fam)
         canonical = _canonical(runner, state.settings)
         for table, chains in desired.chains.items():
             assert len(chains) > 3

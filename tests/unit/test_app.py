@@ -15,7 +15,8 @@ from collections.abc import AsyncGenerator
 import pytest
 
 from kubeproxy.app import Proxy, ServerBindError, changed_names
-from kubeproxy.backends import SyncResult
+from kubeproxy.backends.base import SyncResult
+from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.conntrack import Entry, FakeConntrack, Filter
 from kubeproxy.metrics import Metrics
@@ -27,7 +28,7 @@ from tests.unit.test_health import fetch
 
 
 class FakeBackend:
-    mode = "fake"
+    mode = ProxyMode.NFTABLES
 
     def __init__(self) -> None:
         self.syncs = 0

@@ -23,6 +23,7 @@ from kubeproxy.config.defaults import complete, default_config, mode_settings
 from kubeproxy.config.duration import Duration
 from kubeproxy.config.features import feature_flags, feature_gate_warnings
 from kubeproxy.config.flags import FLAGS, FlagError, add_arguments, apply_flags, given_flags
+from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.options import split_config
 from kubeproxy.config.types import KubeProxyConfiguration
 from kubeproxy.config.validation import validate
@@ -173,7 +174,7 @@ def test_blank_mode_is_iptables_as_upstream_with_the_iptables_section_values() -
     done = complete(cfg)
     assert done.mode == "iptables"
     assert done.node_port_addresses is None
-    assert mode_settings(done) == dataclasses.replace(before, mode="iptables")
+    assert mode_settings(done) == dataclasses.replace(before, mode=ProxyMode.IPTABLES)
     assert before.sync_period == seconds(10)
     assert before.masquerade_all is True
 
@@ -411,7 +412,7 @@ def test_messages_use_upstreams_wording() -> None:
     base = default_config()
     cfg = dataclasses.replace(
         base,
-        mode="nftables",
+        mode=ProxyMode.NFTABLES,
         nftables=dataclasses.replace(base.nftables, masquerade_bit=32, min_sync_period=NEGATIVE),
         oom_score_adj=1001,
         conntrack=dataclasses.replace(base.conntrack, udp_timeout=NEGATIVE),
@@ -476,14 +477,16 @@ def test_mode_specific_sections_are_validated_only_in_their_mode() -> None:
         ),
         nftables=dataclasses.replace(base.nftables, masquerade_bit=32),
     )
-    assert validate(dataclasses.replace(broken, mode="iptables")) == []
-    assert errors_for(dataclasses.replace(broken, mode="ipvs")) == [
+    assert validate(dataclasses.replace(broken, mode=ProxyMode.IPTABLES)) == []
+    assert errors_for(dataclasses.replace(broken, mode=ProxyMode.IPVS)) == [
         "ipvs.tcpTimeout",
         "ipvs.tcpFinTimeout",
         "ipvs.udpTimeout",
         "ipvs.excludeCIDRs[1]",
     ]
-    assert errors_for(dataclasses.replace(broken, mode="nftables")) == ["nftables.masqueradeBit"]
+    assert errors_for(dataclasses.replace(broken, mode=ProxyMode.NFTABLES)) == [
+        "nftables.masqueradeBit"
+    ]
 
 
 @pytest.mark.parametrize(

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from kubeproxy.backends import BackendError
+from kubeproxy.backends.base import BackendError
 from kubeproxy.backends.ebpf.proxier import EbpfBackend
 from kubeproxy.backends.ebpf.render import socket_entries
 from kubeproxy.backends.ebpf.teardown import SocketTeardown
 from kubeproxy.backends.nftables.proxier import NftablesBackend
-from kubeproxy.backends.planning import family_plans, service_port_plans
+from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.bpf import build
 from kubeproxy.dataplane.bpf.socklb import (
@@ -34,6 +34,7 @@ from kubeproxy.dataplane.bpf.socklb import (
 from kubeproxy.dataplane.nftables.fake import FakeNftables
 from kubeproxy.metrics import Metrics
 from kubeproxy.model.plan import ServicePortPlan
+from kubeproxy.model.planning import family_plans, service_port_plans
 from kubeproxy.model.state import NodeState, Snapshot
 from kubeproxy.model.types import (
     Endpoint,
@@ -48,7 +49,7 @@ from tests.unit.conftest import service_port
 
 CONFIG = ProxyConfig(
     hostname="node-a",
-    mode="ebpf",
+    mode=ProxyMode.EBPF,
     families=(IPFamily.IPv4, IPFamily.IPv6),
     cluster_cidrs=("10.244.0.0/16",),
     healthz_bind_address="",
@@ -143,7 +144,7 @@ def plan_of(
     port: ServicePort, eps: tuple[Endpoint, ...], family: IPFamily = IPFamily.IPv4
 ) -> ServicePortPlan:
     snap = Snapshot({port.name: port}, {port.name: eps}, NODE)
-    fam = next(f for f in family_plans(CONFIG, snap) if f.family is family)
+    fam = next(f for f in family_plans(CONFIG.planning, snap) if f.family is family)
     plan = service_port_plans(snap, fam)[port.name]
     assert plan is not None
     return plan

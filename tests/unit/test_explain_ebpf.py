@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.bpf.socklb import Backends, Target
 from kubeproxy.explain.command import explain_packet
@@ -123,7 +124,7 @@ def test_live_drift_finds_an_entry_the_plan_leaves_to_nftables() -> None:
 
 def test_the_command_explains_ebpf_mode_with_the_hooks_objects() -> None:
     s = svc()
-    config = ProxyConfig(hostname="node-a", mode="ebpf", cluster_cidrs=("10.244.0.0/16",))
+    config = ProxyConfig(hostname="node-a", mode=ProxyMode.EBPF, cluster_cidrs=("10.244.0.0/16",))
     snapshot = Snapshot(
         {s.name: s}, {s.name: (L1,)}, NodeState("node-a", "zone-a", {IPFamily.IPv4: NODE_IP})
     )

@@ -11,6 +11,7 @@ from prometheus_client import generate_latest
 
 from kubeproxy.backends.iptables.proxier import IptablesBackend
 from kubeproxy.backends.iptables.render import NFACCT_COUNTERS
+from kubeproxy.config.modes import ProxyMode
 from kubeproxy.dataplane.iptables.fake import FakeIptables
 from kubeproxy.dataplane.iptables.restore import Restore
 from kubeproxy.dataplane.iptables.runner import IptablesError
@@ -20,7 +21,7 @@ from kubeproxy.model.state import Snapshot
 from kubeproxy.model.types import IPFamily
 from tests.partial_sync_machine import CONFIG, NODE
 
-V4 = replace(CONFIG, mode="iptables", families=(IPFamily.IPv4,), localhost_nodeports=False)
+V4 = replace(CONFIG, mode=ProxyMode.IPTABLES, families=(IPFamily.IPv4,), localhost_nodeports=False)
 
 
 def started(nfacct: FakeNfacct, tmp_path: Path) -> IptablesBackend:

@@ -14,13 +14,14 @@ from kubeproxy.backends.iptables.proxier import (
     IptablesBackend,
     declare_largest_first,
 )
+from kubeproxy.config.modes import ProxyMode
 from kubeproxy.dataplane.iptables.fake import FakeIptables
 from kubeproxy.dataplane.iptables.restore import Restore, RestoreError
 from kubeproxy.model.state import Snapshot
 from kubeproxy.model.types import Endpoint, IPFamily, ServicePort
 from tests.partial_sync_machine import CONFIG, NODE, port_name
 
-V4 = replace(CONFIG, mode="iptables", families=(IPFamily.IPv4,))
+V4 = replace(CONFIG, mode=ProxyMode.IPTABLES, families=(IPFamily.IPv4,))
 
 
 def snapshot(services: int, endpoints: int) -> Snapshot:
@@ -67,8 +68,8 @@ def test_the_ordered_input_means_what_the_unordered_one_did() -> None:
     # The same full sync, its input applied as built (chain lines in build order).
     unordered = backend()
     runner = unordered.runners[IPFamily.IPv4]
-    fam = unordered._plan(snap)[0]
-    _, desired = unordered._build(snap, fam)
+    fam = unordered._fams(unordered.plan(snap))[0]
+    _, desired = unordered._build(unordered.plan(snap), fam)
     restore = desired.restore()
     unordered._ensure_jumps(runner, fam)
     built = [list(part.chains) for _, part in restore]
@@ -135,8 +136,8 @@ def test_a_full_sync_holds_no_rules_and_renders_them_as_it_prints() -> None:
     # Per ServicePort: its chains as (name, rule count, hash), not the rules.
     held = next(iter(state.rules.values()))
     assert all(isinstance(n, int) and isinstance(h, int) for _, n, h in held.chains)
-    fam = ipt._plan(snap)[0]
-    _, desired = ipt._build(snap, fam)
+    fam = ipt._fams(ipt.plan(snap))[0]
+    _, desired = ipt._build(ipt.plan(snap), fam)
     assert not any(c.startswith("KUBE-SEP-") for c in desired.chains["nat"])
     restore = desired.restore()
     (nat,) = [part for table, part in restore if table == "nat"]
@@ -153,7 +154,10 @@ def test_kubelets_firewall_chain_and_its_jumps_are_ensured_in_every_family() -> 
     written for IPv4 with localhost NodePorts (here: neither). Upstream's cleanup then
     finds the node as it leaves it (tests/realk8s/test_differential.py's "both cleanups")."""
     config = replace(
-        CONFIG, mode="iptables", families=(IPFamily.IPv4, IPFamily.IPv6), localhost_nodeports=False
+        CONFIG,
+        mode=ProxyMode.IPTABLES,
+        families=(IPFamily.IPv4, IPFamily.IPv6),
+        localhost_nodeports=False,
     )
     runners = {f: FakeIptables(f) for f in config.families}
     IptablesBackend(config, dict(runners)).sync(Snapshot({}, {}, NODE), None)

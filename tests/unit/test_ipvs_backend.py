@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from kubeproxy.backends import BackendError
+from kubeproxy.backends.base import BackendError
 from kubeproxy.backends.ipvs import names as n
 from kubeproxy.backends.ipvs.diff import Observed, diff
 from kubeproxy.backends.ipvs.graceful import Action, GracefulTermination
 from kubeproxy.backends.ipvs.proxier import IpvsBackend, cleanup, sysctls
 from kubeproxy.backends.ipvs.render import desired_state
-from kubeproxy.backends.planning import family_plans, service_port_plans
+from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.runtime import ConfigError, IpvsSettings, ProxyConfig
 from kubeproxy.dataplane.ipset.fake import FakeIpset
 from kubeproxy.dataplane.iptables.fake import FakeIptables
@@ -33,6 +33,7 @@ from kubeproxy.dataplane.ipvs import (
 from kubeproxy.dataplane.ipvs.fake import FakeIpvs, FakeLinks
 from kubeproxy.dataplane.kernel import kernel_version
 from kubeproxy.model.nodeports import NodePortAddresses
+from kubeproxy.model.planning import family_plans, service_port_plans
 from kubeproxy.model.state import NodeState, Snapshot
 from kubeproxy.model.types import Endpoint, IPFamily, ServicePort, TrafficPolicy
 from tests.unit.conftest import port_name
@@ -40,7 +41,7 @@ from tests.unit.conftest import port_name
 NODE = NodeState("node-a", None, {IPFamily.IPv4: "192.168.50.1"})
 CONFIG = ProxyConfig(
     hostname="node-a",
-    mode="ipvs",
+    mode=ProxyMode.IPVS,
     families=(IPFamily.IPv4,),
     cluster_cidrs=("10.244.0.0/16",),
     nodeport_addresses=NodePortAddresses((), primary=False),
@@ -91,7 +92,7 @@ IpvsFamily = IPFamily.IPv4
 
 
 def desired(snapshot: Snapshot, config: ProxyConfig = CONFIG, scheduler: str = "rr"):  # type: ignore[no-untyped-def]
-    fam = family_plans(config, snapshot)[0]
+    fam = family_plans(config.planning, snapshot)[0]
     plans = [p for p in service_port_plans(snapshot, fam).values() if p is not None]
     return desired_state(fam, plans, scheduler=scheduler, node_addresses={"192.168.50.1"})
 

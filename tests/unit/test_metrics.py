@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from kubeproxy import __version__
-from kubeproxy.backends import SyncResult
+from kubeproxy.backends.base import SyncResult
 from kubeproxy.config.defaults import default_config
 from kubeproxy.config.features import FEATURE_GATE_STAGES, KNOWN_FEATURE_GATES, feature_states
 from kubeproxy.config.flags import apply_flags

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 
-from kubeproxy.backends import SyncResult
+from kubeproxy.backends.base import SyncResult
 from kubeproxy.metrics import DEFAULT_METRICS_BIND_ADDRESS, Metrics
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kubeproxy.backends import BackendError
+from kubeproxy.backends.base import BackendError
 from kubeproxy.backends.nftables.proxier import NftablesBackend
 from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.nftables.runner import NftCommand, NftError

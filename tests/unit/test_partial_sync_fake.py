@@ -11,6 +11,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from kubeproxy.backends.iptables.proxier import IptablesBackend
+from kubeproxy.config.modes import ProxyMode
 from kubeproxy.dataplane.iptables.fake import FakeIptables
 from kubeproxy.dataplane.nftables.fake import FakeNftables
 from kubeproxy.dataplane.nftables.runner import NftRunner
@@ -33,7 +34,7 @@ class IptablesOnTheFake(PartialVersusFull):
     SERVICES: ClassVar[int] = 40
 
     def backend(self, role: str) -> Any:
-        config = replace(CONFIG, mode="iptables")
+        config = replace(CONFIG, mode=ProxyMode.IPTABLES)
         return IptablesBackend(config, {f: FakeIptables(f) for f in config.families})
 
     def state(self, backend: Any) -> object:

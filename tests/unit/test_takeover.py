@@ -10,11 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from kubeproxy.backends import BackendError, removal_summary
-from kubeproxy.backends.iptables.proxier import IptablesBackend, working_runners
+from kubeproxy.backends.base import BackendError
+from kubeproxy.backends.iptables.proxier import IptablesBackend
 from kubeproxy.backends.iptables.proxier import owned as iptables_owned
+from kubeproxy.backends.iptables.runners import working_runners
 from kubeproxy.backends.ipvs.proxier import owned as ipvs_owned
 from kubeproxy.backends.nftables.proxier import NftablesBackend
+from kubeproxy.backends.registry import removal_summary
+from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.bpf.socklb import SockLBError, _pin_dir_ready
 from kubeproxy.dataplane.iptables.cleanup import cleanup_chains
@@ -73,7 +76,7 @@ def test_an_explicit_flavour_is_not_second_guessed() -> None:
 
 def test_iptables_mode_start_uses_the_working_flavour(tmp_path: Path) -> None:
     backend = IptablesBackend(
-        ProxyConfig("node-a", mode="iptables", localhost_nodeports=False),
+        ProxyConfig("node-a", mode=ProxyMode.IPTABLES, localhost_nodeports=False),
         _runners("nft", "broken"),
         reopen=_runners,
         proc=tmp_path,

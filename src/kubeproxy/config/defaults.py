@@ -20,6 +20,7 @@ import ipaddress
 from dataclasses import dataclass
 
 from kubeproxy.config.duration import Duration
+from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.types import (
     DEFAULT_MODE,
     KUBE_PROXY_OOM_SCORE_ADJ,
@@ -133,14 +134,14 @@ def default_config() -> KubeProxyConfiguration:
 def sync_section(mode: str) -> str:
     """The v1alpha1 section whose sync periods a mode uses (upstream's conversion: ipvs
     and nftables their own, anything else, blank included, iptables)."""
-    if mode == "ebpf":
+    if mode == ProxyMode.EBPF:
         return "nftables"
-    return mode if mode in ("ipvs", "nftables") else "iptables"
+    return mode if mode in (ProxyMode.IPVS, ProxyMode.NFTABLES) else "iptables"
 
 
 def masquerade_section(mode: str) -> str:
     """The section whose masqueradeAll a mode uses (ipvs shares iptables')."""
-    return "nftables" if mode in ("nftables", "ebpf") else "iptables"
+    return "nftables" if mode in (ProxyMode.NFTABLES, ProxyMode.EBPF) else "iptables"
 
 
 def complete(
@@ -159,7 +160,7 @@ def complete(
         cfg = _with_mode_values(
             cfg, source.sync_period, source.min_sync_period, source.masquerade_all
         )
-    if cfg.mode in ("nftables", "ebpf") and not cfg.node_port_addresses:
+    if cfg.mode in (ProxyMode.NFTABLES, ProxyMode.EBPF) and not cfg.node_port_addresses:
         cfg = dataclasses.replace(cfg, node_port_addresses=(NODE_PORT_ADDRESSES_PRIMARY,))
     if not cfg.detect_local_mode:
         cfg = dataclasses.replace(cfg, detect_local_mode="ClusterCIDR")
@@ -202,7 +203,9 @@ def mode_settings(cfg: KubeProxyConfiguration) -> ModeSettings:
     masquerade_all = getattr(cfg, masquerade_section(cfg.mode)).masquerade_all
     # The nftables proxier reads nftables.masqueradeBit; the others iptables'.
     bit = (
-        cfg.nftables.masquerade_bit if mode in ("nftables", "ebpf") else cfg.iptables.masquerade_bit
+        cfg.nftables.masquerade_bit
+        if mode in (ProxyMode.NFTABLES, ProxyMode.EBPF)
+        else cfg.iptables.masquerade_bit
     )
     return ModeSettings(
         mode=mode,

@@ -12,16 +12,19 @@ takes it.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import socket
 from dataclasses import dataclass, field
 
 from kubeproxy.config.duration import Duration
+from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.types import KubeProxyConntrackConfiguration
 from kubeproxy.dataplane.sysctl import ConntrackSettings
 from kubeproxy.model.nodeports import NodePortAddresses
 from kubeproxy.model.plan import DetectLocal
+from kubeproxy.model.planning import PlanSettings
 from kubeproxy.model.topology import FeatureFlags
 from kubeproxy.model.types import IPFamily, family_of
 
@@ -49,7 +52,7 @@ class IpvsSettings:
 @dataclass(frozen=True)
 class ProxyConfig:
     hostname: str
-    mode: str = "nftables"
+    mode: ProxyMode = ProxyMode.NFTABLES
     cluster_cidrs: tuple[str, ...] = ()
     # --detect-local-mode and its interface settings (ClusterCIDR uses cluster_cidrs).
     detect_local: DetectLocal = field(default_factory=DetectLocal)
@@ -85,9 +88,30 @@ class ProxyConfig:
     ebpf_fallback: str = "none"
     bpf_cache: str = "/var/cache/kubeproxy/bpf"
 
+    def __post_init__(self) -> None:
+        # A mode given as its text (an operator's value) becomes the enum, or fails here.
+        object.__setattr__(self, "mode", ProxyMode(self.mode))
+
     @property
     def masquerade_mark(self) -> int:
         return 1 << self.masquerade_bit
+
+    @functools.cached_property
+    def planning(self) -> PlanSettings:
+        """What the plan reads of this configuration (the mode's policy choices made
+        here, once: localhost NodePorts are iptables mode's)."""
+        return PlanSettings(
+            families=self.families,
+            nodeport_addresses=self.nodeport_addresses,
+            detect_local=self.detect_local,
+            cluster_cidrs=self.cluster_cidrs,
+            service_cidrs=self.service_cidrs,
+            masquerade_all=self.masquerade_all,
+            masquerade_mark=self.masquerade_mark,
+            features=self.features,
+            localhost_nodeports=self.mode is ProxyMode.IPTABLES and self.localhost_nodeports,
+            mode=self.mode,
+        )
 
     def cluster_cidrs_of(self, family: IPFamily) -> tuple[str, ...]:
         return tuple(c for c in self.cluster_cidrs if family_of(c) is family)

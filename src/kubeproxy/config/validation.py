@@ -20,6 +20,7 @@ from typing import Any
 from kubeproxy.config.defaults import sync_section
 from kubeproxy.config.duration import Duration, go_quote
 from kubeproxy.config.features import effective_feature_gates
+from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.types import (
     DEFAULT_MODE,
     INT32,
@@ -80,9 +81,9 @@ def validation_errors(cfg: KubeProxyConfiguration) -> list[FieldError]:
     errs: list[FieldError] = []
     section = sync_section(cfg.mode)
     errs += _masquerade_bit(cfg.iptables.masquerade_bit, "iptables.masqueradeBit")
-    if cfg.mode == "ipvs":
+    if cfg.mode == ProxyMode.IPVS:
         errs += _ipvs(cfg.ipvs)
-    elif cfg.mode in ("nftables", "ebpf"):
+    elif cfg.mode in (ProxyMode.NFTABLES, ProxyMode.EBPF):
         errs += _masquerade_bit(cfg.nftables.masquerade_bit, "nftables.masqueradeBit")
     errs += _conntrack(cfg.conntrack)
     if cfg.oom_score_adj is not None and not -1000 <= cfg.oom_score_adj <= 1000:

@@ -2,8 +2,8 @@
 
 The caller (:mod:`kubeproxy.cli`) loads the snapshot from the same source ``run`` would
 use; here the configuration and the snapshot become the same plans a sync programs
-(:func:`~kubeproxy.backends.planning.family_plans`,
-:func:`~kubeproxy.backends.planning.service_port_plans`), which the pure modules explain
+(:func:`~kubeproxy.model.planning.family_plans`,
+:func:`~kubeproxy.model.planning.service_port_plans`), which the pure modules explain
 or list. ``--live`` is the only side effect: it reads the node's addresses and the
 kernel's objects (:mod:`kubeproxy.explain.live`; in ebpf mode also the pinned map of
 the socket hooks, :mod:`kubeproxy.explain.socket_hooks`).
@@ -27,7 +27,7 @@ from kubeproxy.backends.iptables import render as ipt
 from kubeproxy.backends.ipvs.names import DUMMY_DEVICE
 from kubeproxy.backends.ipvs.render import node_port_addresses
 from kubeproxy.backends.nftables import render as nft
-from kubeproxy.backends.planning import family_plans, service_port_plans
+from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.runtime import ConfigError, ProxyConfig
 from kubeproxy.dataplane.bpf.socklb import pinned_entry, unlinked_hooks
 from kubeproxy.dataplane.ipset import IpsetError
@@ -47,6 +47,7 @@ from kubeproxy.explain.packet import (
     explain_frontend,
 )
 from kubeproxy.model.plan import FamilyPlan, FrontendKind, ServicePortPlan
+from kubeproxy.model.planning import family_plans, service_port_plans
 from kubeproxy.model.state import NodeState, Snapshot
 from kubeproxy.model.types import IPFamily
 
@@ -60,7 +61,7 @@ class Explained:
 
 def _family(config: ProxyConfig, snapshot: Snapshot, family: IPFamily) -> FamilyPlan:
     # Any family can be explained offline, whether or not this machine has it.
-    return family_plans(replace(config, families=(family,)), snapshot)[0]
+    return family_plans(replace(config, families=(family,)).planning, snapshot)[0]
 
 
 def _plans(snapshot: Snapshot, fam: FamilyPlan) -> list[ServicePortPlan]:
@@ -69,7 +70,7 @@ def _plans(snapshot: Snapshot, fam: FamilyPlan) -> list[ServicePortPlan]:
 
 def proxy_mode(config: ProxyConfig) -> str:
     """Whose rules the packet walk models (ebpf mode: nftables', then its hooks)."""
-    return config.mode if config.mode in ("iptables", "ipvs") else "nftables"
+    return config.mode if config.mode in (ProxyMode.IPTABLES, ProxyMode.IPVS) else "nftables"
 
 
 def explain_packet(
@@ -86,7 +87,7 @@ def explain_packet(
     mode = proxy_mode(config)
     if live_check:
         # ipvs mode's kube-ipvs0 holds Service addresses, not the node's.
-        skip = DUMMY_DEVICE if mode == "ipvs" else None
+        skip = DUMMY_DEVICE if mode == ProxyMode.IPVS else None
         try:
             node = NodeAddresses(known | live.node_addresses(skip=skip), complete=True)
         except (ToolError, ValueError) as err:
@@ -99,7 +100,7 @@ def explain_packet(
         )  # fmt: skip
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    if config.mode == "ebpf":
+    if config.mode == ProxyMode.EBPF:
         result = socket_hooks.through_hooks(result, fam, snapshot.endpoints)
     hooks = result.verdict is Outcome.SOCKET_LB
     objects = (
@@ -108,7 +109,7 @@ def explain_packet(
     drift: list[str] | None = None
     if live_check:
         drift = [] if hooks else _drift(config, result, fam, objects)
-        if config.mode == "ebpf" and (hooks or result.origin is not Origin.OUTSIDE):
+        if config.mode == ProxyMode.EBPF and (hooks or result.origin is not Origin.OUTSIDE):
             drift += _socket_drift(config, result)
     return Explained(result, objects, drift)
 
@@ -174,9 +175,9 @@ def _drift(
 ) -> list[str]:
     kernel = kernel or _Kernel(config)
     try:
-        if proxy_mode(config) == "ipvs":
+        if proxy_mode(config) == ProxyMode.IPVS:
             return live.ipvs_drift(objects, kernel.ipvs(objects))
-        if proxy_mode(config) == "nftables":
+        if proxy_mode(config) == ProxyMode.NFTABLES:
             chains, elements = live.read_nft(result, fam, objects, kernel.read)
             if not chains:
                 return [f"no table {fam.family.value} kube-proxy: kubeproxy has not synced here"]
@@ -231,7 +232,7 @@ def list_live(
     scheduler = config.ipvs.scheduler
     kernel = _Kernel(config, whole=True)
     addresses: frozenset[str] = frozenset()
-    if mode == "ipvs":
+    if mode == ProxyMode.IPVS:
         try:
             addresses = live.node_addresses(kernel.read, skip=DUMMY_DEVICE)
         except (ToolError, ValueError) as err:
@@ -240,14 +241,14 @@ def list_live(
     out: list[tuple[FrontendKind, Row]] = []
     expected: list[KernelObject] = []
     kernel_only: list[str] = []
-    for fam in family_plans(config, snapshot):
+    for fam in family_plans(config.planning, snapshot):
         plans = select(_plans(snapshot, fam), namespace, names)
         node_ips = node_port_addresses(fam, addresses)
         fam_expected: list[KernelObject] = []
         for plan in plans:
             for frontend in plan.frontends:
                 via: list[str | None] = [None]
-                if mode == "ipvs" and frontend.kind is FrontendKind.NODE_PORT:
+                if mode == ProxyMode.IPVS and frontend.kind is FrontendKind.NODE_PORT:
                     via = list(node_ips)  # a virtual server on each NodePort address
                 drift: list[str] = []
                 for node_ip in via:
@@ -258,7 +259,7 @@ def list_live(
                     objects = kernel_objects(result, fam, scheduler)
                     fam_expected.extend(objects)
                     drift += _drift(config, result, fam, objects, kernel)
-                if config.mode == "ebpf" and frontend.kind is not FrontendKind.NODE_PORT:
+                if config.mode == ProxyMode.EBPF and frontend.kind is not FrontendKind.NODE_PORT:
                     mine = explain_frontend(
                         plan, frontend, fam, snapshot.endpoints, origin=Origin.NODE
                     )
@@ -268,9 +269,9 @@ def list_live(
                 r = row(plan, frontend, snapshot.endpoints, snapshot.node.name)
                 out.append((frontend.kind, replace(r, drift=tuple(drift))))
         expected.extend(fam_expected)
-        if whole and mode != "ipvs":
+        if whole and mode != ProxyMode.IPVS:
             kernel_only += _kernel_only(config, fam, plans, kernel)
-    if whole and mode == "ipvs":
+    if whole and mode == ProxyMode.IPVS:
         bound = {o.name for o in expected if o.kind == "address"}
         try:
             kernel_only += live.ipvs_kernel_only(kernel.ipvs(()), expected, bound)
@@ -286,7 +287,7 @@ def _kernel_only(
     """nftables (and ebpf) and iptables modes: what the kernel holds for a ServicePort
     that no plan of ``fam`` has (rendered again here, as a sync would)."""
     try:
-        if proxy_mode(config) == "nftables":
+        if proxy_mode(config) == ProxyMode.NFTABLES:
             want = [
                 (set_name, key)
                 for rules in (nft.render_service_port(plan, fam) for plan in plans)
@@ -314,7 +315,7 @@ def list_frontends(
     """Every frontend's row, of the Services in ``namespace`` named ``names`` (see
     :func:`~kubeproxy.explain.listing.select`)."""
     out: list[Row] = []
-    for fam in family_plans(config, snapshot):
+    for fam in family_plans(config.planning, snapshot):
         plans = select(_plans(snapshot, fam), namespace, names)
         out.extend(rows(plans, snapshot.endpoints, snapshot.node.name))
     return out

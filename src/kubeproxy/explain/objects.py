@@ -33,6 +33,7 @@ from kubeproxy.backends.nftables.table import (
     TABLE,
     Vocabulary,
 )
+from kubeproxy.config.modes import ProxyMode
 from kubeproxy.dataplane.ipvs import VirtualServer
 from kubeproxy.explain.packet import Explanation, Outcome
 from kubeproxy.model.plan import FamilyPlan, Frontend, FrontendKind, ServicePortPlan
@@ -87,7 +88,7 @@ def kernel_objects(
         return _unmatched(result, fam)
     if result.mode in NFT_RULES:
         return _nft(plan, frontend, fam)
-    if result.mode == "ipvs":
+    if result.mode == ProxyMode.IPVS:
         return _ipvs(result, plan, frontend, fam, scheduler)
     return _iptables(result, plan, frontend, fam)
 

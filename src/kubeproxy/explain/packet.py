@@ -38,6 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from kubeproxy.config.modes import ProxyMode
 from kubeproxy.model.plan import (
     FamilyPlan,
     Frontend,
@@ -372,7 +373,7 @@ def _decide(
     reasons.append(f"matches {frontend.kind.value} {frontend} of {name}")
     if frontend.kind is FrontendKind.LOAD_BALANCER and frontend.source_ranges:
         allowed = _in_cidrs(packet.src, frontend.source_ranges)
-        applies = mode == "nftables" or plan.selection.has_any
+        applies = mode == ProxyMode.NFTABLES or plan.selection.has_any
         ranges = ", ".join(frontend.source_ranges)
         if not allowed and applies:
             reasons.append(f"loadBalancerSourceRanges ({ranges}) do not include {packet.src}: DROP")
@@ -443,7 +444,7 @@ def _decide(
     if not used:
         verdict, why = _unreachable(route, what)
         if (
-            mode == "iptables"
+            mode == ProxyMode.IPTABLES
             and frontend.kind is not FrontendKind.CLUSTER_IP
             and frontend.kind is not FrontendKind.NODE_PORT
             and src.node_rule
@@ -463,7 +464,7 @@ def _decide(
     hairpin = set(plan.hairpin)
     candidates = []
     for ep in used:
-        self_ = packet.src == ep.ip and (mode == "iptables" or ep.ip in hairpin)
+        self_ = packet.src == ep.ip and (mode == ProxyMode.IPTABLES or ep.ip in hairpin)
         candidates.append(Candidate(ep, 1 / len(used), masq or self_))
     reasons.append(f"DNAT to one of {len(used)} endpoint(s), each with probability 1/{len(used)}")
     reasons.append(masq_why)
@@ -624,7 +625,7 @@ def _no_match(
         for f in p.frontends
         if f.kind is not FrontendKind.NODE_PORT and f.ip and not ctx.node.owns(f.ip)
     }
-    if mode == "ipvs" and dst in bound and not (health and nodeport[0]):
+    if mode == ProxyMode.IPVS and dst in bound and not (health and nodeport[0]):
         verdict = Outcome.REJECT
         reasons.append(
             f"{dst} is on kube-ipvs0: new connections to a port no Service uses are rejected "
@@ -632,14 +633,14 @@ def _no_match(
         )
     elif health and proto is L4Protocol.TCP and nodeport[0]:
         reasons.append(f"{port} is the healthCheckNodePort of {health[0].name.service}")
-        if mode in ("iptables", "ipvs"):
+        if mode in (ProxyMode.IPTABLES, ProxyMode.IPVS):
             verdict = Outcome.ACCEPT
-            chain = "KUBE-NODE-PORT" if mode == "ipvs" else "KUBE-NODEPORTS"
+            chain = "KUBE-NODE-PORT" if mode == ProxyMode.IPVS else "KUBE-NODEPORTS"
             reasons.append(f"accepted for kubeproxy's health server (filter {chain}): ACCEPT")
         else:
             reasons.append("kubeproxy's health server answers it; no rule is needed")
     elif dst in cluster_ips:
-        if mode == "nftables":
+        if mode == ProxyMode.NFTABLES:
             verdict = Outcome.REJECT
             reasons.append(
                 f"{dst} is an allocated ClusterIP: other ports are rejected "
@@ -651,7 +652,7 @@ def _no_match(
                 "other ports alone: not touched"
             )
     elif fam.service_cidrs and _in_cidrs(dst, fam.service_cidrs):
-        if mode == "nftables":
+        if mode == ProxyMode.NFTABLES:
             verdict = Outcome.DROP
             reasons.append(
                 f"{dst} is in a service IP range ({', '.join(fam.service_cidrs)}) but "
@@ -699,7 +700,7 @@ def explain_frontend(
     ctx = _Context(packet, fam, mode, _classify(packet, fam, node, origin), node, scheduler)
     want_v6 = fam.family is IPFamily.IPv6
     family_eps = [ep for ep in endpoints.get(plan.name, ()) if (":" in ep.ip) is want_v6]
-    decide = _decide_ipvs if mode == "ipvs" else _decide
+    decide = _decide_ipvs if mode == ProxyMode.IPVS else _decide
     return decide(ctx, plan, frontend, family_eps)
 
 
@@ -733,7 +734,7 @@ def explain(
     plan, frontend = matches[0]
     want_v6 = fam.family is IPFamily.IPv6
     family_eps = [ep for ep in endpoints.get(plan.name, ()) if (":" in ep.ip) is want_v6]
-    decide = _decide_ipvs if mode == "ipvs" else _decide
+    decide = _decide_ipvs if mode == ProxyMode.IPVS else _decide
     result = decide(ctx, plan, frontend, family_eps)
     extra: list[str] = []
     if frontend.kind is FrontendKind.NODE_PORT:

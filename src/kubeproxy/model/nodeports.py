@@ -56,6 +56,17 @@ class NodePortAddresses:
         # modes; nftables mode's default of "primary" is filled in by the config).
         return cls(tuple(dict.fromkeys(cidrs)), primary)
 
+    def admits_ipv4_loopback(self) -> bool:
+        """Whether NodePorts may be reached on 127.0.0.1 (upstream's
+        ContainsIPv4Loopback): the one decision behind iptables mode's localhost
+        NodePorts, both the plan's rules and the route_localnet sysctl. Never with
+        ``primary``: a node's primary IP is never loopback."""
+        if self.primary:
+            return False
+        v4 = [ipaddress.ip_network(c) for c in self.cidrs if family_of(c) is IPFamily.IPv4]
+        loopback = ipaddress.ip_address("127.0.0.1")
+        return not v4 or any(loopback in n for n in v4)
+
     def for_family(self, family: IPFamily, primary_ip: str | None) -> FamilyNodePorts:
         if self.primary:
             usable = primary_ip is not None and not ipaddress.ip_address(primary_ip).is_loopback

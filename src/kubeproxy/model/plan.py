@@ -166,14 +166,10 @@ def plan_family(
     localhost_nodeports: bool = False,
 ) -> FamilyPlan:
     node_ports = nodeport_addresses.for_family(family, primary_ip)
-    loopback = ipaddress.ip_address("127.0.0.1")
     localhost_nodeports = (
         localhost_nodeports
         and family is IPFamily.IPv4
-        and (
-            node_ports.match_all
-            or any(loopback in ipaddress.ip_network(r) for r in node_ports.ranges)
-        )
+        and nodeport_addresses.admits_ipv4_loopback()
     )
     if node_ports.ranges:
         node_ports = FamilyNodePorts(node_ports.match_all, merge_cidrs(node_ports.ranges))

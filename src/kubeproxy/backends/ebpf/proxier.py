@@ -38,10 +38,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
 
-from kubeproxy.backends import Backend, BackendError, SyncResult
+from kubeproxy.backends.base import BackendError, PlannedBackend, SyncResult
 from kubeproxy.backends.ebpf.render import Entries, socket_entries
 from kubeproxy.backends.ebpf.teardown import SocketTeardown
-from kubeproxy.backends.planning import family_plans, service_port_plans
+from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.bpf.build import BuildError, build
 from kubeproxy.dataplane.bpf.libbpf import BpfError
@@ -56,7 +56,7 @@ from kubeproxy.dataplane.bpf.socklb import (
     cgroup2_root,
     cleanup,
 )
-from kubeproxy.model.state import Snapshot
+from kubeproxy.model.planning import NodePlan
 from kubeproxy.model.types import L4Protocol, ServicePortName
 
 log = logging.getLogger(__name__)
@@ -88,13 +88,13 @@ def socket_lb_opener(config: ProxyConfig) -> Callable[[], SocketLB]:
     return open_lb
 
 
-class EbpfBackend:
-    mode = "ebpf"
+class EbpfBackend(PlannedBackend):
+    mode = ProxyMode.EBPF
 
     def __init__(
-        self, config: ProxyConfig, nftables: Backend, open_lb: Callable[[], SocketLB]
+        self, config: ProxyConfig, nftables: PlannedBackend, open_lb: Callable[[], SocketLB]
     ) -> None:
-        self.config = config
+        super().__init__(config)
         self.nftables = nftables
         self._open_lb = open_lb
         self._lb: SocketLB | None = None
@@ -152,16 +152,16 @@ class EbpfBackend:
 
     # ------------------------------------------------------------------ sync
 
-    def sync(self, snapshot: Snapshot, changed: set[ServicePortName] | None) -> SyncResult:
+    def sync_plan(self, plan: NodePlan, changed: set[ServicePortName] | None) -> SyncResult:
         if self.fallback:
-            return self.nftables.sync(snapshot, changed)
+            return self.nftables.sync_plan(plan, changed)
         lb = self.socket_lb
         started, cpu = time.perf_counter(), time.thread_time()
         names = None if changed is None or self._programmed is None else changed
         try:
             if self._programmed is None:
                 self._programmed = lb.services.dump()
-            touched = self._plan(snapshot, names)
+            touched = self._want(plan, names)
             stale: list[tuple[Frontend, Target]] = []
             written: dict[Frontend, tuple[Target, ...]] = {}
             operations = self._write(lb.services, self._programmed, touched, stale, written)
@@ -173,20 +173,20 @@ class EbpfBackend:
         self.map_cpu_seconds = time.thread_time() - cpu
         if written:
             self.teardown.submit(stale, written)
-        result = self.nftables.sync(snapshot, changed)
+        result = self.nftables.sync_plan(plan, changed)
         result.operations += operations
         result.elements += sum(1 + len(b.targets) for b in self._programmed.values())
         result.apply_seconds += seconds
         return result
 
-    def _plan(self, snapshot: Snapshot, names: Iterable[ServicePortName] | None) -> set[Frontend]:
+    def _want(self, plan: NodePlan, names: Iterable[ServicePortName] | None) -> set[Frontend]:
         """Update the wanted entries of ``names`` (all when None); the frontends touched."""
         plans: dict[ServicePortName, Entries] = {}
-        for fam in family_plans(self.config, snapshot):
-            for name, plan in service_port_plans(snapshot, fam, names).items():
+        for fam in plan.families:
+            for name, port in plan.service_ports(fam, names).items():
                 entries = plans.setdefault(name, {})
-                if plan is not None:
-                    entries.update(socket_entries(plan))
+                if port is not None:
+                    entries.update(socket_entries(port))
         if names is None:
             touched = set(self._owner) | set(self._programmed or ())
             self._wanted, self._owner = {}, {}
@@ -248,20 +248,20 @@ class EbpfBackend:
             problem = self._lb.check()
         return problem
 
-    def render(self, snapshot: Snapshot) -> str:
+    def render_plan(self, plan: NodePlan) -> str:
         """The nftables script, then the socket map's entries as nft comments."""
         lines = ["", "# ebpf mode: socket load-balancing (kp_svc4), frontend -> endpoints"]
-        for fam in family_plans(self.config, snapshot):
-            for _, plan in sorted(service_port_plans(snapshot, fam).items()):
-                if plan is None:
+        for fam in plan.families:
+            for _, port in sorted(plan.service_ports(fam).items()):
+                if port is None:
                     continue
-                for frontend, backends in socket_entries(plan).items():
+                for frontend, backends in socket_entries(port).items():
                     to = ", ".join(str(t) for t in backends.targets)
                     affinity = f" (ClientIP affinity {backends.affinity}s)" * bool(
                         backends.affinity
                     )
                     lines.append(f"# {frontend} -> {to}{affinity}")
-        return self.nftables.render(snapshot) + "\n".join(lines) + "\n"
+        return self.nftables.render_plan(plan) + "\n".join(lines) + "\n"
 
     def counters(self) -> dict[str, int]:
         """nftables mode's, and the socket teardown's (metrics read them at scrape time)."""

@@ -37,14 +37,13 @@ canary check between changes looks for ``KUBE-PROXY-CANARY`` in mangle, nat and 
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kubeproxy.backends import BackendError, SyncResult
+from kubeproxy.backends.base import BackendError, PlannedBackend, SyncResult
 from kubeproxy.backends.iptables.diff import Canonical, differing, rule_text
 from kubeproxy.backends.iptables.dispatch import Args, DispatchTree, EntryId
 from kubeproxy.backends.iptables.names import (
@@ -66,7 +65,8 @@ from kubeproxy.backends.iptables.render import (
     jump_args,
     render_service_port,
 )
-from kubeproxy.backends.planning import family_plans, service_port_plans
+from kubeproxy.backends.iptables.runners import Reopen, working_runners
+from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.iptables.cleanup import NOTHING, Keep, KeepMap, cleanup_chains
 from kubeproxy.dataplane.iptables.listing import UnreadableTableError
@@ -74,15 +74,13 @@ from kubeproxy.dataplane.iptables.restore import Restore
 from kubeproxy.dataplane.iptables.rules import RuleError, canonical_text
 from kubeproxy.dataplane.iptables.runner import (
     FLAVORS,
-    Flavor,
     Iptables,
     IptablesCommand,
     IptablesError,
-    detect_flavor_why,
 )
 from kubeproxy.dataplane.nfacct import Nfacct, NfacctError
 from kubeproxy.model.plan import FamilyPlan
-from kubeproxy.model.state import Snapshot
+from kubeproxy.model.planning import NodePlan
 from kubeproxy.model.types import IPFamily, ServicePortName
 
 log = logging.getLogger(__name__)
@@ -190,10 +188,10 @@ class _Family:
     no_local_external: int = 0
 
 
-class IptablesBackend:
+class IptablesBackend(PlannedBackend):
     """Programs upstream's iptables layout (``KUBE-SERVICES``, ``KUBE-SVC-...``) per family."""
 
-    mode = "iptables"
+    mode = ProxyMode.IPTABLES
 
     def __init__(
         self,
@@ -207,7 +205,7 @@ class IptablesBackend:
     ) -> None:
         """``reopen``: with ``--iptables-backend auto``, the other flavour's runners, in
         case the detected one does not work here (see :func:`working_runners`)."""
-        self.config = config
+        super().__init__(config)
         self.runners = dict(runners)
         self.reopen = reopen
         self.tcp_be_liberal = tcp_be_liberal
@@ -216,7 +214,6 @@ class IptablesBackend:
         self.accounting: frozenset[str] = frozenset()
         self.proc = proc
         self._families: dict[IPFamily, _Family] = {}
-        self._warned_no_node_ip: set[IPFamily] = set()
         self.last_restore = ""
         self._kernel_seconds = 0.0
         self._written: dict[str, int] = {}
@@ -281,24 +278,24 @@ class IptablesBackend:
 
     # ----------------------------------------------------------------- phases
 
-    def _plan(self, snapshot: Snapshot) -> list[FamilyPlan]:
-        warned = self._warned_no_node_ip if not self._families else None
-        return [f for f in family_plans(self.config, snapshot, warned) if f.family in self.runners]
+    def _fams(self, node_plan: NodePlan) -> list[FamilyPlan]:
+        """The families this backend has runners for."""
+        return [f for f in node_plan.families if f.family in self.runners]
 
     def _render(
         self,
-        snapshot: Snapshot,
+        node_plan: NodePlan,
         fam: FamilyPlan,
         settings: Settings,
         names: Iterable[ServicePortName] | None,
     ) -> Updates:
         return {
             name: render_service_port(plan, fam, settings) if plan is not None else None
-            for name, plan in service_port_plans(snapshot, fam, names).items()
+            for name, plan in node_plan.service_ports(fam, names).items()
         }
 
-    def _settings(self, snapshot: Snapshot, fam: FamilyPlan) -> Settings:
-        endpoints = sum(len(eps) for eps in snapshot.endpoints.values())
+    def _settings(self, node_plan: NodePlan, fam: FamilyPlan) -> Settings:
+        endpoints = sum(len(eps) for eps in node_plan.snapshot.endpoints.values())
         runner = self.runners[fam.family]
         return Settings(
             comments=endpoints <= LARGE_CLUSTER_ENDPOINTS,
@@ -341,7 +338,7 @@ class IptablesBackend:
 
     def _build(
         self,
-        snapshot: Snapshot,
+        node_plan: NodePlan,
         fam: FamilyPlan,
         leave_out: Mapping[ServicePortName, str] | None = None,
     ) -> tuple[_Family, _Desired]:
@@ -350,10 +347,10 @@ class IptablesBackend:
         the trees, then dropped, and rendered again as the restore input is printed
         (pass 2, :attr:`_Desired.own`): so they are never all held, and in a full load
         the second rendering runs while iptables-restore parses (a pipe; on 2 CPUs)."""
-        settings = self._settings(snapshot, fam)
+        settings = self._settings(node_plan, fam)
         plans = {
             n: p
-            for n, p in service_port_plans(snapshot, fam, None).items()
+            for n, p in node_plan.service_ports(fam, None).items()
             if p is not None and not (leave_out and n in leave_out)
         }
         state = _Family(fam, settings)
@@ -395,7 +392,7 @@ class IptablesBackend:
         }
         return state, desired
 
-    def _full(self, snapshot: Snapshot, fam: FamilyPlan) -> _Family:
+    def _full(self, node_plan: NodePlan, fam: FamilyPlan) -> _Family:
         """A full sync; a ServicePort whose rules iptables refuses is left out (logged
         once with iptables' reason) and everything else applied. The culprit is found
         from the line iptables reports; when the line names no ServicePort (legacy
@@ -405,7 +402,7 @@ class IptablesBackend:
         isolated: dict[ServicePortName, str] = {}
         self._ensure_jumps(runner, fam)
         while True:
-            state, desired = self._build(snapshot, fam, isolated)
+            state, desired = self._build(node_plan, fam, isolated)
             restore = self._difference(runner, state.settings, desired)
             try:
                 self._apply(runner, restore)
@@ -548,19 +545,19 @@ class IptablesBackend:
 
     # ----------------------------------------------------------------- public
 
-    def sync(self, snapshot: Snapshot, changed: set[ServicePortName] | None) -> SyncResult:
-        """Bring the kernel in line with ``snapshot``. ``changed=None`` forces a full sync."""
+    def sync_plan(self, node_plan: NodePlan, changed: set[ServicePortName] | None) -> SyncResult:
+        """Bring the kernel in line with ``node_plan``. ``changed=None`` forces a full sync."""
         started = time.perf_counter()
         self._kernel_seconds = 0.0
         self.last_restore = ""
         self._written = {"filter": 0, "nat": 0}
-        result = SyncResult(full=False, service_ports=len(snapshot.services))
-        for fam in self._plan(snapshot):
+        result = SyncResult(full=False, service_ports=len(node_plan.snapshot.services))
+        for fam in self._fams(node_plan):
             state = self._families.get(fam.family)
             full = changed is None or state is None or not state.valid or state.plan != fam
             try:
                 if not full and state is not None:
-                    updates = self._render(snapshot, fam, state.settings, changed)
+                    updates = self._render(node_plan, fam, state.settings, changed)
                     result.rendered += sum(r is not None for r in updates.values())
                     try:
                         result.operations += self._partial(state, updates)
@@ -574,7 +571,7 @@ class IptablesBackend:
                             str(err).splitlines()[0],
                         )
                         result.partial_failures += 1
-                self._families[fam.family] = self._full(snapshot, fam)
+                self._families[fam.family] = self._full(node_plan, fam)
                 result.rendered += len(self._families[fam.family].rules)
                 result.full = True
             except Exception:
@@ -612,11 +609,11 @@ class IptablesBackend:
                     return f"{family.value} {table} table lost {KUBE_PROXY_CANARY}"
         return None
 
-    def render(self, snapshot: Snapshot) -> str:
+    def render_plan(self, node_plan: NodePlan) -> str:
         """The ``iptables-restore`` input a full sync applies, per family."""
         out: list[str] = []
-        for fam in self._plan(snapshot):
-            _, desired = self._build(snapshot, fam)
+        for fam in self._fams(node_plan):
+            _, desired = self._build(node_plan, fam)
             restore = desired.restore()
             declare_largest_first(restore)
             tool = "iptables-restore" if fam.family is IPFamily.IPv4 else "ip6tables-restore"
@@ -672,22 +669,13 @@ def declare_largest_first(restore: Restore) -> None:
         part.chains.sort(reverse=True)
 
 
-def localhost_nodeports(config: ProxyConfig) -> bool:
-    """Whether IPv4 NodePorts answer on 127.0.0.1 (iptables.localhostNodePorts, and
-    --nodeport-addresses covering loopback)."""
-    npa = config.nodeport_addresses
-    if not config.localhost_nodeports or npa.primary:
-        return False
-    v4 = [ipaddress.ip_network(c) for c in npa.cidrs if ":" not in c]
-    loopback = ipaddress.ip_address("127.0.0.1")
-    return not v4 or any(loopback in n for n in v4)
-
-
 def init_node(config: ProxyConfig, proc: Path = Path("/proc")) -> None:
     """The node settings iptables mode needs (also what ``--init-only`` does for it):
     NodePorts on 127.0.0.1 need route_localnet; upstream sets it, and fails to start
-    when it cannot. Raises BackendError."""
-    if IPFamily.IPv4 not in config.families or not localhost_nodeports(config):
+    when it cannot. Whether they are wanted is the plan's decision
+    (:meth:`~kubeproxy.model.nodeports.NodePortAddresses.admits_ipv4_loopback`).
+    Raises BackendError."""
+    if IPFamily.IPv4 not in config.families or not config.planning.localhost_nodeports:
         return
     log.info(
         "Setting route_localnet=1 to allow NodePorts on localhost; to change this "
@@ -702,55 +690,6 @@ def init_node(config: ProxyConfig, proc: Path = Path("/proc")) -> None:
             path.write_text("1")
     except OSError as err:
         raise BackendError(f"cannot set {path}: {err.strerror or err}") from None
-
-
-def open_runners(config: ProxyConfig, netns: str | None = None) -> dict[IPFamily, Iptables]:
-    """One runner per family the proxy serves, in the configured (or, with ``auto``,
-    detected: :func:`detect_flavor_why`, read-only) flavour; a backend's ``start`` then
-    checks an ``auto`` choice works (:func:`working_runners`)."""
-    flavor = config.iptables_backend
-    chosen: Flavor
-    if flavor == "auto":
-        chosen, why = detect_flavor_why(netns)
-        log.info("iptables flavour: %s (--iptables-backend auto: %s)", chosen, why)
-    else:
-        chosen = "legacy" if flavor == "legacy" else "nft"
-    return {f: IptablesCommand(f, chosen, netns=netns) for f in config.families}
-
-
-# Runners of every family the proxy serves, in the flavour given.
-Reopen = Callable[[Flavor], Mapping[IPFamily, Iptables]]
-
-
-def working_runners(
-    runners: Mapping[IPFamily, Iptables], reopen: Reopen | None
-) -> dict[IPFamily, Iptables]:
-    """``--iptables-backend auto`` (``reopen`` given): ``runners`` if their flavour can
-    program this kernel, else the other flavour's if that can (logged), else
-    BackendError with both reasons. The detected flavour may not work: in a kernel whose
-    nf_tables lacks the ip family, kubelet-less detection says nft, and every sync fails.
-    """
-    if reopen is None or not runners:
-        return dict(runners)
-    first = next(iter(runners.values())).flavor
-    refused: dict[Flavor, str] = {}
-    for flavor in (first, "legacy" if first == "nft" else "nft"):
-        candidates = runners if flavor == first else reopen(flavor)
-        reason = next((r for r in (c.works() for c in candidates.values()) if r), None)
-        if reason is None:
-            if flavor != first:
-                log.warning(
-                    "iptables-%s does not work in this kernel (%s): using iptables-%s",
-                    first,
-                    refused[first],
-                    flavor,
-                )
-            return dict(candidates)
-        refused[flavor] = reason
-    raise BackendError(
-        "--iptables-backend auto: neither iptables flavour works in this kernel: "
-        + "; ".join(f"{f}: {r}" for f, r in refused.items())
-    )
 
 
 def owned() -> Keep:

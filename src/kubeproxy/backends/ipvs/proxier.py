@@ -40,8 +40,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kubeproxy.backends import BackendError, SyncResult
-from kubeproxy.backends.iptables.proxier import Reopen, working_runners
+from kubeproxy.backends.base import BackendError, PlannedBackend, SyncResult
+from kubeproxy.backends.iptables.runners import Reopen, working_runners
 from kubeproxy.backends.ipvs import names as n
 from kubeproxy.backends.ipvs.diff import Changes, Network, Observed, diff
 from kubeproxy.backends.ipvs.graceful import Action, GracefulTermination, needs_grace
@@ -54,7 +54,7 @@ from kubeproxy.backends.ipvs.render import (
     empty_state,
     iptables_rules,
 )
-from kubeproxy.backends.planning import family_plans, service_port_plans
+from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.ipset import Ipset, IpsetError, IpsetScript
 from kubeproxy.dataplane.iptables.cleanup import NOTHING, Jump, Keep, KeepMap, cleanup_chains
@@ -75,7 +75,7 @@ from kubeproxy.dataplane.ipvs import (
 )
 from kubeproxy.dataplane.kernel import kernel_version
 from kubeproxy.model.plan import FamilyPlan
-from kubeproxy.model.state import Snapshot
+from kubeproxy.model.planning import NodePlan
 from kubeproxy.model.types import IPFamily, ServicePortName
 
 log = logging.getLogger(__name__)
@@ -130,8 +130,8 @@ def init_node(config: ProxyConfig, proc: Path = Path("/proc"), release: str | No
         ensure_sysctl(proc, path, value)
 
 
-class IpvsBackend:
-    mode = "ipvs"
+class IpvsBackend(PlannedBackend):
+    mode = ProxyMode.IPVS
 
     def __init__(
         self,
@@ -148,7 +148,7 @@ class IpvsBackend:
     ) -> None:
         """``reopen``: as iptables mode's (:func:`~kubeproxy.backends.iptables.proxier.
         working_runners`)."""
-        self.config = config
+        super().__init__(config)
         self.reopen = reopen
         self.open_ipvs = open_ipvs
         self._ipvs: Ipvs | None = None
@@ -239,26 +239,26 @@ class IpvsBackend:
 
     # ----------------------------------------------------------------- phases
 
-    def _plans(self, snapshot: Snapshot) -> list[FamilyPlan]:
-        warned = self._warned if not self._families else None
-        return [f for f in family_plans(self.config, snapshot, warned) if f.family in self.runners]
+    def _fams(self, node_plan: NodePlan) -> list[FamilyPlan]:
+        """The families this backend has runners for."""
+        return [f for f in node_plan.families if f.family in self.runners]
 
-    def _desired(self, snapshot: Snapshot, ctx: Context) -> DesiredState:
+    def _desired(self, node_plan: NodePlan, ctx: Context) -> DesiredState:
         """Every plan's contribution, in name order (the first claim of a key wins)."""
         out = empty_state(ctx.fam)
-        for name, plan in sorted(service_port_plans(snapshot, ctx.fam).items()):
+        for name, plan in sorted(node_plan.service_ports(ctx.fam).items()):
             if plan is not None:
                 out.add(name, contribution(ctx, plan))
         return out
 
     @staticmethod
     def _update(
-        snapshot: Snapshot, ctx: Context, desired: DesiredState, changed: set[ServicePortName]
+        node_plan: NodePlan, ctx: Context, desired: DesiredState, changed: set[ServicePortName]
     ) -> Touched | None:
         """Replace the changed plans' contributions in ``desired``; what that touched,
         or None (``desired`` unchanged) when a changed plan shares a virtual server with
         another plan: then the conflict's winner is decided by a whole render."""
-        plans = service_port_plans(snapshot, ctx.fam, changed)
+        plans = node_plan.service_ports(ctx.fam, changed)
         parts = {
             name: None if plan is None else contribution(ctx, plan) for name, plan in plans.items()
         }
@@ -444,16 +444,16 @@ class IpvsBackend:
 
     # ----------------------------------------------------------------- public
 
-    def sync(self, snapshot: Snapshot, changed: set[ServicePortName] | None) -> SyncResult:
+    def sync_plan(self, node_plan: NodePlan, changed: set[ServicePortName] | None) -> SyncResult:
         started = time.perf_counter()
         self.errors = []
-        result = SyncResult(full=False, service_ports=len(snapshot.services))
+        result = SyncResult(full=False, service_ports=len(node_plan.snapshot.services))
         try:
             self.links.ensure_dummy(n.DUMMY_DEVICE)
             node_addrs = self.links.node_addresses(n.DUMMY_DEVICE)
         except IpvsError as err:
             raise BackendError(f"{n.DUMMY_DEVICE}: {err}") from None
-        for fam in self._plans(snapshot):
+        for fam in self._fams(node_plan):
             v6 = fam.family is IPFamily.IPv6
             state = self._families.get(fam.family)
             full = changed is None or state is None or not state.valid or state.plan != fam
@@ -466,9 +466,9 @@ class IpvsBackend:
                 scope: Touched | None = None
                 if not full and state.context == ctx:
                     assert changed is not None
-                    scope = self._update(snapshot, ctx, state.desired, changed)
+                    scope = self._update(node_plan, ctx, state.desired, changed)
                 if scope is None:
-                    state.desired = self._desired(snapshot, ctx)
+                    state.desired = self._desired(node_plan, ctx)
                     state.context = ctx
                     result.rendered += len(state.desired.contributions)
                 else:
@@ -518,18 +518,18 @@ class IpvsBackend:
                 return str(err).splitlines()[0]
         return None
 
-    def render(self, snapshot: Snapshot) -> str:
+    def render_plan(self, node_plan: NodePlan) -> str:
         """What a sync from scratch programs: IPVS as ``ipvsadm --save -n`` prints it,
         the kube-ipvs0 addresses, the ipset restore input and the iptables-restore input.
 
         NodePort virtual servers go on the Node object's primary IPs (as ``explain``
         offline): ``render`` describes the node the flags name, which need not be the
         machine it runs on, so this machine's addresses say nothing about it."""
-        node_addrs = set(snapshot.node.primary_ips.values())
+        node_addrs = set(node_plan.snapshot.node.primary_ips.values())
         out: list[str] = []
-        for fam in self._plans(snapshot):
+        for fam in self._fams(node_plan):
             v6 = fam.family is IPFamily.IPv6
-            desired = self._desired(snapshot, Context.of(fam, self.scheduler, node_addrs))
+            desired = self._desired(node_plan, Context.of(fam, self.scheduler, node_addrs))
             out.append(f"# IPVS ({fam.family.value}), as ipvsadm --save -n\n")
             for key, vs in sorted(desired.services.items()):
                 out.append(_ipvsadm_service(vs) + "\n")

@@ -48,7 +48,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from kubeproxy.backends import BackendError, SyncResult
+from kubeproxy.backends.base import BackendError, PlannedBackend, SyncResult
 from kubeproxy.backends.nftables.index import (
     Change,
     Contents,
@@ -64,13 +64,13 @@ from kubeproxy.backends.nftables.table import (
     Vocabulary,
     static_sets,
 )
-from kubeproxy.backends.planning import family_plans, service_port_plans
+from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.kernel import dotted, kernel_version
 from kubeproxy.dataplane.nftables.runner import NftError, NftRunner
 from kubeproxy.dataplane.nftables.transaction import TableRef, Transaction
 from kubeproxy.model.plan import FamilyPlan
-from kubeproxy.model.state import Snapshot
+from kubeproxy.model.planning import NodePlan
 from kubeproxy.model.types import IPFamily, ServicePortName
 
 log = logging.getLogger(__name__)
@@ -114,20 +114,19 @@ class _Isolated:
 MIN_KERNEL = (5, 13)
 
 
-class NftablesBackend:
+class NftablesBackend(PlannedBackend):
     """Programs the ``ip``/``ip6`` ``kube-proxy`` tables."""
 
-    mode = "nftables"
+    mode = ProxyMode.NFTABLES
 
     def __init__(
         self, config: ProxyConfig, runner: NftRunner, *, release: str | None = None
     ) -> None:
         """``release``: the kernel's (``uname -r`` when None)."""
-        self.config = config
+        super().__init__(config)
         self.runner = runner
         self.release = release
         self._families: dict[IPFamily, _Family] = {}
-        self._warned_no_node_ip: set[IPFamily] = set()
         self._isolated = _Isolated()
         self.last_transaction = ""
         self._kernel_seconds = 0.0
@@ -154,12 +153,8 @@ class NftablesBackend:
 
     # ----------------------------------------------------------------- phases
 
-    def _plan(self, snapshot: Snapshot) -> list[FamilyPlan]:
-        warned = self._warned_no_node_ip if not self._families else None
-        return family_plans(self.config, snapshot, warned)
-
     def _render(
-        self, snapshot: Snapshot, names: Iterable[ServicePortName] | None, fams: list[FamilyPlan]
+        self, plan: NodePlan, names: Iterable[ServicePortName] | None
     ) -> tuple[Updates, int]:
         """New rules of ``names`` (every ServicePort when None), per family; None for a
         ServicePort that is gone from that family, or left out (isolated, unchanged).
@@ -170,17 +165,17 @@ class NftablesBackend:
         updates: Updates = {}
         rendered = 0
         isolated = self._isolated.reasons if names is not None else {}
-        for fam in fams:
+        for fam in plan.families:
             out: dict[ServicePortName, PortRules | None] = {}
             state = self._families.get(fam.family) if names is not None else None
             programmed = state.index.rules if state is not None and state.index else {}
-            for name, plan in service_port_plans(snapshot, fam, names).items():
+            for name, port in plan.service_ports(fam, names).items():
                 rules = (
-                    render_service_port(plan, fam, programmed.get(name))
-                    if plan is not None
+                    render_service_port(port, fam, programmed.get(name))
+                    if port is not None
                     else None
                 )
-                rendered += plan is not None
+                rendered += port is not None
                 if isolated and (key := (fam.family, name)) in isolated:
                     # A full sync retries everything (and records what is refused).
                     if rules is not None and rules == self._isolated.rules.get(key):
@@ -282,7 +277,7 @@ class NftablesBackend:
     # ------------------------------------------------------------- full sync
 
     def _full(
-        self, fams: list[FamilyPlan], updates: Updates
+        self, fams: Iterable[FamilyPlan], updates: Updates
     ) -> tuple[dict[IPFamily, TableIndex], int]:
         rules = {
             fam: {n: r for n, r in by_name.items() if r is not None}
@@ -465,19 +460,19 @@ class NftablesBackend:
 
     # ----------------------------------------------------------------- public
 
-    def sync(self, snapshot: Snapshot, changed: set[ServicePortName] | None) -> SyncResult:
-        """Bring the kernel in line with ``snapshot``. ``changed=None`` forces a full sync."""
+    def sync_plan(self, plan: NodePlan, changed: set[ServicePortName] | None) -> SyncResult:
+        """Bring the kernel in line with ``plan``. ``changed=None`` forces a full sync."""
         started = time.perf_counter()
         self._kernel_seconds = 0.0
         self.last_transaction = ""
-        fams = self._plan(snapshot)
+        fams = plan.families
         full = changed is None or any(
             (state := self._families.get(fam.family)) is None
             or state.plan != fam
             or state.index is None
             for fam in fams
         )
-        updates, rendered = self._render(snapshot, None if full else changed, fams)
+        updates, rendered = self._render(plan, None if full else changed)
         try:
             partial = None if full else self._partial(updates)
             if partial is not None:
@@ -489,7 +484,7 @@ class NftablesBackend:
             else:
                 if not full:
                     full = True
-                    updates, more = self._render(snapshot, None, fams)
+                    updates, more = self._render(plan, None)
                     rendered += more
                 indexes, operations = self._full(fams, updates)
                 self._families = {i.fam.family: _Family(i.fam, i) for i in indexes.values()}
@@ -503,7 +498,7 @@ class NftablesBackend:
             for state in self._families.values():
                 state.index = None
             raise
-        result = self._report(snapshot, full, rendered, operations, conflicts)
+        result = self._report(plan, full, rendered, operations, conflicts)
         result.apply_seconds = self._kernel_seconds
         result.render_seconds = time.perf_counter() - started - self._kernel_seconds
         return result
@@ -528,15 +523,14 @@ class NftablesBackend:
                 return f"table {t}: missing {', '.join(missing)}"
         return None
 
-    def render(self, snapshot: Snapshot) -> str:
-        """The exact script a full sync of ``snapshot`` applies to an empty kernel.
+    def render_plan(self, plan: NodePlan) -> str:
+        """The exact script a full sync of ``plan`` applies to an empty kernel.
 
         (On a live node a full sync also flushes and deletes what is already there; the
         objects it then defines are the same.)
         """
-        fams = family_plans(self.config, snapshot)
-        updates, _ = self._render(snapshot, None, fams)
-        by_family = {f.family: f for f in fams}
+        updates, _ = self._render(plan, None)
+        by_family = {f.family: f for f in plan.families}
         built = {
             family: _build(by_family[family], {n: r for n, r in by_name.items() if r is not None})
             for family, by_name in updates.items()
@@ -545,7 +539,7 @@ class NftablesBackend:
 
     def _report(
         self,
-        snapshot: Snapshot,
+        plan: NodePlan,
         full: bool,
         rendered: int,
         operations: int,
@@ -553,7 +547,7 @@ class NftablesBackend:
     ) -> SyncResult:
         result = SyncResult(
             full=full,
-            service_ports=len(snapshot.services),
+            service_ports=len(plan.snapshot.services),
             rendered=rendered,
             operations=operations,
             conflicts=conflicts,

@@ -1,0 +1,25 @@
+"""The proxy modes (``--proxy-mode``, the file's ``mode``) as one enum.
+
+A ``StrEnum``: a member is its flag value, so it prints, compares and serialises as the
+text an operator types. Which backend serves a mode is the backends' registry
+(:mod:`kubeproxy.backends.registry`); which configuration sections a mode reads is
+:mod:`kubeproxy.config.defaults`.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ProxyMode(StrEnum):
+    NFTABLES = "nftables"
+    IPTABLES = "iptables"
+    IPVS = "ipvs"
+    # Ours: socket-level load balancing in BPF beside nftables mode's tables.
+    EBPF = "ebpf"
+
+    @property
+    def nftables_rules(self) -> bool:
+        """The mode programs nftables mode's tables (ebpf mode carries everything its
+        hooks do not in them), and so reads the ``nftables:`` section."""
+        return self in (ProxyMode.NFTABLES, ProxyMode.EBPF)
