@@ -22,10 +22,10 @@ from kubeproxy.app import Proxy
 from kubeproxy.backends.base import SyncResult
 from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.runtime import ProxyConfig
+from kubeproxy.model.events import Event, Model
 from kubeproxy.model.parse import parse_endpoint_slice, parse_service
 from kubeproxy.model.state import Snapshot
 from kubeproxy.model.types import ServicePortName
-from kubeproxy.sources.events import Event, Model
 
 
 class NoKernel:

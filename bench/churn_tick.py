@@ -42,9 +42,9 @@ from kubeproxy.dataplane.nftables.runner import open_runner
 from kubeproxy.dataplane.nftables.transaction import AddElements, DeleteElements, Transaction
 from kubeproxy.lab.netns import enter_netns, temporary_netns
 from kubeproxy.lab.objects import node
+from kubeproxy.model.events import Event, Model
 from kubeproxy.model.parse import parse_endpoint_slice, parse_node, parse_service
 from kubeproxy.model.types import NamespacedName
-from kubeproxy.sources.events import Event, Model
 from kubeproxy.sources.kube_decode import object_decoder
 from kubeproxy.sources.kube_informer import transition
 

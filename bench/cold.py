@@ -32,10 +32,10 @@ from bench.cluster import cluster, service_objects
 from kubeproxy.backends.nftables.proxier import NftablesBackend
 from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.nftables.transaction import Transaction
+from kubeproxy.model.events import dispatch
 from kubeproxy.model.parse import parse_endpoint_slice, parse_service
 from kubeproxy.model.state import ProxyState
 from kubeproxy.model.types import IPFamily
-from kubeproxy.sources.events import dispatch
 from kubeproxy.sources.standalone import StandaloneSource
 
 T = TypeVar("T")

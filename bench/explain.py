@@ -27,11 +27,11 @@ from bench.cluster import cluster, cluster_ip
 from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.explain.listing import rows
 from kubeproxy.explain.packet import Packet, explain
+from kubeproxy.model.events import dispatch
 from kubeproxy.model.planning import family_plans, service_port_plans
 from kubeproxy.model.state import ProxyState, Snapshot
 from kubeproxy.model.types import IPFamily
 from kubeproxy.sources import initial_state
-from kubeproxy.sources.events import dispatch
 from kubeproxy.sources.manifests import ManifestSource
 
 ROOT = Path(__file__).resolve().parents[1]

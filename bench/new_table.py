@@ -25,9 +25,9 @@ from bench.cold import ipv4_config
 from kubeproxy.backends.nftables.proxier import NftablesBackend
 from kubeproxy.dataplane.nftables import runner as nft_runner
 from kubeproxy.lab.netns import temporary_netns
+from kubeproxy.model.events import Event, dispatch
 from kubeproxy.model.parse import parse_endpoint_slice, parse_service
 from kubeproxy.model.state import ProxyState
-from kubeproxy.sources.events import Event, dispatch
 
 
 def measure(services: int, endpoints: int, rounds: int) -> None:

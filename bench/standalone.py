@@ -31,8 +31,8 @@ from typing import Any
 
 from bench.controlplane import cluster_arguments, make_cluster
 from kubeproxy.controlplane.standalone import StandaloneCluster
+from kubeproxy.model.events import Event, RawObject
 from kubeproxy.model.types import NamespacedName
-from kubeproxy.sources.events import Event, RawObject
 
 Obj = dict[str, Any]
 

@@ -43,6 +43,7 @@ from kubeproxy.config.runtime import ConfigError, ProxyConfig
 from kubeproxy.config.types import API_VERSION, KIND
 from kubeproxy.dataplane.iptables.fake import FakeIptables
 from kubeproxy.dataplane.nftables.runner import NftCommand
+from kubeproxy.model.events import dispatch
 from kubeproxy.model.nodeports import NodePortAddresses
 from kubeproxy.model.parse import (
     InvalidObjectError,
@@ -54,7 +55,6 @@ from kubeproxy.model.parse import (
 from kubeproxy.model.plan import DetectLocal, LocalMode
 from kubeproxy.model.state import ProxyState, Snapshot
 from kubeproxy.model.types import IPFamily, NamespacedName
-from kubeproxy.sources.events import dispatch
 from kubeproxy.sources.kube_decode import object_decoder
 from kubeproxy.sources.manifests import ManifestSource
 from kubeproxy.sources.standalone import StandaloneSource

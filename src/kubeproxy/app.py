@@ -41,11 +41,11 @@ from kubeproxy.health.services import (
 )
 from kubeproxy.logs import V2
 from kubeproxy.metrics import Metrics, MetricsServer
+from kubeproxy.model.events import Event, dispatch
 from kubeproxy.model.state import Changes, ProxyState, Snapshot
 from kubeproxy.model.types import EndpointSlice, Service, ServicePortName
 from kubeproxy.runner import BoundedFrequencyRunner, Clock, SystemClock
 from kubeproxy.sources import Source, initial_state, source_problem
-from kubeproxy.sources.events import Event, dispatch
 
 log = logging.getLogger("kubeproxy")
 

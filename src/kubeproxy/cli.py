@@ -63,6 +63,7 @@ from kubeproxy.dataplane.sysctl import apply_conntrack_sysctls
 from kubeproxy.explain.packet import Origin, Packet
 from kubeproxy.logs import bounded
 from kubeproxy.metrics import Metrics
+from kubeproxy.model.events import dispatch
 from kubeproxy.model.nodeports import NodePortAddresses
 from kubeproxy.model.plan import DetectLocal, LocalMode
 from kubeproxy.model.planning import describe_node
@@ -71,7 +72,6 @@ from kubeproxy.model.types import L4Protocol
 from kubeproxy.oom import apply_oom_score_adj
 from kubeproxy.profiling import start_heap_tracing
 from kubeproxy.sources import Source, initial_state
-from kubeproxy.sources.events import dispatch
 from kubeproxy.sources.oneshot import DEFAULT_TIMEOUT, Bounded, SourceError
 from kubeproxy.sources.standalone import StandaloneSource
 

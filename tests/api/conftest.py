@@ -15,8 +15,8 @@ from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any
 
+from kubeproxy.model.events import Event, EventType, Model
 from kubeproxy.model.types import Node, ServiceCIDR
-from kubeproxy.sources.events import Event, EventType, Model
 from kubeproxy.sources.kube import KubeSource
 from kubeproxy.sources.kube_client import load_connection
 from kubeproxy.sources.kube_informer import Tuning

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from kubeproxy.model.events import Model
 from kubeproxy.model.parse import (
     InvalidObjectError,
     parse_endpoint_slice,
@@ -21,7 +22,6 @@ from kubeproxy.model.parse import (
     parse_service,
     parse_service_cidr,
 )
-from kubeproxy.sources.events import Model
 from kubeproxy.sources.kube_decode import (
     DecodeError,
     decode_event,

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from kubeproxy.logs import V2
+from kubeproxy.model.events import EventType
 from kubeproxy.model.types import LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME, Service
 from kubeproxy.sources import initial_state
-from kubeproxy.sources.events import EventType
 from tests.api.conftest import FAST, NODE, Consumer, eventually, run, source_for, summary
 from tests.apiserver import ApiServer, RequestRecord, service_cidr_object
 from tests.unit.conftest import node_obj, service_obj, slice_obj

@@ -35,9 +35,9 @@ from kubeproxy.lab.cluster import CLUSTER_CIDRS, NODE, NODE_IP, REMOTE_NODE, Lab
 from kubeproxy.lab.echo import tally, udp_ask
 from kubeproxy.lab.netns import NetnsExecutor, add_netns, delete_netns, ns_exec
 from kubeproxy.lab.objects import Ep, ManifestDir, endpoint_slice, service
+from kubeproxy.model.events import dispatch
 from kubeproxy.model.state import ProxyState
 from kubeproxy.model.types import IPFamily, L4Protocol
-from kubeproxy.sources.events import dispatch
 from kubeproxy.sources.manifests import ManifestSource
 from tests.kernel.conftest import PODS, ip, wait_for
 

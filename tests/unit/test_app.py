@@ -20,9 +20,9 @@ from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.conntrack import Entry, FakeConntrack, Filter
 from kubeproxy.metrics import Metrics
+from kubeproxy.model.events import Event
 from kubeproxy.model.state import ProxyState, Snapshot
 from kubeproxy.model.types import IPFamily, L4Protocol, ServicePortName
-from kubeproxy.sources.events import Event
 from tests.unit.conftest import port_name, service, service_port
 from tests.unit.test_health import fetch
 

@@ -26,8 +26,8 @@ import yaml
 from kubeproxy import cli
 from kubeproxy.controlplane.standalone import StandaloneCluster
 from kubeproxy.controlplane.statefile import ABANDONED_SECONDS, STATE_FILE_NAME, StateFile
+from kubeproxy.model.events import Event, EventType, RawObject
 from kubeproxy.model.types import EndpointSlice, NamespacedName, Service
-from kubeproxy.sources.events import Event, EventType, RawObject
 from kubeproxy.sources.manifests import ManifestSource
 from kubeproxy.sources.standalone import StandaloneSource
 from tests.unit.controlplane_objects import node, pod, service

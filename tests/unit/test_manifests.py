@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 import yaml
 
+from kubeproxy.model.events import Event, EventType, RawObject
 from kubeproxy.model.types import EndpointSlice, NamespacedName, Node, Service, ServiceCIDR
-from kubeproxy.sources.events import Event, EventType, RawObject
 from kubeproxy.sources.manifests import ManifestSource, diff
 from tests.api.conftest import eventually
 from tests.unit.conftest import node_obj, service_obj, slice_obj

@@ -11,8 +11,8 @@ import pytest
 
 from kubeproxy import cli
 from kubeproxy.config.runtime import ConfigError
+from kubeproxy.model.events import Event
 from kubeproxy.sources import initial_state
-from kubeproxy.sources.events import Event
 from kubeproxy.sources.kube import KubeSource
 from kubeproxy.sources.oneshot import (
     DEFAULT_TIMEOUT,

@@ -20,11 +20,11 @@ from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.nftables.fake import FakeNftables
 from kubeproxy.dataplane.nftables.runner import NftError
 from kubeproxy.dataplane.nftables.transaction import TableRef, Transaction
+from kubeproxy.model.events import Event
 from kubeproxy.model.nodeports import NodePortAddresses
 from kubeproxy.model.state import NodeState, Snapshot
 from kubeproxy.model.types import Endpoint, IPFamily, Service, ServicePort, TrafficPolicy
 from kubeproxy.runner import ManualClock
-from kubeproxy.sources.events import Event
 from tests.unit.conftest import endpoint_slice, service_port, slice_endpoint
 
 CONFIG = ProxyConfig(

@@ -1,4 +1,4 @@
-"""kubeproxy.model.tracker (and sources.events.dispatch): pending changes -> synced maps.
+"""kubeproxy.model.tracker (and model.events.dispatch): pending changes -> synced maps.
 
 What matters to a backend is that ``apply`` reports exactly the ServicePortNames that
 changed (so partial syncs are correct) and nothing when nothing changed (so no-op events
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from kubeproxy.model.events import Event, dispatch
 from kubeproxy.model.state import ProxyState
 from kubeproxy.model.tracker import (
     EndpointsChangeTracker,
@@ -29,7 +30,6 @@ from kubeproxy.model.types import (
     Service,
     SliceEndpoint,
 )
-from kubeproxy.sources.events import Event, dispatch
 from tests.unit.conftest import (
     endpoint_slice,
     port_name,
@@ -600,7 +600,7 @@ def test_trigger_times_cleared_after_apply() -> None:
     assert eps.apply(tracker).trigger_times == {}
 
 
-# ================================================================ dispatch (sources.events)
+# ================================================================ dispatch (model.events)
 
 
 def test_dispatch_slice_moved_to_another_service_leaves_the_old_one() -> None:

@@ -3,7 +3,7 @@
 When ``--manifests`` holds Pods (backends a user runs elsewhere, written as v1 Pods) or a
 Service without a ``clusterIP``, kubeproxy does what kube-apiserver and
 kube-controller-manager would: :class:`StandaloneCluster` takes the manifest source's
-events of *raw* documents (:class:`~kubeproxy.sources.events.RawObject`) and returns the
+events of *raw* documents (:class:`~kubeproxy.model.events.RawObject`) and returns the
 events a cluster's proxy would see — completed Services and EndpointSlices as models:
 
 * **ClusterIPs** from the ServiceCIDRs (ServiceCIDR objects in the directory, plus the
@@ -72,6 +72,7 @@ from kubeproxy.controlplane.portallocator import (
 from kubeproxy.controlplane.shapes import checked, problem
 from kubeproxy.controlplane.statefile import Allocation
 from kubeproxy.controlplane.topologycache import TopologyCache
+from kubeproxy.model.events import Event, Model, RawObject
 from kubeproxy.model.parse import (
     InvalidObjectError,
     parse_endpoint_slice,
@@ -80,7 +81,6 @@ from kubeproxy.model.parse import (
     parse_service_cidr,
 )
 from kubeproxy.model.types import NamespacedName
-from kubeproxy.sources.events import Event, Model, RawObject
 
 log = logging.getLogger(__name__)
 

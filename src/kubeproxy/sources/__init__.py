@@ -1,7 +1,7 @@
 """Where Services, EndpointSlices, Nodes and ServiceCIDRs come from.
 
 Every source has the same interface, :class:`Source`: ``watch(stop)`` yields the complete
-initial state as its first batch of :class:`~kubeproxy.sources.events.Event`, then a batch
+initial state as its first batch of :class:`~kubeproxy.model.events.Event`, then a batch
 whenever something changes. :mod:`~kubeproxy.sources.manifests` reads a directory of YAML;
 :mod:`~kubeproxy.sources.kube` lists and watches the Kubernetes API;
 :mod:`~kubeproxy.sources.oneshot` bounds how long one-shot commands wait for a source.
@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import AsyncGenerator
 from typing import Protocol, runtime_checkable
 
-from kubeproxy.sources.events import Event
+from kubeproxy.model.events import Event
 
 
 class Source(Protocol):

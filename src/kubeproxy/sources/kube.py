@@ -45,6 +45,7 @@ import time
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
+from kubeproxy.model.events import Event
 from kubeproxy.model.parse import (
     parse_endpoint_slice,
     parse_node,
@@ -52,7 +53,6 @@ from kubeproxy.model.parse import (
     parse_service_cidr,
 )
 from kubeproxy.model.types import LABEL_HEADLESS, LABEL_SERVICE_PROXY_NAME
-from kubeproxy.sources.events import Event
 from kubeproxy.sources.kube_client import (
     DEFAULT_BURST,
     DEFAULT_QPS,

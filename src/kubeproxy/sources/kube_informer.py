@@ -51,9 +51,9 @@ from typing import Any
 from msgspec import Raw
 
 from kubeproxy.logs import V2
+from kubeproxy.model.events import Event, Model
 from kubeproxy.model.parse import InvalidObjectError
 from kubeproxy.model.types import NamespacedName
-from kubeproxy.sources.events import Event, Model
 from kubeproxy.sources.kube_client import ApiClient, ApiError, RequestError, UnreachableError
 from kubeproxy.sources.kube_decode import (
     Decoded,

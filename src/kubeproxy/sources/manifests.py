@@ -15,7 +15,7 @@ Bad input, decided here:
 * the same object in two files: the first path (sorted) wins, the other is logged.
 
 With ``raw=True`` Pods are read too and every object is passed on undecoded, as a
-:class:`~kubeproxy.sources.events.RawObject`, for
+:class:`~kubeproxy.model.events.RawObject`, for
 :mod:`kubeproxy.controlplane.standalone` to complete (and parse) before the proxy sees it.
 Those are kept (and passed on) compact, pickled: a directory's documents as Python objects
 would be most of a manifest proxy's memory, and are never all needed at once.
@@ -51,6 +51,7 @@ import msgspec
 import yaml
 from watchfiles import awatch
 
+from kubeproxy.model.events import Event, Model, RawObject
 from kubeproxy.model.parse import (
     InvalidObjectError,
     object_key,
@@ -60,7 +61,6 @@ from kubeproxy.model.parse import (
     parse_service_cidr,
 )
 from kubeproxy.model.types import NamespacedName
-from kubeproxy.sources.events import Event, Model, RawObject
 from kubeproxy.sources.yamlload import load_all
 
 log = logging.getLogger(__name__)

@@ -27,8 +27,8 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from kubeproxy.model.events import Event
 from kubeproxy.sources import Source
-from kubeproxy.sources.events import Event
 
 # kubectl's --request-timeout is 0 (no limit) by default; a one-shot that hangs helps no
 # one, so ours gives up after this long unless told otherwise.

@@ -18,7 +18,7 @@ from typing import Any
 
 from kubeproxy.controlplane.standalone import StandaloneCluster
 from kubeproxy.controlplane.statefile import Allocation, StateFile
-from kubeproxy.sources.events import Event
+from kubeproxy.model.events import Event
 from kubeproxy.sources.manifests import ManifestSource
 
 

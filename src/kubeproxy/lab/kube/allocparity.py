@@ -53,8 +53,8 @@ from kubeproxy.controlplane.portallocator import (
 from kubeproxy.controlplane.standalone import StandaloneCluster
 from kubeproxy.lab.kube.api import Api, ApiError, Obj
 from kubeproxy.lab.kube.cluster import wait_for
+from kubeproxy.model.events import Event, RawObject
 from kubeproxy.model.types import NamespacedName
-from kubeproxy.sources.events import Event, RawObject
 
 #: The lone control plane's ranges: small enough to fill in seconds, each with a static band.
 SERVICE_CIDRS = ("10.100.0.0/27", "fd00:100::/123")

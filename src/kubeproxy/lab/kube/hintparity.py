@@ -45,8 +45,8 @@ from kubeproxy.controlplane.standalone import StandaloneCluster
 from kubeproxy.controlplane.topologycache import TopologyCache, giving_and_receiving_zones
 from kubeproxy.lab.kube.api import Api, Obj
 from kubeproxy.lab.kube.cluster import wait_for
+from kubeproxy.model.events import Event, RawObject
 from kubeproxy.model.types import NamespacedName
-from kubeproxy.sources.events import Event, RawObject
 
 ZONES = ("zone-a", "zone-b", "zone-c", "zone-d")
 CPUS = ("1", "2", "3", "4", "8", "16", "500m", "1500m", "2500m")

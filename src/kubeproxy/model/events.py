@@ -1,6 +1,6 @@
 """Source-independent events, shaped like a Kubernetes informer's callbacks.
 
-Every source (a manifest directory today, the API server later) yields batches of
+Every source (:mod:`kubeproxy.sources`: a manifest directory, the API server) yields batches of
 :class:`Event`: ``ADDED`` (new only), ``MODIFIED`` (old and new), ``DELETED`` (old only),
 already parsed into model objects. :func:`dispatch` feeds them to a
 :class:`~kubeproxy.model.state.ProxyState`. A :data:`SYNCED` marker says the source has
