@@ -550,7 +550,7 @@ def _decide_ipvs(
     if local_only and used:
         reasons.append(f"{what}: this node's endpoints only")
     elif local_only:
-        used, local_only = plan.selection.cluster, False
+        used, local_only = route.fallback, False
         reasons.append(
             f"{what}, but no endpoint on this node: the endpoints cluster-wide, as "
             "upstream's ipvs mode (kubernetes#97081)"

@@ -205,13 +205,14 @@ class Frontend:
     the Service port, or the node port. ``source_ranges`` (load-balancer IPs only): when
     not empty, only these sources may connect (``loadBalancerSourceRanges`` of this
     family, merged; plus the load-balancer IP itself when a range contains the node's IP,
-    as upstream).
+    as upstream: ``allow_from_node``).
     """
 
     kind: FrontendKind
     ip: str | None
     port: int
     source_ranges: tuple[str, ...] = ()
+    allow_from_node: bool = False
 
     @property
     def external(self) -> bool:
@@ -245,6 +246,11 @@ class Route:
     itself bypass the policy and use these (the cluster-wide) endpoints, as if they had
     gone out to the load balancer and come back; the node's connections are masqueraded
     (their source is a local address). Everyone else gets ``endpoints`` or ``verdict``.
+
+    ``fallback`` (a Local policy with no endpoint on this node only): the cluster-wide
+    endpoints a mode that cannot tell the node's own Pods from other clients uses
+    instead of ``verdict`` (upstream's ipvs mode, kubernetes#97081: local Pods can still
+    reach the Service). The modes with a DROP/REJECT per source ignore it.
     """
 
     policy: TrafficPolicy
@@ -252,6 +258,11 @@ class Route:
     verdict: Verdict
     masquerade: Masquerade
     short_circuit: tuple[Endpoint, ...] = ()
+    fallback: tuple[Endpoint, ...] = ()
+
+    @property
+    def endpoints_or_fallback(self) -> tuple[Endpoint, ...]:
+        return self.endpoints or self.fallback
 
 
 @dataclass(frozen=True, slots=True)
@@ -319,6 +330,7 @@ def plan_service_port(
         internal_eps,
         Verdict.DNAT if internal_eps else unreachable,
         internal_masq,
+        fallback=_fallback(svc.internal_traffic_policy, internal_eps, sel.cluster),
     )
 
     frontends = [Frontend(FrontendKind.CLUSTER_IP, cluster_ip, svc.port)]
@@ -341,6 +353,7 @@ def plan_service_port(
                 Verdict.DNAT if sel.local else unreachable,
                 Masquerade.NEVER,
                 short_circuit=sel.cluster,
+                fallback=_fallback(TrafficPolicy.LOCAL, sel.local, sel.cluster),
             )
         else:
             external = Route(
@@ -365,6 +378,12 @@ def plan_service_port(
     )
 
 
+def _fallback(
+    policy: TrafficPolicy, endpoints: tuple[Endpoint, ...], cluster: tuple[Endpoint, ...]
+) -> tuple[Endpoint, ...]:
+    return cluster if policy is TrafficPolicy.LOCAL and not endpoints else ()
+
+
 def _load_balancers(svc: ServicePort, fam: FamilyPlan) -> list[Frontend]:
     ranges = svc.source_ranges_of(fam.family)
     node_in_ranges = fam.node_ip is not None and any(
@@ -378,7 +397,15 @@ def _load_balancers(svc: ServicePort, fam: FamilyPlan) -> list[Frontend]:
             # node-to-VIP traffic loop back with the VIP as its source; let it through.
             self_ip = [f"{ip}/{32 if fam.family is IPFamily.IPv4 else 128}"]
             allowed = merge_cidrs([*ranges, *(self_ip if node_in_ranges else ())])
-        out.append(Frontend(FrontendKind.LOAD_BALANCER, ip, svc.port, allowed))
+        out.append(
+            Frontend(
+                FrontendKind.LOAD_BALANCER,
+                ip,
+                svc.port,
+                allowed,
+                allow_from_node=bool(ranges) and node_in_ranges,
+            )
+        )
     return out
 
 
@@ -436,6 +463,8 @@ def _route(route: Route) -> dict[str, Any]:
     }
     if route.short_circuit:
         out["localPodsAndNode"] = [str(ep) for ep in route.short_circuit]
+    if route.fallback:
+        out["fallbackWithoutDrop"] = [str(ep) for ep in route.fallback]
     return out
 
 

@@ -33,6 +33,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from kubeproxy.backends.iptables.render import local_args, mark
 from kubeproxy.backends.ipvs import names as n
 from kubeproxy.dataplane.ipset import member
 from kubeproxy.dataplane.iptables.restore import Restore
@@ -48,7 +49,7 @@ from kubeproxy.model.plan import (
     Route,
     ServicePortPlan,
 )
-from kubeproxy.model.types import Endpoint, IPFamily, ServicePortName, TrafficPolicy
+from kubeproxy.model.types import IPFamily, ServicePortName, TrafficPolicy
 
 Args = tuple[str, ...]
 Endpoints = dict[tuple[str, int], int]  # (address, port) -> weight
@@ -202,11 +203,10 @@ def virtual_server(key: ServiceKey, scheduler: str, affinity: int | None) -> Vir
     return VirtualServer(key, scheduler, flags, timeout)
 
 
-def real_servers(route: Route, cluster: tuple[Endpoint, ...]) -> Endpoints:
-    eps = route.endpoints
-    if not eps and route.policy is TrafficPolicy.LOCAL:
-        eps = cluster
-    return {(ep.ip, ep.port): 1 for ep in eps}
+def real_servers(route: Route) -> Endpoints:
+    """The route's endpoints, or the plan's fallback for a Local policy without local
+    ones (IPVS has no per-source DROP)."""
+    return {(ep.ip, ep.port): 1 for ep in route.endpoints_or_fallback}
 
 
 def node_port_addresses(fam: FamilyPlan, node_addresses: Iterable[str]) -> list[str]:
@@ -291,13 +291,13 @@ def contribution(ctx: Context, plan: ServicePortPlan) -> Contribution:
             add(n.LOOP_BACK, member(ep.ip, ep.port, ep.ip, protocol=lower))
     cluster_ip = plan.cluster_ip
     add(n.CLUSTER_IP, member(cluster_ip, svc.port, protocol=lower))
-    internal = real_servers(plan.internal, sel.cluster)
+    internal = real_servers(plan.internal)
     claim(ServiceKey(cluster_ip, proto, svc.port), internal, True)
 
     external: Endpoints = {}
     local_policy = False
     if plan.external is not None:
-        external = real_servers(plan.external, sel.cluster)
+        external = real_servers(plan.external)
         local_policy = plan.external.policy is TrafficPolicy.LOCAL
     ranges = [ipaddress.ip_network(c, strict=False) for c in svc.source_ranges_of(fam.family)]
     local_addrs = ctx.local_addrs
@@ -319,10 +319,7 @@ def contribution(ctx: Context, plan: ServicePortPlan) -> Contribution:
                 add(n.LOAD_BALANCER_FW, entry)
                 for net in ranges:
                     add(n.LOAD_BALANCER_SOURCE_CIDR, member(ip, svc.port, str(net), protocol=lower))
-                node_ip = fam.node_ip
-                if node_ip is not None and any(
-                    ipaddress.ip_address(node_ip) in net for net in ranges
-                ):
+                if frontend.allow_from_node:
                     add(n.LOAD_BALANCER_SOURCE_IP, member(ip, svc.port, ip, protocol=lower))
                 else:
                     out.lb_no_node_access.append((ip, lower, svc.port))
@@ -379,19 +376,6 @@ _SET_RULES: tuple[tuple[str, str, str, str, str, str], ...] = (
 )  # fmt: skip
 
 
-def mark(fam: FamilyPlan) -> str:
-    return f"{fam.masquerade_mark:#08x}"
-
-
-def local_not(fam: FamilyPlan) -> Args:
-    local = fam.local
-    if local.cidrs:
-        return ("!", "-s", local.cidrs[0])
-    if local.interface is not None:
-        return ("!", "-i", local.interface + ("+" if local.prefix else ""))
-    return ()
-
-
 def iptables_rules(fam: FamilyPlan, state: DesiredState, settings: RuleSettings) -> Restore:
     """Every chain of ipvs mode, declared (so flushed) and filled."""
     v6 = fam.family is IPFamily.IPv6
@@ -423,7 +407,15 @@ def iptables_rules(fam: FamilyPlan, state: DesiredState, settings: RuleSettings)
         if fam.masquerade_all:
             restore.rule("nat", nat, *cluster, "dst,dst", "-j", n.KUBE_MARK_MASQ)
         elif fam.local.implemented:
-            restore.rule("nat", nat, *cluster, "dst,dst", *local_not(fam), "-j", n.KUBE_MARK_MASQ)
+            restore.rule(
+                "nat",
+                nat,
+                *cluster,
+                "dst,dst",
+                *local_args(fam.local, negate=True),
+                "-j",
+                n.KUBE_MARK_MASQ,
+            )
         else:
             # Node-originated traffic picks a VIP of kube-ipvs0 as its source.
             restore.rule("nat", nat, *cluster, "src,dst", "-j", n.KUBE_MARK_MASQ)
