@@ -46,12 +46,15 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import ClassVar
 
+from kubeproxy.dataplane.errors import DataplaneInputError
 from kubeproxy.dataplane.nfacct import NAME_MAX as NFACCT_NAME_MAX
 from kubeproxy.model.types import PLAIN_IPV4, IPFamily
 
 
-class RuleError(ValueError):
+class RuleError(DataplaneInputError):
     """iptables refuses the rule while reading its line (a parameter problem)."""
+
+    tool = "iptables"
 
 
 @dataclass(frozen=True)
