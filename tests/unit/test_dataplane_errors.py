@@ -26,7 +26,7 @@ from kubeproxy.dataplane.nftables.runner import NftError
 from kubeproxy.dataplane.nftables.transaction import ScriptError
 from kubeproxy.dataplane.process import ToolError, run_tool
 
-RUNTIME = [
+RUNTIME: list[DataplaneError] = [
     ToolError("x", "nft"),
     NftError("x", "script"),
     IptablesError("x"),
@@ -40,7 +40,7 @@ RUNTIME = [
     BpfError(errno.ENOENT, "x"),
     UnreadableTableError("x"),
 ]
-INPUT = [ScriptError("x"), RuleError("x"), RestoreError("x")]
+INPUT: list[DataplaneError] = [ScriptError("x"), RuleError("x"), RestoreError("x")]
 
 
 @pytest.mark.parametrize("err", RUNTIME + INPUT, ids=lambda e: type(e).__name__)
