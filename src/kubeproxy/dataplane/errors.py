@@ -31,7 +31,7 @@ The hierarchy (each class keeps its module, name and attributes)::
         └── DataplaneInputError  (also a ValueError): input that the tool would
             │                    refuse, found before running it
             ├── ScriptError                     .nftables.transaction
-            ├── RuleError                       .iptables.rules
+            ├── RuleError                       .iptables.rule_values (and .rules)
             └── RestoreError                    .iptables.restore
 
 Classes that were a ``ValueError`` or an ``OSError`` before stay one (multiple
