@@ -25,8 +25,8 @@ from kubeproxy.dataplane.nftables.fake import (
     canonical_value,
     parse_priority,
     parse_set_type,
-    split_comment,
 )
+from kubeproxy.dataplane.nftables.fake_types import split_comment
 from kubeproxy.dataplane.nftables.runner import NftCommand, NftError
 from kubeproxy.dataplane.nftables.transaction import Transaction
 from kubeproxy.lab.netns import ns_exec

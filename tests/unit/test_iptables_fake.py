@@ -13,7 +13,8 @@ import pytest
 
 from kubeproxy.dataplane.iptables.fake import FakeIptables
 from kubeproxy.dataplane.iptables.restore import TABLES, Restore, TableInput
-from kubeproxy.dataplane.iptables.rules import _parse, parse_rule, probability_text, save_string
+from kubeproxy.dataplane.iptables.rule_values import probability_text, save_string
+from kubeproxy.dataplane.iptables.rules import _parse, parse_rule
 from kubeproxy.dataplane.iptables.runner import FLAVORS, Flavor, Iptables, IptablesError
 from kubeproxy.model.types import IPFamily
 from tests.iptables_fake_cases import CASES, Case, RestoreOp, restore

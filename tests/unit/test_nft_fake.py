@@ -14,16 +14,16 @@ from collections import Counter
 import pytest
 from hypothesis import given, settings
 
-from kubeproxy.dataplane.nftables import fake as fake_module
+from kubeproxy.dataplane.nftables import fake_batch, fake_state
 from kubeproxy.dataplane.nftables.fake import (
     BaseSpec,
-    Bounds,
     FakeNftables,
     canonical_key,
     parse_priority,
     parse_set_type,
     rule_references,
 )
+from kubeproxy.dataplane.nftables.fake_types import Bounds
 from kubeproxy.dataplane.nftables.runner import NftError
 from kubeproxy.dataplane.nftables.transaction import (
     Chain,
@@ -401,13 +401,14 @@ def test_canonical_key_bounds() -> None:
 def overlap_checks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How many pairs of intervals the fake compares (a one-element list, counting)."""
     count = [0]
-    compare = fake_module._overlap
+    compare = fake_state._overlap
 
     def counted(a: tuple[Bounds, ...], b: tuple[Bounds, ...]) -> bool:
         count[0] += 1
         return compare(a, b)
 
-    monkeypatch.setattr(fake_module, "_overlap", counted)
+    for module in (fake_state, fake_batch):  # sets' own checks, and batches' churn
+        monkeypatch.setattr(module, "_overlap", counted)
     return count
 
 

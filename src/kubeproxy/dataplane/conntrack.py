@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from subprocess import CompletedProcess
 from typing import Protocol
 
+from kubeproxy.dataplane.errors import DataplaneError
 from kubeproxy.dataplane.process import ToolError, run_tool
 from kubeproxy.model.tracker import EndpointsUpdate, ServiceUpdate
 from kubeproxy.model.types import (
@@ -57,8 +58,11 @@ from kubeproxy.model.types import (
 log = logging.getLogger(__name__)
 
 
-class ConntrackError(RuntimeError):
-    """A deletion the kernel or the tool refused."""
+class ConntrackError(DataplaneError):
+    """A deletion the kernel or the tool refused (``incomplete``: the tool did not run
+    to completion)."""
+
+    tool = "conntrack"
 
 
 @dataclass(frozen=True, order=True)
@@ -270,7 +274,7 @@ class ConntrackCommand:
             # A hung tool is killed after the timeout: a failure, kept and retried.
             return run_tool(self.binary, args, timeout=self.timeout, package="conntrack")
         except (OSError, ToolError) as err:
-            raise ConntrackError(f"{self.binary}: {err}") from None
+            raise ConntrackError(f"{self.binary}: {err}", incomplete=True) from None
 
     def clear(self, flt: Filter) -> int:
         proc = self._run(flt.args())

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from typing import Protocol
 
+from kubeproxy.dataplane.errors import DataplaneError
 from kubeproxy.dataplane.process import ToolError, run_tool
 
 TIMEOUT = 5.0
@@ -28,8 +29,10 @@ _COUNTER = re.compile(r"^\{\s*pkts\s*=\s*(\d+),\s*bytes\s*=\s*(\d+)\s*\}\s*=\s*(
 NAME_MAX = 31
 
 
-class NfacctError(RuntimeError):
+class NfacctError(DataplaneError):
     """A counter could not be created or read (one sentence, from the tool)."""
+
+    tool = "nfacct"
 
 
 class Nfacct(Protocol):
@@ -51,7 +54,7 @@ class NfacctCommand:
             done = run_tool("nfacct", list(args), netns=self.netns, timeout=TIMEOUT,
                             package="nfacct")  # fmt: skip
         except ToolError as err:
-            raise NfacctError(str(err)) from None
+            raise NfacctError(str(err), incomplete=True) from None
         if done.returncode != 0:
             why = (done.stderr or done.stdout).strip().splitlines()
             raise NfacctError(f"nfacct {' '.join(args)}: {why[-1] if why else done.returncode}")

@@ -15,10 +15,18 @@ import shutil
 import subprocess
 import threading
 from collections.abc import Iterable
+from pathlib import Path
+
+from kubeproxy.dataplane.errors import DataplaneError
 
 
-class ToolError(RuntimeError):
-    """The tool could not be run to completion (missing, or killed after its timeout)."""
+class ToolError(DataplaneError):
+    """The tool could not be run to completion (missing, or killed after its timeout):
+    ``incomplete`` unless the raiser says otherwise (a caller that treats a refusal as
+    a ToolError too); ``tool`` is the binary's name."""
+
+    def __init__(self, message: str, tool: str = "", *, incomplete: bool = True) -> None:
+        super().__init__(message, tool=tool, incomplete=incomplete)
 
 
 def run_tool(
@@ -35,7 +43,7 @@ def run_tool(
     ``keep_stdout=False`` sends the output nowhere (``stdout`` is then None). An
     ``input`` that is not a string is written piece by piece as it is iterated."""
     out = subprocess.PIPE if keep_stdout else subprocess.DEVNULL
-    missing = ToolError(f"{binary} not found (install the {package} package)")
+    missing = ToolError(f"{binary} not found (install the {package} package)", Path(binary).name)
     prefix: list[str] = []
     if netns:
         # ``ip netns exec`` would report a missing binary as its own failure (status
@@ -70,7 +78,9 @@ def run_tool(
     except FileNotFoundError:
         raise missing from None
     except subprocess.TimeoutExpired:
-        raise ToolError(f"{binary} did not finish within {timeout:g}s and was killed") from None
+        raise ToolError(
+            f"{binary} did not finish within {timeout:g}s and was killed", Path(binary).name
+        ) from None
 
 
 def _stream(

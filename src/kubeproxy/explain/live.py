@@ -54,7 +54,11 @@ Reader = Callable[[str, list[str]], str]
 def read_command(binary: str, args: list[str]) -> str:
     proc = run_tool(binary, args, timeout=TIMEOUT, package=_PACKAGES.get(binary, binary))
     if proc.returncode != 0:
-        raise ToolError(f"{binary} {' '.join(args)}: {proc.stderr.strip() or proc.returncode}")
+        raise ToolError(
+            f"{binary} {' '.join(args)}: {proc.stderr.strip() or proc.returncode}",
+            binary,
+            incomplete=False,  # it answered: a refusal
+        )
     return proc.stdout
 
 

@@ -21,6 +21,8 @@ import sysconfig
 import tempfile
 from pathlib import Path
 
+from kubeproxy.dataplane.errors import DataplaneError
+
 SOURCE = Path(__file__).with_name("sock_lb.c")
 DEFAULT_CACHE = Path("/var/cache/kubeproxy/bpf")
 
@@ -35,8 +37,10 @@ _HEADERS = {
 }
 
 
-class BuildError(RuntimeError):
+class BuildError(DataplaneError):
     """The BPF object cannot be built here; the message names what is missing."""
+
+    tool = "clang"
 
 
 def _includes() -> list[str]:

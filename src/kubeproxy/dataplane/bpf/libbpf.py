@@ -25,6 +25,8 @@ import os
 import threading
 from collections.abc import Iterator
 
+from kubeproxy.dataplane.errors import DataplaneError
+
 _LIB_NAMES = ("libbpf.so.1",)
 BPF_ANY = 0
 BPF_NOEXIST = 1
@@ -34,8 +36,14 @@ _LIBBPF_WARN, _LIBBPF_INFO, _LIBBPF_DEBUG = 0, 1, 2
 _LOG_LINES = 40
 
 
-class BpfError(OSError):
-    """A libbpf call failed; ``errno`` is set, the message says which call and why."""
+class BpfError(OSError, DataplaneError):
+    """A libbpf call failed; ``errno`` is set, the message says which call and why.
+
+    An OSError first (its constructor and ``errno``), as it always was: callers catch
+    it as one alongside the OSErrors of the file system.
+    """
+
+    tool = "libbpf"
 
 
 _PrintFn = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)

@@ -38,6 +38,7 @@ from typing import Protocol
 
 from kubeproxy.dataplane import sockdiag
 from kubeproxy.dataplane.bpf import libbpf
+from kubeproxy.dataplane.errors import DataplaneError
 from kubeproxy.model.types import IPFamily, L4Protocol, family_of
 
 log = logging.getLogger(__name__)
@@ -71,8 +72,10 @@ MAX_ENDPOINTS = 0xFFFF
 BPF_FS_MAGIC = "bpf"
 
 
-class SockLBError(RuntimeError):
+class SockLBError(DataplaneError):
     """The socket load-balancer cannot be set up here; the message says why."""
+
+    tool = "sock_lb"
 
 
 @dataclass(frozen=True, order=True, slots=True)

@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from kubeproxy.dataplane.errors import DataplaneError
 from kubeproxy.dataplane.process import ToolError, run_tool
 
 TIMEOUT = 60.0
@@ -39,11 +40,21 @@ _NAME = re.compile(r"^[A-Za-z0-9_-]{1,31}$")
 TYPES = ("hash:ip", "hash:ip,port", "hash:ip,port,ip", "hash:ip,port,net", "bitmap:port")
 
 
-class IpsetError(RuntimeError):
-    """ipset refused a restore (or could not run); ``line`` is the line it reported."""
+class IpsetError(DataplaneError):
+    """ipset refused a restore (or could not run: ``incomplete``); ``line`` is the line
+    it reported."""
 
-    def __init__(self, message: str, line: int | None = None, *, missing: bool = False) -> None:
-        super().__init__(message)
+    tool = "ipset"
+
+    def __init__(
+        self,
+        message: str,
+        line: int | None = None,
+        *,
+        missing: bool = False,
+        incomplete: bool = False,
+    ) -> None:
+        super().__init__(message, incomplete=incomplete)
         self.line = line
         self.missing = missing  # the ipset binary is not installed
 
@@ -162,7 +173,7 @@ class IpsetCommand:
                 "ipset", args, netns=self.netns, input=input, timeout=TIMEOUT, package="ipset"
             )
         except ToolError as err:
-            raise IpsetError(str(err), missing="not found" in str(err)) from None
+            raise IpsetError(str(err), missing="not found" in str(err), incomplete=True) from None
         if done.returncode != 0:
             message = done.stderr.strip() or f"ipset exited with status {done.returncode}"
             found = _LINE.search(message)

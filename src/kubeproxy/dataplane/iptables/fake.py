@@ -125,12 +125,8 @@ from kubeproxy.dataplane.iptables.restore import (
     TableInput,
     check_chain,
 )
-from kubeproxy.dataplane.iptables.rules import (
-    RESERVED_CHAIN_NAMES,
-    ParsedRule,
-    RuleError,
-    parse_rule,
-)
+from kubeproxy.dataplane.iptables.rule_targets import RESERVED_CHAIN_NAMES
+from kubeproxy.dataplane.iptables.rules import ParsedRule, RuleError, parse_rule
 from kubeproxy.dataplane.iptables.runner import Flavor, IptablesError, version_tuple
 from kubeproxy.model.types import IPFamily
 

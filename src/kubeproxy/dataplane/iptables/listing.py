@@ -8,13 +8,20 @@ and rewrites only those that differ.
 
 from __future__ import annotations
 
+from kubeproxy.dataplane.errors import DataplaneError
+
 # iptables-nft-save's line for a table holding rules it cannot express as iptables rules
 # (something else wrote them with nft): its rules cannot be compared.
 _INCOMPATIBLE = "# Table `"
 
 
-class UnreadableTableError(ValueError):
-    """iptables-save could not list the table's rules as iptables rules."""
+class UnreadableTableError(DataplaneError, ValueError):
+    """iptables-save could not list the table's rules as iptables rules.
+
+    Also a ValueError, as it always was: it is raised while parsing the listing.
+    """
+
+    tool = "iptables-save"
 
 
 def parse_save(text: str) -> dict[str, list[str]]:

@@ -43,6 +43,8 @@ import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+from kubeproxy.dataplane.errors import DataplaneInputError
+
 # iptables' limit is 28 characters (XT_EXTENSION_MAXNAMELEN - 1); names are ours.
 _CHAIN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,27}$")
 TABLES = ("raw", "mangle", "filter", "nat")
@@ -54,8 +56,10 @@ BUILTIN_CHAINS = {
 }
 
 
-class RestoreError(ValueError):
+class RestoreError(DataplaneInputError):
     """Something iptables-restore would refuse, found while building the input."""
+
+    tool = "iptables-restore"
 
 
 def check_chain(name: str) -> str:

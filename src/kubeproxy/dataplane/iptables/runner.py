@@ -51,6 +51,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Literal, Protocol
 
+from kubeproxy.dataplane.errors import DataplaneError
 from kubeproxy.dataplane.iptables.listing import parse_save
 from kubeproxy.dataplane.iptables.restore import BUILTIN_CHAINS, Restore
 from kubeproxy.dataplane.process import ToolError, run_tool
@@ -71,7 +72,7 @@ STATUS_RESOURCE = 4  # the xtables lock could not be taken in time
 STREAM_RULES = 2000
 
 
-class IptablesError(RuntimeError):
+class IptablesError(DataplaneError):
     """iptables refused something (or could not run).
 
     ``input`` is the restore input (or the command line); for a refused restore, ``line``
@@ -80,6 +81,8 @@ class IptablesError(RuntimeError):
     process). ``incomplete``: the command did not finish (killed after its timeout, or
     missing); retrying another form of the same input would only wait again.
     """
+
+    tool = "iptables"
 
     def __init__(
         self,
@@ -91,12 +94,11 @@ class IptablesError(RuntimeError):
         committed: tuple[str, ...] | None = None,
         incomplete: bool = False,
     ) -> None:
-        super().__init__(message)
+        super().__init__(message, incomplete=incomplete)
         self.input = input
         self.line = line
         self.table = table
         self.committed = committed
-        self.incomplete = incomplete
 
 
 class Iptables(Protocol):

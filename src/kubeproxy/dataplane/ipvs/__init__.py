@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
 
+from kubeproxy.dataplane.errors import DataplaneError
+
 # ip_vs.h: IP_VS_SVC_F_*
 FLAG_PERSISTENT = 0x0001
 FLAG_HASHED = 0x0002  # set by the kernel on every listed service; never ours to set
@@ -45,8 +47,10 @@ PROTOCOLS = ("TCP", "UDP", "SCTP")
 SCHEDULERS = ("rr", "wrr", "lc", "wlc", "lblc", "lblcr", "sh", "dh", "sed", "nq", "mh")
 
 
-class IpvsError(RuntimeError):
+class IpvsError(DataplaneError):
     """The kernel refused an IPVS operation (``errno`` as it answered)."""
+
+    tool = "ipvs"
 
     def __init__(self, message: str, code: int = errno.EINVAL) -> None:
         super().__init__(message)

@@ -23,13 +23,14 @@ import shutil
 import threading
 from typing import Any, Protocol
 
+from kubeproxy.dataplane.errors import DataplaneError
 from kubeproxy.dataplane.nftables.transaction import Transaction
 from kubeproxy.dataplane.process import ToolError, run_tool
 
 DEFAULT_TIMEOUT = 60.0  # seconds an ``nft`` process may take before it is killed
 
 
-class NftError(RuntimeError):
+class NftError(DataplaneError):
     """nft refused a transaction; nothing from it was applied (nft batches are atomic).
 
     ``incomplete``: nft did not answer at all (killed after its timeout, or missing), so
@@ -37,10 +38,11 @@ class NftError(RuntimeError):
     sync after a partial one, a replacement after a flush) would only wait again.
     """
 
+    tool = "nft"
+
     def __init__(self, message: str, script: str, *, incomplete: bool = False) -> None:
-        super().__init__(message)
+        super().__init__(message, incomplete=incomplete)
         self.script = script
-        self.incomplete = incomplete
 
 
 class NftRunner(Protocol):

@@ -25,6 +25,8 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+from kubeproxy.dataplane.errors import DataplaneInputError
+
 # nft's own grammar for an unquoted name (its scanner's ``string``: a letter, ``_`` or
 # ``.``, then letters, digits and ``/-_.``; nft 1.0.6 takes no quoted names), up to the
 # kernel's 255 bytes. Upstream kube-proxy's nftables mode names chains and sets
@@ -34,8 +36,10 @@ NAME_PATTERN = r"[A-Za-z_.][A-Za-z0-9/_.-]{0,254}"
 _NAME = re.compile(rf"^{NAME_PATTERN}$")
 
 
-class ScriptError(ValueError):
+class ScriptError(DataplaneInputError):
     """A transaction operation that nft would reject."""
+
+    tool = "nft"
 
 
 def check_name(name: str) -> str:

@@ -22,5 +22,6 @@ Map:
 * :mod:`.allocparity` / :mod:`.hintparity` — kubeproxy.controlplane with the real
   components as the oracle: the same Service requests to kube-apiserver's allocators and
   to ours; the same random clusters to kube-controller-manager's EndpointSlice controller
-  and to ours (tests/realk8s/test_controlplane_parity.py, bench/controlplane_parity.py).
+  and to ours (tests/realk8s/test_controlplane_parity.py, bench/controlplane_parity.py); the
+  allocation check's pieces are :mod:`.allocsides` and :mod:`.allocscenario`.
 """
