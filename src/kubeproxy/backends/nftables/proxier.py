@@ -1,17 +1,17 @@
 """The nftables backend: translate the service plan into the ``kube-proxy`` tables.
 
-``sync`` runs named phases:
+The sync loop is :class:`~kubeproxy.backends.driver.SyncDriver`'s (full or partial, a
+refused partial sync redone in full, invalidation after a failure, timing); both
+families are one unit, applied in one transaction. The phases here:
 
-1. ``_plan`` — family plans (shared with every backend) and the plans of the ServicePorts
-   this sync needs (all of them for a full sync, the changed ones otherwise);
-2. ``_render`` — each plan to its :class:`~.render.PortRules` (pure);
-3. ``_full`` or ``_partial`` — build the whole transaction as data
+1. ``_render`` — the plans of the ServicePorts this sync needs (all of them for a full
+   sync, the changed ones otherwise) to their :class:`~.render.PortRules` (pure);
+2. ``_full`` or ``_partial`` — build the whole transaction as data
    (:class:`~kubeproxy.dataplane.nftables.transaction.Transaction`) from the index and
    apply it once, atomically, for both families;
-4. ``_isolate`` — only if the kernel refused a full sync: find the ServicePorts whose
-   rules it refuses (by checking subsets), leave them out, apply the rest (a refused
-   partial sync falls back to a full sync);
-5. commit the index, and ``_report``.
+3. ``_isolate`` — only if the kernel refused a full sync: find the ServicePorts whose
+   rules it refuses (by checking subsets), leave them out, apply the rest;
+4. commit the index, and ``_report``.
 
 **Full sync** (at start, after a failure, about hourly, and when node-level settings
 change) rewrites everything without deleting the table, so the kernel's session-affinity
@@ -48,7 +48,8 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from kubeproxy.backends.base import BackendError, PlannedBackend, SyncResult
+from kubeproxy.backends.base import BackendError, SyncResult
+from kubeproxy.backends.driver import Isolated, SyncDriver, Unit, first_line
 from kubeproxy.backends.nftables.index import (
     Change,
     Contents,
@@ -114,7 +115,7 @@ class _Isolated:
 MIN_KERNEL = (5, 13)
 
 
-class NftablesBackend(PlannedBackend):
+class NftablesBackend(SyncDriver):
     """Programs the ``ip``/``ip6`` ``kube-proxy`` tables."""
 
     mode = ProxyMode.NFTABLES
@@ -127,7 +128,7 @@ class NftablesBackend(PlannedBackend):
         self.runner = runner
         self.release = release
         self._families: dict[IPFamily, _Family] = {}
-        self._isolated = _Isolated()
+        self._isolated_ports = _Isolated()
         self.last_transaction = ""
         self._kernel_seconds = 0.0
         self.new_table_piece = NEW_TABLE_PIECE
@@ -164,7 +165,7 @@ class NftablesBackend(PlannedBackend):
         element anyway and indexes them afresh, as a restarted proxy would."""
         updates: Updates = {}
         rendered = 0
-        isolated = self._isolated.reasons if names is not None else {}
+        isolated = self._isolated_ports.reasons if names is not None else {}
         for fam in plan.families:
             out: dict[ServicePortName, PortRules | None] = {}
             state = self._families.get(fam.family) if names is not None else None
@@ -178,13 +179,13 @@ class NftablesBackend(PlannedBackend):
                 rendered += port is not None
                 if isolated and (key := (fam.family, name)) in isolated:
                     # A full sync retries everything (and records what is refused).
-                    if rules is not None and rules == self._isolated.rules.get(key):
+                    if rules is not None and rules == self._isolated_ports.rules.get(key):
                         rules = None  # still what the kernel refused
                     else:
                         # Gone, or changed: retried now (a refusal means a full sync,
                         # which records it again).
-                        del self._isolated.reasons[key]
-                        self._isolated.rules.pop(key, None)
+                        del self._isolated_ports.reasons[key]
+                        self._isolated_ports.rules.pop(key, None)
                 out[name] = rules
             updates[fam.family] = out
         return updates, rendered
@@ -262,7 +263,7 @@ class NftablesBackend(PlannedBackend):
         try:
             self.runner.check(tx)
         except NftError as err:
-            return _first_line(err)
+            return first_line(err)
         finally:
             self._kernel_seconds += time.perf_counter() - started
         return None
@@ -276,7 +277,7 @@ class NftablesBackend(PlannedBackend):
 
     # ------------------------------------------------------------- full sync
 
-    def _full(
+    def _apply_everything(
         self, fams: Iterable[FamilyPlan], updates: Updates
     ) -> tuple[dict[IPFamily, TableIndex], int]:
         rules = {
@@ -311,7 +312,7 @@ class NftablesBackend(PlannedBackend):
 
         if refusal([]) is not None:
             raise refused  # not a ServicePort's fault: keep the previous rules
-        bad = _isolate(candidates, refusal, _first_line(refused))
+        bad = _isolate(candidates, refusal, first_line(refused))
         built = build(lambda key: key not in bad)
         operations = self._apply_full(built)
         self._record_isolated(bad, rules)
@@ -333,7 +334,7 @@ class NftablesBackend(PlannedBackend):
             log.warning(
                 "Full sync refused (%s); replacing the kube-proxy tables instead "
                 "(session affinity memory is lost)",
-                _first_line(err),
+                first_line(err),
             )
             tx = self._full_tx(built, None)
             self._apply(tx)
@@ -416,32 +417,29 @@ class NftablesBackend(PlannedBackend):
             change.emit(main, table_ref(family))
         return changes, pre, main
 
-    def _partial(self, updates: Updates) -> tuple[dict[IPFamily, Change], int] | None:
-        """Apply a partial sync; None if the kernel refused it (nothing changed)."""
+    def _partial(
+        self, plan: NodePlan, unit: Unit, changed: set[ServicePortName], result: SyncResult
+    ) -> None:
+        """Only what the changed ServicePorts need, diffed against the index; an
+        NftError if the kernel refused it (nothing changed)."""
+        updates, rendered = self._render(plan, changed)
+        result.rendered += rendered
         changes, pre, main = self._changes(updates)
-        try:
-            # New shared chains first, in a transaction of their own (unreferenced until
-            # the main one commits; see Change.emit_shared_chains).
-            self._apply(pre)
-            self._apply(main)
-        except NftError as err:
-            if err.incomplete:
-                # nft hung (killed) or is gone: a full sync would only wait again. The
-                # sync fails, keeping the rules; the runner retries (a full sync).
-                raise
-            # Either our picture of the kernel is stale (someone changed the table) or
-            # a changed ServicePort's rules are refused: a full sync settles both (it
-            # rebuilds the table, and isolates what the kernel refuses).
-            log.warning("Partial sync refused (%s); doing a full sync", _first_line(err))
-            return None
-        return changes, len(pre) + len(main)
+        # New shared chains first, in a transaction of their own (unreferenced until the
+        # main one commits; see Change.emit_shared_chains).
+        self._apply(pre)
+        self._apply(main)
+        result.operations += len(pre) + len(main)
+        for family, change in changes.items():
+            change.commit()
+            result.conflicts.extend(c.message(family) for c in change.conflicts)
 
     def _record_isolated(
         self, bad: Mapping[Key, str], rules: Mapping[IPFamily, Mapping[ServicePortName, PortRules]]
     ) -> None:
         """After a full sync: exactly ``bad`` is isolated now (each logged once)."""
-        before = self._isolated
-        self._isolated = _Isolated()
+        before = self._isolated_ports
+        self._isolated_ports = _Isolated()
         for key, reason in sorted(bad.items()):
             family, name = key
             if before.reasons.get(key) != reason:
@@ -452,56 +450,45 @@ class NftablesBackend(PlannedBackend):
                     family.value,
                     reason,
                 )
-            self._isolated.reasons[key] = reason
-            self._isolated.rules[key] = rules[family][name]
+            self._isolated_ports.reasons[key] = reason
+            self._isolated_ports.rules[key] = rules[family][name]
         for family, name in sorted(before.reasons.keys() - bad.keys()):
             if name in rules.get(family, {}):
                 log.info("Service port %s (%s) is accepted again", name, family.value)
 
     # ----------------------------------------------------------------- public
 
-    def sync_plan(self, plan: NodePlan, changed: set[ServicePortName] | None) -> SyncResult:
-        """Bring the kernel in line with ``plan``. ``changed=None`` forces a full sync."""
-        started = time.perf_counter()
-        self._kernel_seconds = 0.0
-        self.last_transaction = ""
-        fams = plan.families
-        full = changed is None or any(
-            (state := self._families.get(fam.family)) is None
-            or state.plan != fam
-            or state.index is None
-            for fam in fams
+    def _units(self, plan: NodePlan) -> list[Unit]:
+        """Both families in one unit: one transaction programs them together."""
+        return [plan.families]
+
+    def _holds(self, unit: Unit) -> bool:
+        return all(
+            (state := self._families.get(fam.family)) is not None
+            and state.plan == fam
+            and state.index is not None
+            for fam in unit
         )
-        updates, rendered = self._render(plan, None if full else changed)
-        try:
-            partial = None if full else self._partial(updates)
-            if partial is not None:
-                changes, operations = partial
-                conflicts: list[str] = []
-                for family, change in changes.items():
-                    change.commit()
-                    conflicts.extend(c.message(family) for c in change.conflicts)
-            else:
-                if not full:
-                    full = True
-                    updates, more = self._render(plan, None)
-                    rendered += more
-                indexes, operations = self._full(fams, updates)
-                self._families = {i.fam.family: _Family(i.fam, i) for i in indexes.values()}
-                conflicts = [
-                    c.message(family)
-                    for family, index in indexes.items()
-                    for c in index.conflicts()
-                ]
-        except Exception:
-            # The kernel kept the previous rules; our picture of them may be stale.
-            for state in self._families.values():
-                state.index = None
-            raise
-        result = self._report(plan, full, rendered, operations, conflicts)
-        result.apply_seconds = self._kernel_seconds
-        result.render_seconds = time.perf_counter() - started - self._kernel_seconds
-        return result
+
+    def _begin(self, plan: NodePlan) -> None:
+        self.last_transaction = ""
+
+    def _full(self, plan: NodePlan, unit: Unit, result: SyncResult) -> None:
+        updates, rendered = self._render(plan, None)
+        result.rendered += rendered
+        indexes, operations = self._apply_everything(unit, updates)
+        result.operations += operations
+        self._families = {i.fam.family: _Family(i.fam, i) for i in indexes.values()}
+        result.conflicts.extend(
+            c.message(family) for family, index in indexes.items() for c in index.conflicts()
+        )
+
+    def _invalidate(self) -> None:
+        for state in self._families.values():
+            state.index = None
+
+    def _isolated(self) -> Isolated:
+        return self._isolated_ports.reasons
 
     def counters(self) -> dict[str, int]:
         """None: upstream's nftables mode has no counter-based metrics either."""
@@ -514,7 +501,7 @@ class NftablesBackend(PlannedBackend):
             try:
                 objects = self._list(t)
             except NftError as err:
-                return _first_line(err)
+                return first_line(err)
             missing = sorted(SKELETON_CHAINS - objects["chain"])
             missing += sorted(
                 s.name for s in static_sets(state.plan) if s.name not in objects[s.keyword]
@@ -537,32 +524,13 @@ class NftablesBackend(PlannedBackend):
         }
         return str(self._full_tx(built, None))
 
-    def _report(
-        self,
-        plan: NodePlan,
-        full: bool,
-        rendered: int,
-        operations: int,
-        conflicts: list[str],
-    ) -> SyncResult:
-        result = SyncResult(
-            full=full,
-            service_ports=len(plan.snapshot.services),
-            rendered=rendered,
-            operations=operations,
-            conflicts=conflicts,
-            isolated=sorted(
-                f"{name} ({family.value}): {reason}"
-                for (family, name), reason in self._isolated.reasons.items()
-            ),
-        )
+    def _report(self, plan: NodePlan, result: SyncResult) -> None:
         for state in self._families.values():
             if state.index is not None:
                 result.elements += state.index.elements
                 result.chains += state.index.chains
                 result.no_local_internal += state.index.no_local_internal
                 result.no_local_external += state.index.no_local_external
-        return result
 
 
 def _isolate(
@@ -592,11 +560,6 @@ def _isolate(
 
     search([], candidates, reason)
     return bad
-
-
-def _first_line(err: Exception) -> str:
-    lines = [line for line in str(err).splitlines() if line.strip()]
-    return lines[0] if lines else type(err).__name__
 
 
 def cleanup(runner: NftRunner) -> list[str]:

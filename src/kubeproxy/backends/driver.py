@@ -1,0 +1,124 @@
+"""The one sync loop every proxy mode runs: what a sync does besides translating.
+
+:class:`SyncDriver` owns, once for every mode:
+
+* **full or partial**: a sync is full when the caller asks (``changed`` is None), or
+  when the mode does not hold a valid picture of a unit (after a failure, at the first
+  sync, or when the unit's node-level plan changed); otherwise only the changed
+  ServicePorts are translated and applied;
+* **a refused partial sync** becomes a full sync in the same call (the mode's picture of
+  the kernel may be stale, or a changed ServicePort is refused: a full sync settles both
+  and isolates what the kernel refuses), counted in ``partial_failures``; a tool that hung
+  or vanished (``incomplete``) fails the sync instead, as a full sync would only wait
+  again;
+* **a failed sync** leaves the kernel's previous rules (the modes apply atomically) and
+  marks everything the mode holds invalid, so the retry (the runner's) is full;
+* **refused ServicePorts**: the mode reports those it left out (``isolated``), named
+  once per sync in the result;
+* **timing**: ``apply_seconds`` is the time in kernel calls the mode measured
+  (``_kernel_seconds``), ``render_seconds`` the rest.
+
+A mode implements the translation in units: the families it applies together
+(nftables mode programs both families in one transaction; iptables and ipvs modes one
+family at a time), and for a unit ``_holds``, ``_partial`` and ``_full``; plus
+``_invalidate`` and ``_report``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from abc import abstractmethod
+from collections.abc import Mapping, Sequence
+
+from kubeproxy.backends.base import PlannedBackend, SyncResult
+from kubeproxy.dataplane.errors import DataplaneError, DataplaneInputError
+from kubeproxy.model.plan import FamilyPlan
+from kubeproxy.model.planning import NodePlan
+from kubeproxy.model.types import IPFamily, ServicePortName
+
+log = logging.getLogger(__name__)
+
+Unit = tuple[FamilyPlan, ...]
+Isolated = Mapping[tuple[IPFamily, ServicePortName], str]
+
+
+class SyncDriver(PlannedBackend):
+    """:meth:`sync_plan` for every mode; the mode fills in the translation."""
+
+    # Seconds spent in kernel calls during the current sync (the mode adds to it).
+    _kernel_seconds: float = 0.0
+
+    def sync_plan(self, plan: NodePlan, changed: set[ServicePortName] | None) -> SyncResult:
+        """Bring the kernel in line with ``plan``. ``changed=None`` forces a full sync."""
+        started = time.perf_counter()
+        self._kernel_seconds = 0.0
+        result = SyncResult(full=False, service_ports=len(plan.snapshot.services))
+        try:
+            self._begin(plan)
+            for unit in self._units(plan):
+                if changed is not None and self._holds(unit):
+                    try:
+                        self._partial(plan, unit, changed, result)
+                        continue
+                    except DataplaneError as err:
+                        if err.incomplete or isinstance(err, DataplaneInputError):
+                            raise  # hung or missing, or our own bug: a full sync won't help
+                        log.warning("Partial sync refused (%s); doing a full sync", first_line(err))
+                        result.partial_failures += 1
+                self._full(plan, unit, result)
+                result.full = True
+        except Exception:
+            # The kernel kept the previous rules; our picture of them may be stale.
+            self._invalidate()
+            raise
+        self._report(plan, result)
+        result.isolated = sorted(
+            f"{name} ({family.value}): {reason}"
+            for (family, name), reason in self._isolated().items()
+        )
+        result.apply_seconds = self._kernel_seconds
+        result.render_seconds = time.perf_counter() - started - self._kernel_seconds
+        return result
+
+    # ------------------------------------------------------------ the mode's part
+
+    def _begin(self, plan: NodePlan) -> None:
+        """Before the units (node-level preparation); nothing by default."""
+
+    @abstractmethod
+    def _units(self, plan: NodePlan) -> Sequence[Unit]:
+        """The families this mode serves, grouped as it applies them."""
+
+    @abstractmethod
+    def _holds(self, unit: Unit) -> bool:
+        """Whether the mode holds a valid picture of ``unit`` as planned now (if not,
+        the unit's sync is full)."""
+
+    @abstractmethod
+    def _partial(
+        self, plan: NodePlan, unit: Unit, changed: set[ServicePortName], result: SyncResult
+    ) -> None:
+        """Translate and apply the ``changed`` ServicePorts of ``unit``; a
+        :class:`DataplaneError` if the kernel refused (nothing applied)."""
+
+    @abstractmethod
+    def _full(self, plan: NodePlan, unit: Unit, result: SyncResult) -> None:
+        """Translate and apply everything of ``unit``, leaving out (and reporting in
+        :meth:`_isolated`) what the kernel refuses; raises if nothing could be applied."""
+
+    @abstractmethod
+    def _invalidate(self) -> None:
+        """After a failed sync: nothing held is trusted (the next sync is full)."""
+
+    def _report(self, plan: NodePlan, result: SyncResult) -> None:
+        """Fill in the mode's counts after a successful sync; nothing by default."""
+
+    def _isolated(self) -> Isolated:
+        """ServicePorts left out because the kernel refused their rules, with why."""
+        return {}
+
+
+def first_line(err: Exception) -> str:
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    return lines[0] if lines else type(err).__name__
