@@ -43,7 +43,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kubeproxy.backends.base import BackendError, PlannedBackend, SyncResult
+from kubeproxy.backends.base import BackendError, SyncResult
+from kubeproxy.backends.driver import Isolated, SyncDriver, Unit
 from kubeproxy.backends.iptables.diff import Canonical, differing, rule_text
 from kubeproxy.backends.iptables.dispatch import Args, DispatchTree, EntryId
 from kubeproxy.backends.iptables.names import (
@@ -188,7 +189,7 @@ class _Family:
     no_local_external: int = 0
 
 
-class IptablesBackend(PlannedBackend):
+class IptablesBackend(SyncDriver):
     """Programs upstream's iptables layout (``KUBE-SERVICES``, ``KUBE-SVC-...``) per family."""
 
     mode = ProxyMode.IPTABLES
@@ -217,7 +218,7 @@ class IptablesBackend(PlannedBackend):
         self.last_restore = ""
         self._kernel_seconds = 0.0
         self._written: dict[str, int] = {}
-        self._isolated: dict[IPFamily, dict[ServicePortName, str]] = {}
+        self._isolated_ports: dict[IPFamily, dict[ServicePortName, str]] = {}
         # iptables-nft-restore keeps every chain name its input mentions in a sorted list
         # it walks from the smallest name for each command (quadratic in chains); one
         # command naming no chain (``-S``) makes it fetch the whole table instead and
@@ -392,7 +393,7 @@ class IptablesBackend(PlannedBackend):
         }
         return state, desired
 
-    def _full(self, node_plan: NodePlan, fam: FamilyPlan) -> _Family:
+    def _full_family(self, node_plan: NodePlan, fam: FamilyPlan) -> _Family:
         """A full sync; a ServicePort whose rules iptables refuses is left out (logged
         once with iptables' reason) and everything else applied. The culprit is found
         from the line iptables reports; when the line names no ServicePort (legacy
@@ -416,7 +417,7 @@ class IptablesBackend(PlannedBackend):
             return state
 
     def _record_isolated(self, family: IPFamily, isolated: Mapping[ServicePortName, str]) -> None:
-        before = self._isolated.get(family, {})
+        before = self._isolated_ports.get(family, {})
         for name, reason in sorted(isolated.items()):
             if before.get(name) != reason:
                 log.error(
@@ -426,7 +427,7 @@ class IptablesBackend(PlannedBackend):
                     family.value,
                     reason,
                 )
-        self._isolated[family] = dict(isolated)
+        self._isolated_ports[family] = dict(isolated)
 
     def _fixed(self, fam: FamilyPlan, settings: Settings, state: _Family) -> FixedChains:
         roots = {tree_id: dt.root_chain for tree_id, dt in state.trees.items()}
@@ -485,7 +486,7 @@ class IptablesBackend(PlannedBackend):
 
     # ---------------------------------------------------------- partial sync
 
-    def _partial(self, state: _Family, updates: Updates) -> int:
+    def _apply_changes(self, state: _Family, updates: Updates) -> int:
         restore = Restore()
         removed: dict[str, list[tuple[int, EntryId]]] = {t.id: [] for t in TREES}
         added: dict[str, list[tuple[int, EntryId, Args]]] = {t.id: [] for t in TREES}
@@ -545,39 +546,45 @@ class IptablesBackend(PlannedBackend):
 
     # ----------------------------------------------------------------- public
 
-    def sync_plan(self, node_plan: NodePlan, changed: set[ServicePortName] | None) -> SyncResult:
-        """Bring the kernel in line with ``node_plan``. ``changed=None`` forces a full sync."""
-        started = time.perf_counter()
-        self._kernel_seconds = 0.0
+    def _units(self, node_plan: NodePlan) -> list[Unit]:
+        """One family at a time: each family is its own iptables-restore."""
+        return [(fam,) for fam in self._fams(node_plan)]
+
+    def _holds(self, unit: Unit) -> bool:
+        (fam,) = unit
+        state = self._families.get(fam.family)
+        return state is not None and state.valid and state.plan == fam
+
+    def _begin(self, node_plan: NodePlan) -> None:
         self.last_restore = ""
         self._written = {"filter": 0, "nat": 0}
-        result = SyncResult(full=False, service_ports=len(node_plan.snapshot.services))
-        for fam in self._fams(node_plan):
-            state = self._families.get(fam.family)
-            full = changed is None or state is None or not state.valid or state.plan != fam
-            try:
-                if not full and state is not None:
-                    updates = self._render(node_plan, fam, state.settings, changed)
-                    result.rendered += sum(r is not None for r in updates.values())
-                    try:
-                        result.operations += self._partial(state, updates)
-                        continue
-                    except IptablesError as err:
-                        if err.incomplete:
-                            raise  # hung (killed) or missing: a full sync would wait again
-                        # Our picture of the kernel may be stale: rebuild everything now.
-                        log.warning(
-                            "Partial sync refused (%s); doing a full sync",
-                            str(err).splitlines()[0],
-                        )
-                        result.partial_failures += 1
-                self._families[fam.family] = self._full(node_plan, fam)
-                result.rendered += len(self._families[fam.family].rules)
-                result.full = True
-            except Exception:
-                for s in self._families.values():
-                    s.valid = False
-                raise
+
+    def _partial(
+        self, node_plan: NodePlan, unit: Unit, changed: set[ServicePortName], result: SyncResult
+    ) -> None:
+        (fam,) = unit
+        state = self._families[fam.family]
+        updates = self._render(node_plan, fam, state.settings, changed)
+        result.rendered += sum(r is not None for r in updates.values())
+        result.operations += self._apply_changes(state, updates)
+
+    def _full(self, node_plan: NodePlan, unit: Unit, result: SyncResult) -> None:
+        (fam,) = unit
+        state = self._families[fam.family] = self._full_family(node_plan, fam)
+        result.rendered += len(state.rules)
+
+    def _invalidate(self) -> None:
+        for state in self._families.values():
+            state.valid = False
+
+    def _isolated(self) -> Isolated:
+        return {
+            (family, name): reason
+            for family, isolated in self._isolated_ports.items()
+            for name, reason in isolated.items()
+        }
+
+    def _report(self, node_plan: NodePlan, result: SyncResult) -> None:
         for state in self._families.values():
             for table, count in state.rules_per_table.items():
                 result.table_rules[table] = result.table_rules.get(table, 0) + count
@@ -586,14 +593,6 @@ class IptablesBackend(PlannedBackend):
             result.no_local_internal += state.no_local_internal
             result.no_local_external += state.no_local_external
         result.table_rules_written = dict(self._written)
-        result.isolated = sorted(
-            f"{name} ({family.value}): {reason}"
-            for family, isolated in self._isolated.items()
-            for name, reason in isolated.items()
-        )
-        result.apply_seconds = self._kernel_seconds
-        result.render_seconds = time.perf_counter() - started - self._kernel_seconds
-        return result
 
     def check(self) -> str | None:
         """The canary: ``KUBE-PROXY-CANARY`` still exists in mangle, nat and filter."""
