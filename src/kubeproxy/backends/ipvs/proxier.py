@@ -1,7 +1,8 @@
 """The ipvs backend: the service plan as IPVS virtual servers, ipsets and a few iptables
 rules, as upstream kube-proxy's ipvs mode programs them.
 
-``sync`` runs named phases per IP family:
+The sync loop is :class:`~kubeproxy.backends.driver.SyncDriver`'s (one unit per IP
+family); the phases of a family here:
 
 1. **observe** — on a full sync (at start, after a failure, when node-level settings
    change) read the kernel: virtual servers and their destinations, the addresses on
@@ -40,7 +41,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kubeproxy.backends.base import BackendError, PlannedBackend, SyncResult
+from kubeproxy.backends.base import BackendError, SyncResult
+from kubeproxy.backends.driver import SyncDriver, Unit
 from kubeproxy.backends.iptables.runners import Reopen, working_runners
 from kubeproxy.backends.ipvs import names as n
 from kubeproxy.backends.ipvs.diff import Changes, Network, Observed, diff
@@ -130,7 +132,7 @@ def init_node(config: ProxyConfig, proc: Path = Path("/proc"), release: str | No
         ensure_sysctl(proc, path, value)
 
 
-class IpvsBackend(PlannedBackend):
+class IpvsBackend(SyncDriver):
     mode = ProxyMode.IPVS
 
     def __init__(
@@ -444,57 +446,88 @@ class IpvsBackend(PlannedBackend):
 
     # ----------------------------------------------------------------- public
 
-    def sync_plan(self, node_plan: NodePlan, changed: set[ServicePortName] | None) -> SyncResult:
-        started = time.perf_counter()
+    def _begin(self, node_plan: NodePlan) -> None:
         self.errors = []
-        result = SyncResult(full=False, service_ports=len(node_plan.snapshot.services))
         try:
             self.links.ensure_dummy(n.DUMMY_DEVICE)
-            node_addrs = self.links.node_addresses(n.DUMMY_DEVICE)
+            self._node_addrs = self.links.node_addresses(n.DUMMY_DEVICE)
         except IpvsError as err:
             raise BackendError(f"{n.DUMMY_DEVICE}: {err}") from None
+
+    def _units(self, node_plan: NodePlan) -> list[Unit]:
+        """One family at a time (its own virtual servers, ipsets and iptables)."""
+        return [(fam,) for fam in self._fams(node_plan)]
+
+    def _holds(self, unit: Unit) -> bool:
+        (fam,) = unit
+        state = self._families.get(fam.family)
+        return state is not None and state.valid and state.plan == fam
+
+    def _partial(
+        self, node_plan: NodePlan, unit: Unit, changed: set[ServicePortName], result: SyncResult
+    ) -> None:
+        (fam,) = unit
+        state = self._families[fam.family]
+        ctx = Context.of(fam, self.scheduler, self._node_addrs)
+        # Node addresses changed: the whole family's desired state is rendered again
+        # (against what was observed before, so the diff is still small).
+        scope = (
+            self._update(node_plan, ctx, state.desired, changed) if state.context == ctx else None
+        )
+        self._translate(
+            node_plan, state, ctx, scope=scope, result=result, changed=len(changed), full=False
+        )
+
+    def _full(self, node_plan: NodePlan, unit: Unit, result: SyncResult) -> None:
+        (fam,) = unit
+        state = self._families[fam.family] = _Family(fam, self._observe(fam))
+        ctx = Context.of(fam, self.scheduler, self._node_addrs)
+        self._translate(node_plan, state, ctx, scope=None, result=result, changed=0, full=True)
+
+    def _translate(
+        self,
+        node_plan: NodePlan,
+        state: _Family,
+        ctx: Context,
+        *,
+        scope: Touched | None,
+        result: SyncResult,
+        changed: int,
+        full: bool,
+    ) -> None:
+        """Diff ``state``'s desired state (``scope``: what a partial update touched; None:
+        rendered whole, now) against what was observed, and apply the difference
+        (``full``: ``state`` was just observed; the iptables rules are written anyway)."""
+        if scope is None:
+            state.desired = self._desired(node_plan, ctx)
+            state.context = ctx
+            result.rendered += len(state.desired.contributions)
+        else:
+            result.rendered += changed
+        v6 = ctx.fam.family is IPFamily.IPv6
+        changes = diff(
+            state.desired,
+            state.observed,
+            v6=v6,
+            specs=n.FamilySets(v6).specs(),
+            exclude=self.exclude,
+            scope=scope,
+        )
+        result.operations += self._apply(state, state.desired, changes, full)
+        state.valid = not self.errors
+
+    def _invalidate(self) -> None:
+        for state in self._families.values():
+            state.valid = False
+
+    def _report(self, node_plan: NodePlan, result: SyncResult) -> None:
         for fam in self._fams(node_plan):
-            v6 = fam.family is IPFamily.IPv6
-            state = self._families.get(fam.family)
-            full = changed is None or state is None or not state.valid or state.plan != fam
-            try:
-                if full or state is None:
-                    state = _Family(fam, self._observe(fam))
-                    self._families[fam.family] = state
-                    result.full = True
-                ctx = Context.of(fam, self.scheduler, node_addrs)
-                scope: Touched | None = None
-                if not full and state.context == ctx:
-                    assert changed is not None
-                    scope = self._update(node_plan, ctx, state.desired, changed)
-                if scope is None:
-                    state.desired = self._desired(node_plan, ctx)
-                    state.context = ctx
-                    result.rendered += len(state.desired.contributions)
-                else:
-                    result.rendered += len(changed or ())
-                desired = state.desired
-                changes = diff(
-                    desired,
-                    state.observed,
-                    v6=v6,
-                    specs=n.FamilySets(v6).specs(),
-                    exclude=self.exclude,
-                    scope=scope,
-                )
-                result.operations += self._apply(state, desired, changes, full)
-                state.valid = not self.errors
-            except (IptablesError, IpsetError, IpvsError):
-                if state is not None:
-                    state.valid = False
-                raise
+            desired = self._families[fam.family].desired
             result.elements += len(desired.services) + desired.dest_count
             result.conflicts.extend(desired.conflicts)
             result.no_local_internal += desired.no_local_internal
             result.no_local_external += desired.no_local_external
         result.operations += self.flush_terminated()
-        result.render_seconds = time.perf_counter() - started
-        return result
 
     def check(self) -> str | None:
         """Deletes terminated real servers that are due; then the canary: kube-ipvs0 and
