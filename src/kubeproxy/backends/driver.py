@@ -30,6 +30,7 @@ import logging
 import time
 from abc import abstractmethod
 from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from kubeproxy.backends.base import PlannedBackend, SyncResult
 from kubeproxy.dataplane.errors import DataplaneError, DataplaneInputError
@@ -117,6 +118,37 @@ class SyncDriver(PlannedBackend):
     def _isolated(self) -> Isolated:
         """ServicePorts left out because the kernel refused their rules, with why."""
         return {}
+
+
+class HeldFamily(Protocol):
+    """What a per-family mode holds of a family between syncs."""
+
+    plan: FamilyPlan
+    valid: bool  # False: the kernel may differ from what is held (the next sync is full)
+
+
+class PerFamilyDriver(SyncDriver):
+    """A mode applied one family at a time (iptables, ipvs): one unit per family it has
+    runners for, held valid while its node-level plan is unchanged."""
+
+    runners: Mapping[IPFamily, object]
+    _families: Mapping[IPFamily, HeldFamily]
+
+    def _fams(self, plan: NodePlan) -> list[FamilyPlan]:
+        """The families this backend has runners for."""
+        return [f for f in plan.families if f.family in self.runners]
+
+    def _units(self, plan: NodePlan) -> list[Unit]:
+        return [(fam,) for fam in self._fams(plan)]
+
+    def _holds(self, unit: Unit) -> bool:
+        (fam,) = unit
+        state = self._families.get(fam.family)
+        return state is not None and state.valid and state.plan == fam
+
+    def _invalidate(self) -> None:
+        for state in self._families.values():
+            state.valid = False
 
 
 def first_line(err: Exception) -> str:

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kubeproxy.backends.base import BackendError, SyncResult
-from kubeproxy.backends.driver import Isolated, SyncDriver, Unit
+from kubeproxy.backends.driver import Isolated, PerFamilyDriver, Unit
 from kubeproxy.backends.iptables.diff import Canonical, differing, rule_text
 from kubeproxy.backends.iptables.dispatch import Args, DispatchTree, EntryId
 from kubeproxy.backends.iptables.names import (
@@ -189,7 +189,7 @@ class _Family:
     no_local_external: int = 0
 
 
-class IptablesBackend(SyncDriver):
+class IptablesBackend(PerFamilyDriver):
     """Programs upstream's iptables layout (``KUBE-SERVICES``, ``KUBE-SVC-...``) per family."""
 
     mode = ProxyMode.IPTABLES
@@ -207,7 +207,7 @@ class IptablesBackend(SyncDriver):
         """``reopen``: with ``--iptables-backend auto``, the other flavour's runners, in
         case the detected one does not work here (see :func:`working_runners`)."""
         super().__init__(config)
-        self.runners = dict(runners)
+        self.runners: dict[IPFamily, Iptables] = dict(runners)
         self.reopen = reopen
         self.tcp_be_liberal = tcp_be_liberal
         self.nfacct = nfacct
@@ -278,10 +278,6 @@ class IptablesBackend(SyncDriver):
         return {(runner.flavor, family): mine for family, runner in self.runners.items()}
 
     # ----------------------------------------------------------------- phases
-
-    def _fams(self, node_plan: NodePlan) -> list[FamilyPlan]:
-        """The families this backend has runners for."""
-        return [f for f in node_plan.families if f.family in self.runners]
 
     def _render(
         self,
@@ -546,15 +542,6 @@ class IptablesBackend(SyncDriver):
 
     # ----------------------------------------------------------------- public
 
-    def _units(self, node_plan: NodePlan) -> list[Unit]:
-        """One family at a time: each family is its own iptables-restore."""
-        return [(fam,) for fam in self._fams(node_plan)]
-
-    def _holds(self, unit: Unit) -> bool:
-        (fam,) = unit
-        state = self._families.get(fam.family)
-        return state is not None and state.valid and state.plan == fam
-
     def _begin(self, node_plan: NodePlan) -> None:
         self.last_restore = ""
         self._written = {"filter": 0, "nat": 0}
@@ -572,10 +559,6 @@ class IptablesBackend(SyncDriver):
         (fam,) = unit
         state = self._families[fam.family] = self._full_family(node_plan, fam)
         result.rendered += len(state.rules)
-
-    def _invalidate(self) -> None:
-        for state in self._families.values():
-            state.valid = False
 
     def _isolated(self) -> Isolated:
         return {

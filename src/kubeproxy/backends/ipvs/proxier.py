@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kubeproxy.backends.base import BackendError, SyncResult
-from kubeproxy.backends.driver import SyncDriver, Unit
+from kubeproxy.backends.driver import PerFamilyDriver, Unit
 from kubeproxy.backends.iptables.runners import Reopen, working_runners
 from kubeproxy.backends.ipvs import names as n
 from kubeproxy.backends.ipvs.diff import Changes, Network, Observed, diff
@@ -132,7 +132,7 @@ def init_node(config: ProxyConfig, proc: Path = Path("/proc"), release: str | No
         ensure_sysctl(proc, path, value)
 
 
-class IpvsBackend(SyncDriver):
+class IpvsBackend(PerFamilyDriver):
     mode = ProxyMode.IPVS
 
     def __init__(
@@ -156,7 +156,7 @@ class IpvsBackend(SyncDriver):
         self._ipvs: Ipvs | None = None
         self.links = links
         self.ipset = ipset
-        self.runners = dict(runners)
+        self.runners: dict[IPFamily, Iptables] = dict(runners)
         self.clock = clock
         self.proc = proc
         self.release = release
@@ -240,10 +240,6 @@ class IpvsBackend(SyncDriver):
         return {}
 
     # ----------------------------------------------------------------- phases
-
-    def _fams(self, node_plan: NodePlan) -> list[FamilyPlan]:
-        """The families this backend has runners for."""
-        return [f for f in node_plan.families if f.family in self.runners]
 
     def _desired(self, node_plan: NodePlan, ctx: Context) -> DesiredState:
         """Every plan's contribution, in name order (the first claim of a key wins)."""
@@ -454,15 +450,6 @@ class IpvsBackend(SyncDriver):
         except IpvsError as err:
             raise BackendError(f"{n.DUMMY_DEVICE}: {err}") from None
 
-    def _units(self, node_plan: NodePlan) -> list[Unit]:
-        """One family at a time (its own virtual servers, ipsets and iptables)."""
-        return [(fam,) for fam in self._fams(node_plan)]
-
-    def _holds(self, unit: Unit) -> bool:
-        (fam,) = unit
-        state = self._families.get(fam.family)
-        return state is not None and state.valid and state.plan == fam
-
     def _partial(
         self, node_plan: NodePlan, unit: Unit, changed: set[ServicePortName], result: SyncResult
     ) -> None:
@@ -515,10 +502,6 @@ class IpvsBackend(SyncDriver):
         )
         result.operations += self._apply(state, state.desired, changes, full)
         state.valid = not self.errors
-
-    def _invalidate(self) -> None:
-        for state in self._families.values():
-            state.valid = False
 
     def _report(self, node_plan: NodePlan, result: SyncResult) -> None:
         for fam in self._fams(node_plan):
