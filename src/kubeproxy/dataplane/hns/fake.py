@@ -42,7 +42,9 @@ from ``random.Random(seed)`` when a seed is given, so that goldens can hold them
      "endpoints": [{"id", "ipAddress", "macAddress", "isLocal"}],
      "supportedFeatures": {"DSR", "ModifyLoadbalancer", "IPv6DualStack"}}
 
-and raises :class:`StateFileError` naming the field (``network.remoteSubnets[0].
+(``supportedFeatures`` may also say ``SessionAffinity``, true unless given; every
+field but the network's name, id and type and each endpoint's id, ipAddress and isLocal
+may be left out) and raises :class:`StateFileError` naming the field (``network.remoteSubnets[0].
 providerAddress: ...``). The state file's local endpoints are the pods' (created by the
 CNI): the fake refuses to delete them (``fake:``; HNS would let it happen).
 """

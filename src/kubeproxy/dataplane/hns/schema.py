@@ -382,7 +382,8 @@ class Endpoint:
         d = _obj(doc, where)
         ips: list[str] = []
         for i, cfg in enumerate(_list(d, "IpConfigurations", where)):
-            ips.append(_str(_obj(cfg, f"{where}.IpConfigurations[{i}]"), "IpAddress", where))
+            at = f"{where}.IpConfigurations[{i}]"
+            ips.append(_str(_obj(cfg, at), "IpAddress", at))
         provider = ""
         for i, policy in enumerate(_list(d, "Policies", where)):
             p = _obj(policy, f"{where}.Policies[{i}]")
@@ -516,6 +517,11 @@ def _in_ranges(version: tuple[int, int], feature: str) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class SupportedFeatures:
+    """What this host's HNS can do. The defaults are a host where the features kube-proxy
+    may go without (DSR, ModifyLoadbalancer, IPv6DualStack) are absent and those every
+    supported Windows Server has (SessionAffinity since HNS 12, RemoteSubnet and the v2
+    API since 9.2) are present."""
+
     dsr: bool = False
     modify_load_balancer: bool = False
     ipv6_dual_stack: bool = False
