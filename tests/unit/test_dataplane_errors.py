@@ -14,6 +14,7 @@ from kubeproxy.dataplane.bpf.libbpf import BpfError
 from kubeproxy.dataplane.bpf.socklb import SockLBError
 from kubeproxy.dataplane.conntrack import ConntrackError
 from kubeproxy.dataplane.errors import DataplaneError, DataplaneInputError
+from kubeproxy.dataplane.hns import HnsError
 from kubeproxy.dataplane.ipset import IpsetCommand, IpsetError
 from kubeproxy.dataplane.iptables.cleanup import CleanupError
 from kubeproxy.dataplane.iptables.listing import UnreadableTableError
@@ -39,6 +40,7 @@ RUNTIME: list[DataplaneError] = [
     BuildError("x"),
     BpfError(errno.ENOENT, "x"),
     UnreadableTableError("x"),
+    HnsError("x"),
 ]
 INPUT: list[DataplaneError] = [ScriptError("x"), RuleError("x"), RestoreError("x")]
 

@@ -26,6 +26,8 @@ The hierarchy (each class keeps its module, name and attributes)::
         ├── SockLBError                         .bpf.socklb
         ├── BuildError                          .bpf.build
         ├── BpfError  (also an OSError)         .bpf.libbpf
+        ├── HnsError  (kind, operation,         .hns.client (Windows HNS; kind: not
+        │              hresult)                 found, already exists, not supported...)
         ├── UnreadableTableError  (also a       .iptables.listing
         │                          ValueError)
         └── DataplaneInputError  (also a ValueError): input that the tool would
