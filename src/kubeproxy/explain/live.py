@@ -31,6 +31,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from kubeproxy.backends.iptables import names
 from kubeproxy.backends.iptables.names import DISPATCH_PREFIX
 from kubeproxy.backends.nftables.table import (
     DESTS_SUFFIX,
@@ -308,14 +309,14 @@ def iptables_drift(result: Explanation, objects: Sequence[KernelObject], save: s
     route = [
         o.name
         for o in objects
-        if o.kind == "chain" and o.name.startswith(("KUBE-SVC-", "KUBE-SVL-"))
+        if o.kind == "chain" and o.name.startswith((names.SVC_PREFIX, names.SVL_PREFIX))
     ]
     if result.verdict is not Outcome.DNAT or not route or route[-1] not in chains:
         return drift
     kernel: set[str] = set()
     for args in rules.get(route[-1], []):
         sep = _arg(args, "-j")
-        if sep is None or not sep.startswith("KUBE-SEP-"):
+        if sep is None or not sep.startswith(names.SEP_PREFIX):
             continue
         for sep_args in rules.get(sep, []):
             to = _arg(sep_args, "--to-destination")
@@ -328,7 +329,13 @@ def iptables_drift(result: Explanation, objects: Sequence[KernelObject], save: s
 
 
 # Chains of one ServicePort (or endpoint) in upstream's iptables layout.
-SERVICE_CHAIN_PREFIXES = ("KUBE-SVC-", "KUBE-SVL-", "KUBE-EXT-", "KUBE-FW-", "KUBE-SEP-")
+SERVICE_CHAIN_PREFIXES = (
+    names.SVC_PREFIX,
+    names.SVL_PREFIX,
+    names.EXT_PREFIX,
+    names.FW_PREFIX,
+    names.SEP_PREFIX,
+)
 
 
 def iptables_kernel_only(save: str, expected_chains: Iterable[str]) -> list[str]:

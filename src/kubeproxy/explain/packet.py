@@ -38,6 +38,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+from kubeproxy.backends.iptables import names as iptables_names
+from kubeproxy.backends.ipvs import names as ipvs_names
 from kubeproxy.config.modes import ProxyMode
 from kubeproxy.model.plan import (
     FamilyPlan,
@@ -454,7 +456,8 @@ def _decide(
             verdict = Outcome.NONE
             why += (
                 " -- except for the node's own connections in iptables mode "
-                "(KUBE-EXTERNAL-SERVICES is not on the OUTPUT path, as upstream): not touched"
+                f"({iptables_names.KUBE_EXTERNAL_SERVICES} is not on the OUTPUT path, as "
+                "upstream): not touched"
             )
         reasons.append(why)
         return Explanation(
@@ -490,23 +493,26 @@ def _ipvs_masquerade(ctx: _Context, plan: ServicePortPlan, frontend: Frontend) -
     fam, src = ctx.fam, ctx.src
     if frontend.kind is FrontendKind.CLUSTER_IP:
         if fam.masquerade_all:
-            return True, "masqueraded: --masquerade-all (KUBE-CLUSTER-IP)"
+            return True, f"masqueraded: --masquerade-all ({ipvs_names.CLUSTER_IP})"
         if fam.local.implemented:
             if src.pod_rule:
                 return False, "not masqueraded: from a local Pod"
-            return True, "masqueraded: not from a local Pod (KUBE-CLUSTER-IP)"
+            return True, f"masqueraded: not from a local Pod ({ipvs_names.CLUSTER_IP})"
         if src.node_rule:
             return True, (
                 "masqueraded: the node's own connection (without a local-traffic detector "
-                "KUBE-CLUSTER-IP matches src,dst: its source is the Service IP)"
+                f"{ipvs_names.CLUSTER_IP} matches src,dst: its source is the Service IP)"
             )
         return False, f"not masqueraded: local Pod traffic is {fam.local.describe()}"
     ext = plan.external
     assert ext is not None
     sets = {
-        FrontendKind.EXTERNAL_IP: ("KUBE-EXTERNAL-IP", "KUBE-EXTERNAL-IP-LOCAL"),
-        FrontendKind.LOAD_BALANCER: ("KUBE-LOAD-BALANCER", "KUBE-LOAD-BALANCER-LOCAL"),
-        FrontendKind.NODE_PORT: ("KUBE-NODE-PORT-*", "KUBE-NODE-PORT-LOCAL-*"),
+        FrontendKind.EXTERNAL_IP: (ipvs_names.EXTERNAL_IP, ipvs_names.EXTERNAL_IP_LOCAL),
+        FrontendKind.LOAD_BALANCER: (ipvs_names.LOAD_BALANCER, ipvs_names.LOAD_BALANCER_LOCAL),
+        FrontendKind.NODE_PORT: (
+            ipvs_names.NODE_PORT_TCP.rsplit("-", 1)[0] + "-*",
+            ipvs_names.NODE_PORT_LOCAL_TCP.rsplit("-", 1)[0] + "-*",
+        ),
     }[frontend.kind]
     if ext.policy is TrafficPolicy.LOCAL:
         return False, f"not masqueraded: the client's address is kept ({sets[1]}, Local policy)"
@@ -533,7 +539,7 @@ def _decide_ipvs(
         if not _in_cidrs(packet.src, frontend.source_ranges):
             reasons.append(
                 f"loadBalancerSourceRanges ({ranges}) do not include {packet.src}: DROP "
-                "(KUBE-SOURCE-RANGES-FIREWALL)"
+                f"({ipvs_names.KUBE_SOURCE_RANGES_FIREWALL})"
             )
             return Explanation(
                 packet, ctx.mode, src.origin, Outcome.DROP, tuple(reasons), plan, frontend,
@@ -578,7 +584,9 @@ def _decide_ipvs(
     reasons.append(_scheduling(ctx.scheduler, len(used)))
     reasons.append(masq_why)
     if any(c.masquerade and not masq for c in candidates):
-        reasons.append(f"masqueraded when sent to {packet.src} itself (hairpin: KUBE-LOOP-BACK)")
+        reasons.append(
+            f"masqueraded when sent to {packet.src} itself (hairpin: {ipvs_names.LOOP_BACK})"
+        )
     return Explanation(
         packet, ctx.mode, src.origin, Outcome.DNAT, tuple(reasons), plan, frontend, kind,
         candidates, excluded, all(c.masquerade for c in candidates),
@@ -628,14 +636,18 @@ def _no_match(
     if mode == ProxyMode.IPVS and dst in bound and not (health and nodeport[0]):
         verdict = Outcome.REJECT
         reasons.append(
-            f"{dst} is on kube-ipvs0: new connections to a port no Service uses are rejected "
-            "(KUBE-IPVS-FILTER, kubernetes#72236): REJECT"
+            f"{dst} is on {ipvs_names.DUMMY_DEVICE}: new connections to a port no Service uses "
+            f"are rejected ({ipvs_names.KUBE_IPVS_FILTER}, kubernetes#72236): REJECT"
         )
     elif health and proto is L4Protocol.TCP and nodeport[0]:
         reasons.append(f"{port} is the healthCheckNodePort of {health[0].name.service}")
         if mode in (ProxyMode.IPTABLES, ProxyMode.IPVS):
             verdict = Outcome.ACCEPT
-            chain = "KUBE-NODE-PORT" if mode == ProxyMode.IPVS else "KUBE-NODEPORTS"
+            chain = (
+                ipvs_names.KUBE_NODE_PORT
+                if mode == ProxyMode.IPVS
+                else iptables_names.KUBE_NODEPORTS
+            )
             reasons.append(f"accepted for kubeproxy's health server (filter {chain}): ACCEPT")
         else:
             reasons.append("kubeproxy's health server answers it; no rule is needed")
