@@ -3,6 +3,7 @@
     python -m bench.sidebyside [--services 1000] [--endpoints 10] [--modes nftables,iptables]
                                [--configs defaults,1ms] [--runs 3] [--rounds 5]
                                [--probed 20] [--out FILE] [--logs DIR]
+    python -m bench.sidebyside --table FILE      # the table of an earlier --out
 
 (root; the upstream binaries: ``KUBEPROXY_UPSTREAM_BIN`` or scripts/build-upstream.)
 
@@ -38,11 +39,14 @@ Map of the module:
     EndpointSlice, as in a real cluster), **change** (its selector moved from pool a to
     pool b: the controller rewrites the slice with 10 other endpoints), **delete** (the
     Service deleted; the garbage collector takes its slice): ``--rounds`` of each, the
-    changes :data:`GAP` apart so each meets an idle proxy;
+    changes :data:`GAP` apart so each meets an idle proxy; and how long each of those API
+    requests took to return (the lab's client opens a TLS connection per request: a
+    floor under every change's time, the same for both);
   - sync durations from each proxy's own ``/metrics``
     (``kubeproxy_sync_full_proxy_rules_duration_seconds`` and ``..._partial_...``, the
-    same names in both): count and mean up to the end of the cold start, and during the
-    rounds. Upstream runs one proxier per IP family, each observing its own syncs;
+    same names in both): count and sum up to the end of the cold start (shown as the
+    full syncs' total: upstream runs one proxier per IP family, each observing its own
+    syncs, one after the other), and during the rounds (shown as the partial syncs' mean);
   - CPU seconds of the process tree (user + system of the proxy and its live children,
     plus what its reaped children used), at the end of the cold start and at the end;
     the peak of the tree's summed RSS (:class:`bench.e2e.TreeRss`) and the proxy's VmHWM.
