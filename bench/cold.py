@@ -56,6 +56,9 @@ class PrintOnly:
     def list_tables(self) -> list[tuple[str, str]]:
         return []
 
+    def has_table(self, family: str, table: str) -> bool:
+        return False
+
     def list_objects(self, family: str, table: str) -> dict[str, set[str]]:
         return {"chain": set(), "set": set(), "map": set()}
 

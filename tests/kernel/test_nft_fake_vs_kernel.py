@@ -28,7 +28,7 @@ from kubeproxy.dataplane.nftables.fake import (
 )
 from kubeproxy.dataplane.nftables.fake_types import split_comment
 from kubeproxy.dataplane.nftables.runner import NftCommand, NftError
-from kubeproxy.dataplane.nftables.transaction import Transaction
+from kubeproxy.dataplane.nftables.transaction import TableRef, Transaction
 from kubeproxy.lab.netns import ns_exec
 from tests.kernel.conftest import scratch_netns
 from tests.nft_fake_cases import CASES, Case, random_batches, random_setup
@@ -244,6 +244,24 @@ def test_fake_agrees_with_kernel(case: Case, netns: str) -> None:
             assert from_kernel is not None
             assert (step.kernel_error or step.error) in from_kernel, where
         assert kernel_state(netns) == fake_state(fake), where
+
+
+def test_has_table_agrees_with_kernel(netns: str) -> None:
+    """has_table names one table: present, absent, and absent in another family."""
+    ns_exec(netns, "nft", "flush", "ruleset")
+    kernel = NftCommand(netns=netns)
+    fake = FakeNftables()
+    tx = Transaction()
+    tx.add_table(TableRef("ip", "kube-proxy"))
+    for runner in (kernel, fake):
+        runner.apply(tx)
+    for family, name, present in (
+        ("ip", "kube-proxy", True),
+        ("ip6", "kube-proxy", False),
+        ("ip", "other", False),
+    ):
+        assert kernel.has_table(family, name) is present
+        assert fake.has_table(family, name) is present
 
 
 # Derandomized: the same batches every run (more: raise max_examples locally).

@@ -63,6 +63,9 @@ class TeeRunner:
     def list_tables(self) -> list[tuple[str, str]]:
         return self.kernel.list_tables()
 
+    def has_table(self, family: str, table: str) -> bool:
+        return self.kernel.has_table(family, table)
+
     def list_objects(self, family: str, table: str) -> dict[str, set[str]]:
         return self.kernel.list_objects(family, table)
 

@@ -216,6 +216,8 @@ def test_list_tables_and_objects() -> None:
     assert fake.list_tables() == [("ip", "t")]
     assert fake.list_objects("ip", "t") == {"chain": {"x", "c", "in"}, "set": {"s"}, "map": {"m"}}
     assert fake.list_objects("ip6", "t") == {"chain": set(), "set": set(), "map": set()}
+    assert fake.has_table("ip", "t")
+    assert not fake.has_table("ip6", "t")
 
 
 def test_check_validates_without_changing_anything() -> None:
@@ -454,3 +456,4 @@ def test_delete_elements_of_a_typeof_map_by_equivalent_keys() -> None:
     fake.apply(ok(delete_elems("b", "10.96.0.1 . 6 . 80 . 0")).tx)
     assert fake.tables[("ip", "t")].sets["b"].elements == {}
     fake.apply(ok(elems("b", "10.96.0.1 . tcp . 80 . 1 : 10.244.0.1 . 80"), chain("z")).tx)
+

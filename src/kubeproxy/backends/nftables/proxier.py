@@ -566,7 +566,9 @@ def cleanup(runner: NftRunner) -> list[str]:
     """Delete our tables (and nothing else; upstream's nftables mode uses the same
     names, so its leftovers go too); returns what was removed."""
     ours = {Vocabulary.of(f).table_family for f in IPFamily}
-    present = [(fam, name) for fam, name in runner.list_tables() if name == TABLE and fam in ours]
+    # Each table by name: listing every table would fetch the whole ruleset (iptables-nft
+    # mode's rules too), again and again while a running proxy changes it.
+    present = [(fam, TABLE) for fam in sorted(ours) if runner.has_table(fam, TABLE)]
     if present:
         tx = Transaction()
         for fam, name in present:

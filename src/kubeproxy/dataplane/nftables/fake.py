@@ -27,7 +27,7 @@ Map of the fake (this module re-exports the public names of the others):
   are kept per table so busy checks are O(1). ``_Churn`` follows what a batch does to
   each set of intervals, for nft 1.0.6's bookkeeping of those.
 * **Runner** (this module) -- :class:`FakeNftables`: ``apply``/``check``/
-  ``list_tables``/``list_objects``, ``dump()`` (sorted, deterministic text), counters,
+  ``list_tables``/``has_table``/``list_objects``, ``dump()`` (sorted, deterministic text), counters,
   ``clone()`` and fault injection (``fail_next``, ``refuse``).
 
 Kernel and nft 1.0.6 facts this models (verified against kernel 6.18 in a scratch
@@ -188,6 +188,9 @@ class FakeNftables:
 
     def list_tables(self) -> list[tuple[str, str]]:
         return sorted(self.tables)
+
+    def has_table(self, family: str, table: str) -> bool:
+        return (family, table) in self.tables
 
     def list_objects(self, family: str, table: str) -> dict[str, set[str]]:
         found: dict[str, set[str]] = {"chain": set(), "set": set(), "map": set()}
