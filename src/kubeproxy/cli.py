@@ -333,7 +333,7 @@ def load_configuration(
     if mode not in BACKENDS:
         errors.append(
             f"mode: Unsupported value: {mode!r}: supported values: "
-            f"{', '.join(repr(b) for b in BACKENDS)}"
+            f"{', '.join(repr(str(b)) for b in BACKENDS)}"
         )
     if errors:
         where = f" in {args.config}" if args.config else ""
