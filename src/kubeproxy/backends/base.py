@@ -111,11 +111,13 @@ class PlannedBackend(ABC):
 
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
-        # Families already warned about (no primary IP while NodePorts need one).
-        self._warned: set[IPFamily] = set()
+        # Families already warned about (no primary IP while NodePorts need one); None
+        # after the first plan: the check scans every Service, too much for each sync.
+        self._warned: set[IPFamily] | None = set()
 
     def plan(self, snapshot: Snapshot) -> NodePlan:
-        return plan_node(self.config.planning, snapshot, self._warned)
+        warned, self._warned = self._warned, None
+        return plan_node(self.config.planning, snapshot, warned)
 
     def sync(self, snapshot: Snapshot, changed: set[ServicePortName] | None) -> SyncResult:
         return self.sync_plan(self.plan(snapshot), changed)

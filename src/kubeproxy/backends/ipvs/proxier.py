@@ -166,7 +166,6 @@ class IpvsBackend(PerFamilyDriver):
         ]
         self.graceful = GracefulTermination()
         self._families: dict[IPFamily, _Family] = {}
-        self._warned: set[IPFamily] = set()
         self.errors: list[str] = []
         self._seconds = 0.0
 
