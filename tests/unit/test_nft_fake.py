@@ -456,4 +456,3 @@ def test_delete_elements_of_a_typeof_map_by_equivalent_keys() -> None:
     fake.apply(ok(delete_elems("b", "10.96.0.1 . 6 . 80 . 0")).tx)
     assert fake.tables[("ip", "t")].sets["b"].elements == {}
     fake.apply(ok(elems("b", "10.96.0.1 . tcp . 80 . 1 : 10.244.0.1 . 80"), chain("z")).tx)
-
