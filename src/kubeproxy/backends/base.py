@@ -1,7 +1,7 @@
 """The interface every proxy mode's backend implements, what a sync returns, and the
 errors a backend raises. Imported by the backends themselves and by their callers (the
-composition root, metrics); imports nothing above the model and the dataplane, so no
-backend needs the registry (:mod:`kubeproxy.backends.registry`) that names them.
+composition root, metrics); imports only the configuration, the model and the dataplane,
+so no backend needs the registry (:mod:`kubeproxy.backends.registry`) that names them.
 
 The interface:
 

@@ -124,9 +124,6 @@ class NodePlan:
         default_factory=dict, repr=False
     )
 
-    def family(self, family: IPFamily) -> FamilyPlan | None:
-        return next((f for f in self.families if f.family is family), None)
-
     def service_ports(
         self, fam: FamilyPlan, names: Iterable[ServicePortName] | None = None
     ) -> dict[ServicePortName, ServicePortPlan | None]:

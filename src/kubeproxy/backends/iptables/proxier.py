@@ -216,7 +216,6 @@ class IptablesBackend(PerFamilyDriver):
         self.proc = proc
         self._families: dict[IPFamily, _Family] = {}
         self.last_restore = ""
-        self._kernel_seconds = 0.0
         self._written: dict[str, int] = {}
         self._isolated_ports: dict[IPFamily, dict[ServicePortName, str]] = {}
         # iptables-nft-restore keeps every chain name its input mentions in a sorted list

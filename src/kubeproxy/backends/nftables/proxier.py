@@ -130,7 +130,6 @@ class NftablesBackend(SyncDriver):
         self._families: dict[IPFamily, _Family] = {}
         self._isolated_ports = _Isolated()
         self.last_transaction = ""
-        self._kernel_seconds = 0.0
         self.new_table_piece = NEW_TABLE_PIECE
 
     # -------------------------------------------------------------- lifecycle
