@@ -26,8 +26,9 @@ import yaml
 from bench.cluster import cluster, cluster_ip
 from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.explain.listing import rows
-from kubeproxy.explain.packet import Packet, explain
+from kubeproxy.explain.packet import explain
 from kubeproxy.model.events import dispatch
+from kubeproxy.model.fate import Packet
 from kubeproxy.model.planning import family_plans, service_port_plans
 from kubeproxy.model.state import ProxyState, Snapshot
 from kubeproxy.model.types import IPFamily

@@ -79,9 +79,10 @@ from typing import Any
 
 from bench.cluster import NODES, cluster_ip, pod_ip
 from bench.e2e import NODE_IP, ROOT, Api, lab, process_tree, spawn, status_kb, stop
+from kubeproxy.backends.nftables.inspect import KUBE_PROXY_TABLES
 from kubeproxy.lab.netns import ns_exec
 from kubeproxy.lab.objects import Ep, endpoint_slice, node, service
-from kubeproxy.lab.rulestate import KUBE_PROXY_TABLES, differences, fresh_sync, nft_state
+from kubeproxy.lab.rulestate import differences, fresh_sync, nft_state
 
 NAMESPACE = "bench"
 CLUSTER_CIDR = "10.128.0.0/9"

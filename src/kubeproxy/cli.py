@@ -60,10 +60,10 @@ from kubeproxy.config.validation import validate
 from kubeproxy.dataplane.conntrack import ConntrackCommand
 from kubeproxy.dataplane.iptables.cleanup import KeepMap
 from kubeproxy.dataplane.sysctl import apply_conntrack_sysctls
-from kubeproxy.explain.packet import Origin, Packet
 from kubeproxy.logs import bounded
 from kubeproxy.metrics import Metrics
 from kubeproxy.model.events import dispatch
+from kubeproxy.model.fate import Origin, Packet
 from kubeproxy.model.nodeports import NodePortAddresses
 from kubeproxy.model.plan import DetectLocal, LocalMode
 from kubeproxy.model.planning import describe_node

@@ -12,11 +12,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from kubeproxy.backends.nftables.inspect import parse_elements
 from kubeproxy.backends.nftables.proxier import NftablesBackend
 from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.nftables.runner import NftCommand
 from kubeproxy.dataplane.nftables.transaction import element_comment
-from kubeproxy.explain.live import parse_elements
 from kubeproxy.model.state import NodeState, Snapshot
 from kubeproxy.model.types import (
     Endpoint,

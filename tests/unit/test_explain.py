@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from kubeproxy.explain.packet import NodeAddresses, Origin, Outcome, Packet, explain
+from kubeproxy.explain.packet import explain
+from kubeproxy.model.fate import NodeAddresses, Origin, Outcome, Packet
 from kubeproxy.model.nodeports import NodePortAddresses
 from kubeproxy.model.plan import DetectLocal, FamilyPlan, LocalMode, plan_family, plan_service_port
 from kubeproxy.model.topology import NodeTopology

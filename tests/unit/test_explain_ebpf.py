@@ -16,8 +16,9 @@ from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.bpf.socklb import Backends, Target
 from kubeproxy.explain.command import explain_packet
-from kubeproxy.explain.packet import Explanation, NodeAddresses, Origin, Outcome, Packet, explain
+from kubeproxy.explain.packet import explain
 from kubeproxy.explain.socket_hooks import socket_drift, socket_objects, through_hooks
+from kubeproxy.model.fate import Explanation, NodeAddresses, Origin, Outcome, Packet
 from kubeproxy.model.plan import plan_service_port
 from kubeproxy.model.state import NodeState, Snapshot
 from kubeproxy.model.types import Endpoint, IPFamily, L4Protocol, ServicePort, TrafficPolicy

@@ -10,22 +10,27 @@ from dataclasses import replace
 
 import pytest
 
+from kubeproxy.backends import inspection
+from kubeproxy.backends.inspection import KernelObject
+from kubeproxy.backends.iptables import inspect as ipt_inspect
 from kubeproxy.backends.iptables.names import ServicePortChains
+from kubeproxy.backends.ipvs import inspect as ipvs_inspect
+from kubeproxy.backends.nftables import inspect as nft_inspect
+from kubeproxy.backends.registry import inspector
 from kubeproxy.dataplane.process import ToolError
-from kubeproxy.explain import live
-from kubeproxy.explain.objects import KernelObject, kernel_objects
-from kubeproxy.explain.packet import (
-    Explanation,
-    Origin,
-    Outcome,
-    Packet,
-    explain,
-    explain_frontend,
-)
+from kubeproxy.explain.packet import explain, explain_frontend
+from kubeproxy.model.fate import Explanation, Origin, Outcome, Packet
 from kubeproxy.model.plan import FamilyPlan, FrontendKind, plan_service_port
 from kubeproxy.model.types import Endpoint, ServicePort, TrafficPolicy
 from tests.unit.conftest import endpoint, service_port
 from tests.unit.test_explain import CLIENT, NODE_IP, POD, family
+
+
+def kernel_objects(
+    result: Explanation, fam: FamilyPlan, scheduler: str = "rr"
+) -> tuple[KernelObject, ...]:
+    return inspector(result.mode).kernel_objects(result, fam, scheduler)
+
 
 EPS = (endpoint("10.244.1.10", node="node-a"), endpoint("10.244.2.10", node="node-b"))
 
@@ -85,11 +90,11 @@ def test_parse_elements_of_an_nft_listing() -> None:
         "\t\telements = { 10.96.0.10 . tcp . 80 . 0 : 10.244.1.10 . 8080,\n"
         "\t\t\t     10.96.0.10 . tcp . 80 . 1 : 10.244.2.10 . 8080 }\n\t}\n}\n"
     )
-    assert live.parse_elements(text) == {
+    assert nft_inspect.parse_elements(text) == {
         "10.96.0.10 . tcp . 80 . 0": "10.244.1.10 . 8080",
         "10.96.0.10 . tcp . 80 . 1": "10.244.2.10 . 8080",
     }
-    assert live.parse_elements("table ip kube-proxy {\n set cluster-ips {\n }\n}") == {}
+    assert nft_inspect.parse_elements("table ip kube-proxy {\n set cluster-ips {\n }\n}") == {}
 
 
 def test_parse_elements_leaves_the_comment_out_of_the_key() -> None:
@@ -99,7 +104,7 @@ def test_parse_elements_leaves_the_comment_out_of_the_key() -> None:
         '\t\telements = { 10.96.0.10 . tcp . 80 comment "demo/web:http" : goto cluster-ip-2,\n'
         '\t\t\t     10.96.0.11 . udp . 53 comment "kube-system/kube-dns:dns" : drop }\n\t}\n}\n'
     )
-    assert live.parse_elements(text) == {
+    assert nft_inspect.parse_elements(text) == {
         "10.96.0.10 . tcp . 80": "goto cluster-ip-2",
         "10.96.0.11 . udp . 53": "drop",
     }
@@ -121,11 +126,11 @@ def test_nft_drift_finds_missing_and_extra_endpoints() -> None:
     result, fam = run(service_port(), Packet(POD, "10.96.0.10", 80), "nftables")
     objects = kernel_objects(result, fam)
     elements = kernel_elements("10.244.1.10", "10.244.2.10")
-    assert live.nft_drift(result, fam, objects, {"cluster-ip-2"}, elements) == []
+    assert nft_inspect.nft_drift(result, fam, objects, {"cluster-ip-2"}, elements) == []
     elements["cluster-ip-2-backends"]["10.96.0.10 . tcp . 80 . 1"] = "10.244.2.99 . 8080"
     elements["cluster-ip-2-backends"]["10.96.0.10 . tcp . 80 . 5"] = "10.244.2.98 . 8080"
     del elements["cluster-ip-2-dests"]["10.96.0.10 . tcp . 80"]
-    drift = live.nft_drift(result, fam, objects, set(), elements)
+    drift = nft_inspect.nft_drift(result, fam, objects, set(), elements)
     assert drift == [
         "missing ip kube-proxy: cluster-ip-2-dests element { 10.96.0.10 . tcp . 80 }",
         "missing ip kube-proxy: chain cluster-ip-2",
@@ -141,10 +146,10 @@ def test_nft_drift_ignores_which_index_holds_which_endpoint() -> None:
     result, fam = run(service_port(), Packet(POD, "10.96.0.10", 80), "nftables")
     objects = kernel_objects(result, fam)
     elements = kernel_elements("10.244.2.10", "10.244.1.10")
-    assert live.nft_drift(result, fam, objects, {"cluster-ip-2"}, elements) == []
+    assert nft_inspect.nft_drift(result, fam, objects, {"cluster-ip-2"}, elements) == []
     # The same endpoint twice, once out of range, is reported at the index numgen skips.
     elements["cluster-ip-2-backends"]["10.96.0.10 . tcp . 80 . 2"] = "10.244.1.10 . 8080"
-    assert live.nft_drift(result, fam, objects, {"cluster-ip-2"}, elements) == [
+    assert nft_inspect.nft_drift(result, fam, objects, {"cluster-ip-2"}, elements) == [
         "extra endpoint 10.244.1.10:8080 in cluster-ip-2-backends (index 2)"
     ]
 
@@ -166,7 +171,7 @@ def test_iptables_drift_compares_endpoints() -> None:
 -A {stale} -p tcp -m tcp -j DNAT --to-destination 10.244.2.77:8080
 COMMIT
 """
-    assert live.iptables_drift(result, kernel_objects(result, fam), save) == [
+    assert ipt_inspect.iptables_drift(result, kernel_objects(result, fam), save) == [
         f"missing nat: chain {sep2}",
         f"missing endpoint 10.244.2.10:8080 in {names.svc}",
         f"extra endpoint 10.244.2.77:8080 in {names.svc}",
@@ -179,7 +184,7 @@ def test_node_addresses_from_ip_json() -> None:
         '{"ifname":"eth0","addr_info":[{"family":"inet6","local":"fe80::1"},'
         '{"family":"inet","local":"192.168.50.1"}]}]'
     )
-    got = live.node_addresses(lambda binary, args: text)
+    got = inspection.node_addresses(lambda binary, args: text)
     assert got == frozenset({"127.0.0.1", "fe80::1", "192.168.50.1"})
 
 
@@ -213,27 +218,27 @@ def test_ipvs_drift_finds_missing_changed_and_extra_real_servers() -> None:
     result, fam = run(service_port(), Packet(POD, "10.96.0.10", 80), "ipvs")
     objects = kernel_objects(result, fam)
     vs = "TCP/10.96.0.10:80"
-    same = live.IpvsView(
+    same = ipvs_inspect.IpvsView(
         {vs: "rr"},
         {vs: {"10.244.1.10:8080": "weight 1", "10.244.2.10:8080": "weight 1"}},
         frozenset({"10.96.0.10"}),
         {"KUBE-CLUSTER-IP": frozenset({"10.96.0.10,tcp:80"})},
     )
-    assert live.ipvs_drift(objects, same) == []
+    assert ipvs_inspect.ipvs_drift(objects, same) == []
     drifted = replace(
         same,
         services={vs: "wlc"},
         real_servers={vs: {"10.244.1.10:8080": "weight 0", "10.244.9.9:8080": "weight 1"}},
         addresses=frozenset(),
     )
-    assert live.ipvs_drift(objects, drifted) == [
+    assert ipvs_inspect.ipvs_drift(objects, drifted) == [
         f"ipvs: virtual server {vs} rr: the kernel has 'wlc'",
         f"ipvs: {vs} -> 10.244.1.10:8080 weight 1: the kernel has weight 0",
         f"missing ipvs: {vs} -> 10.244.2.10:8080 weight 1",
         "missing kube-ipvs0: address 10.96.0.10",
         f"extra real server 10.244.9.9:8080 (weight 1) of {vs}",
     ]
-    assert live.ipvs_drift(objects, replace(same, services={}, real_servers={})) == [
+    assert ipvs_inspect.ipvs_drift(objects, replace(same, services={}, real_servers={})) == [
         f"missing ipvs: virtual server {vs} rr"
     ]
 
@@ -267,14 +272,14 @@ def test_what_only_the_kernel_holds() -> None:
         "cluster-ip-2-dests": {"10.96.0.10 . tcp . 80": None},
     }
     want = [("cluster-ips", "10.96.0.10"), ("cluster-ip-2-dests", "10.96.0.10 . tcp . 80")]
-    assert live.nft_kernel_only(table, kernel, want) == [
+    assert nft_inspect.nft_kernel_only(table, kernel, want) == [
         "ip kube-proxy: cluster-ips element { 10.96.0.99 }: no Service has it (stale)"
     ]
     save = "*nat\n:KUBE-SERVICES - [0:0]\n:KUBE-SVC-AAA - [0:0]\n:KUBE-SEP-BBB - [0:0]\nCOMMIT\n"
-    assert live.iptables_kernel_only(save, {"KUBE-SVC-AAA"}) == [
+    assert ipt_inspect.iptables_kernel_only(save, {"KUBE-SVC-AAA"}) == [
         "nat: chain KUBE-SEP-BBB: no Service has it (stale)"
     ]
-    view = live.IpvsView(
+    view = ipvs_inspect.IpvsView(
         {"TCP/10.96.0.10:80": "rr", "TCP/10.96.0.99:80": "rr", "TCP/192.168.50.1:22": "rr"},
         {},
         frozenset({"10.96.0.10", "10.96.0.99"}),
@@ -282,7 +287,7 @@ def test_what_only_the_kernel_holds() -> None:
     )
     ours = [KernelObject("virtual-server", "ipvs", "TCP/10.96.0.10:80", "rr")]
     # Someone else's virtual server on a node address is not ours to judge.
-    assert live.ipvs_kernel_only(view, ours, {"10.96.0.10"}) == [
+    assert ipvs_inspect.ipvs_kernel_only(view, ours, {"10.96.0.10"}) == [
         "ipvs: virtual server TCP/10.96.0.99:80 rr: no Service has this frontend (stale)",
         "kube-ipvs0: address 10.96.0.99: no Service has it (stale)",
     ]
@@ -297,7 +302,7 @@ def test_the_kernel_is_read_once_per_question() -> None:
             raise ToolError("no such set")
         return "answer"
 
-    reader = live.KernelReader(read)
+    reader = inspection.KernelReader(read)
     for _ in range(3):
         assert reader("nft", ["list", "set", "ip", "kube-proxy", "a"]) == "answer"
         with pytest.raises(ToolError, match="no such set"):

@@ -13,8 +13,11 @@
   again;
 * **a failed sync** leaves the kernel's previous rules (the modes apply atomically) and
   marks everything the mode holds invalid, so the retry (the runner's) is full;
-* **refused ServicePorts**: the mode reports those it left out (``isolated``), named
-  once per sync in the result;
+* **refused ServicePorts**: how a refusal is pinned on a ServicePort is the tool's
+  (nftables mode checks halves with ``nft -c``, iptables mode reads the refused line);
+  what follows is the driver's: the mode hands the ServicePorts it left out of a full
+  sync to :meth:`_record_refused`, which keeps them, logs each newly refused one once
+  (and each accepted again), and names them in every sync's result (``isolated``);
 * **timing**: ``apply_seconds`` is the time in kernel calls the mode measured
   (``_kernel_seconds``), ``render_seconds`` the rest.
 
@@ -29,10 +32,11 @@ from __future__ import annotations
 import logging
 import time
 from abc import abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from kubeproxy.backends.base import PlannedBackend, SyncResult
+from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.errors import DataplaneError, DataplaneInputError
 from kubeproxy.model.plan import FamilyPlan
 from kubeproxy.model.planning import NodePlan
@@ -41,7 +45,8 @@ from kubeproxy.model.types import IPFamily, ServicePortName
 log = logging.getLogger(__name__)
 
 Unit = tuple[FamilyPlan, ...]
-Isolated = Mapping[tuple[IPFamily, ServicePortName], str]
+Key = tuple[IPFamily, ServicePortName]
+Isolated = Mapping[Key, str]
 
 
 class SyncDriver(PlannedBackend):
@@ -49,6 +54,13 @@ class SyncDriver(PlannedBackend):
 
     # Seconds spent in kernel calls during the current sync (the mode adds to it).
     _kernel_seconds: float = 0.0
+    # For the log line of a refused ServicePort: who refused, and how long it stays out.
+    _refuser = "the kernel"
+    _refused_until = "until the next full sync"
+
+    def __init__(self, config: ProxyConfig) -> None:
+        super().__init__(config)
+        self._refused: dict[Key, str] = {}
 
     def sync_plan(self, plan: NodePlan, changed: set[ServicePortName] | None) -> SyncResult:
         """Bring the kernel in line with ``plan``. ``changed=None`` forces a full sync."""
@@ -75,8 +87,7 @@ class SyncDriver(PlannedBackend):
             raise
         self._report(plan, result)
         result.isolated = sorted(
-            f"{name} ({family.value}): {reason}"
-            for (family, name), reason in self._isolated().items()
+            f"{name} ({family.value}): {reason}" for (family, name), reason in self._refused.items()
         )
         result.apply_seconds = self._kernel_seconds
         result.render_seconds = time.perf_counter() - started - self._kernel_seconds
@@ -106,7 +117,7 @@ class SyncDriver(PlannedBackend):
     @abstractmethod
     def _full(self, plan: NodePlan, unit: Unit, result: SyncResult) -> None:
         """Translate and apply everything of ``unit``, leaving out (and reporting in
-        :meth:`_isolated`) what the kernel refuses; raises if nothing could be applied."""
+        :meth:`_record_refused`) what the kernel refuses; raises if nothing could be applied."""
 
     @abstractmethod
     def _invalidate(self) -> None:
@@ -115,9 +126,41 @@ class SyncDriver(PlannedBackend):
     def _report(self, plan: NodePlan, result: SyncResult) -> None:
         """Fill in the mode's counts after a successful sync; nothing by default."""
 
-    def _isolated(self) -> Isolated:
-        """ServicePorts left out because the kernel refused their rules, with why."""
-        return {}
+    # ----------------------------------------------------- the driver's, for the mode
+
+    def _record_refused(
+        self,
+        families: Iterable[IPFamily],
+        refused: Isolated,
+        planned: Collection[Key],
+    ) -> None:
+        """After a full sync of ``families``: exactly ``refused`` (ServicePort -> the
+        tool's reason) is left out of them now. A newly refused ServicePort, or one
+        refused for another reason, is logged once; one no longer refused and still
+        ``planned`` is logged as accepted again."""
+        scope = set(families)
+        before = {k: r for k, r in self._refused.items() if k[0] in scope}
+        for key, reason in sorted(refused.items()):
+            if before.get(key) != reason:
+                log.error(
+                    "Service port %s (%s): %s refused its rules (%s); leaving it out %s, "
+                    "every other Service port is programmed",
+                    key[1], key[0].value, self._refuser, reason, self._refused_until,
+                )  # fmt: skip
+        for key in sorted(before.keys() - refused.keys()):
+            if key in planned:
+                log.info("Service port %s (%s) is accepted again", key[1], key[0].value)
+        self._refused = {
+            **{k: r for k, r in self._refused.items() if k[0] not in scope},
+            **refused,
+        }
+
+    def _is_refused(self, key: Key) -> bool:
+        return key in self._refused
+
+    def _forget_refused(self, key: Key) -> None:
+        """``key`` changed since it was refused: it is offered to the kernel again."""
+        self._refused.pop(key, None)
 
 
 class HeldFamily(Protocol):

@@ -4,8 +4,9 @@
 function removing what that mode ever created, and :func:`cleanup_all` runs them all, as
 upstream's ``kube-proxy --cleanup`` clears every mode whatever the current one.
 :data:`COMPOSES` names the modes a mode runs inside itself (ebpf mode runs nftables').
-Factories import their backend when called: importing the registry loads no backend, and
-no backend imports the registry.
+:data:`INSPECTORS` maps each mode to what ``explain`` and ``list`` know of it
+(:mod:`kubeproxy.backends.inspection`). Factories import their backend when called:
+importing the registry loads no backend, and no backend imports the registry.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kubeproxy.backends.base import Backend, BackendError, PlannedBackend
+from kubeproxy.backends.inspection import Inspector
 from kubeproxy.backends.iptables.runners import Reopen
 from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.runtime import ProxyConfig
@@ -130,6 +132,42 @@ CLEANUPS: dict[ProxyMode, Callable[[], list[str]]] = {
 # Modes that run another mode's backend inside them: switching to such a mode keeps
 # that mode's state (ebpf mode's nftables tables carry everything the hooks do not).
 COMPOSES: dict[ProxyMode, tuple[ProxyMode, ...]] = {ProxyMode.EBPF: (ProxyMode.NFTABLES,)}
+
+
+def _inspect_nftables() -> Inspector:
+    from kubeproxy.backends.nftables.inspect import INSPECTOR
+
+    return INSPECTOR
+
+
+def _inspect_iptables() -> Inspector:
+    from kubeproxy.backends.iptables.inspect import INSPECTOR
+
+    return INSPECTOR
+
+
+def _inspect_ipvs() -> Inspector:
+    from kubeproxy.backends.ipvs.inspect import INSPECTOR
+
+    return INSPECTOR
+
+
+# What explain and list know of each mode. ebpf mode: the packets its socket hooks
+# leave alone meet nftables mode's rules (the hooks are kubeproxy.explain.socket_hooks').
+INSPECTORS: dict[ProxyMode, Callable[[], Inspector]] = {
+    ProxyMode.NFTABLES: _inspect_nftables,
+    ProxyMode.IPTABLES: _inspect_iptables,
+    ProxyMode.IPVS: _inspect_ipvs,
+    ProxyMode.EBPF: _inspect_nftables,
+}
+
+
+def inspector(mode: str) -> Inspector:
+    """The :class:`~kubeproxy.backends.inspection.Inspector` of ``mode``."""
+    try:
+        return INSPECTORS[ProxyMode(mode)]()
+    except (KeyError, ValueError):
+        raise ValueError(f"unknown proxy mode {mode!r} (known: {', '.join(INSPECTORS)})") from None
 
 
 def cleanups(

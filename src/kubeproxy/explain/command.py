@@ -5,7 +5,8 @@ use; here the configuration and the snapshot become the same plans a sync progra
 (:func:`~kubeproxy.model.planning.family_plans`,
 :func:`~kubeproxy.model.planning.service_port_plans`), which the pure modules explain
 or list. ``--live`` is the only side effect: it reads the node's addresses and the
-kernel's objects (:mod:`kubeproxy.explain.live`; in ebpf mode also the pinned map of
+kernel's objects, through the mode's own
+:class:`~kubeproxy.backends.inspection.Inspector` (in ebpf mode also the pinned map of
 the socket hooks, :mod:`kubeproxy.explain.socket_hooks`).
 
 ``list --live`` (:func:`list_live`) checks every frontend the way ``explain --live``
@@ -13,8 +14,8 @@ checks one packet's: each frontend is explained for a new connection from outsid
 (:func:`~kubeproxy.explain.packet.explain_frontend`; ipvs mode: on each NodePort
 address; ebpf mode: also from this node, through the socket hooks), its kernel objects
 computed by the same renderers and compared with the same pure functions, the kernel
-read once for all of them (:class:`_Kernel`). Unfiltered, it also reports what the
-kernel holds that no frontend explains.
+read once for all of them (one :class:`~kubeproxy.backends.inspection.LiveKernel`).
+Unfiltered, it also reports what the kernel holds that no frontend explains.
 """
 
 from __future__ import annotations
@@ -23,29 +24,16 @@ from collections.abc import Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from kubeproxy.backends.iptables import render as ipt
-from kubeproxy.backends.ipvs.names import DUMMY_DEVICE
-from kubeproxy.backends.ipvs.render import node_port_addresses
-from kubeproxy.backends.nftables import render as nft
+from kubeproxy.backends.inspection import Inspector, KernelObject, LiveKernel, node_addresses
+from kubeproxy.backends.registry import inspector
 from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.runtime import ConfigError, ProxyConfig
 from kubeproxy.dataplane.bpf.socklb import pinned_entry, unlinked_hooks
-from kubeproxy.dataplane.ipset import IpsetError
-from kubeproxy.dataplane.iptables.runner import IptablesCommand, detect_flavor
-from kubeproxy.dataplane.ipvs import IpvsError
 from kubeproxy.dataplane.process import ToolError
-from kubeproxy.explain import live, socket_hooks
+from kubeproxy.explain import socket_hooks
 from kubeproxy.explain.listing import Row, row, rows, select, sort_key
-from kubeproxy.explain.objects import KernelObject, kernel_objects, nft_table
-from kubeproxy.explain.packet import (
-    Explanation,
-    NodeAddresses,
-    Origin,
-    Outcome,
-    Packet,
-    explain,
-    explain_frontend,
-)
+from kubeproxy.explain.packet import explain, explain_frontend
+from kubeproxy.model.fate import Explanation, NodeAddresses, Origin, Outcome, Packet
 from kubeproxy.model.plan import FamilyPlan, FrontendKind, ServicePortPlan
 from kubeproxy.model.planning import family_plans, service_port_plans
 from kubeproxy.model.state import NodeState, Snapshot
@@ -73,6 +61,17 @@ def proxy_mode(config: ProxyConfig) -> str:
     return config.mode if config.mode in (ProxyMode.IPTABLES, ProxyMode.IPVS) else "nftables"
 
 
+def _live(config: ProxyConfig, *, whole: bool = False) -> LiveKernel:
+    return LiveKernel(config.iptables_backend, whole=whole)
+
+
+def _node_addresses(kernel: LiveKernel, mode: Inspector) -> frozenset[str]:
+    try:
+        return node_addresses(kernel.read, skip=mode.service_address_link)
+    except (ToolError, ValueError) as err:
+        raise ConfigError(f"--live: cannot read this node's addresses: {err}") from None
+
+
 def explain_packet(
     config: ProxyConfig,
     snapshot: Snapshot,
@@ -85,13 +84,10 @@ def explain_packet(
     known = frozenset(ip for ip in snapshot.node.primary_ips.values())
     node = NodeAddresses(known)
     mode = proxy_mode(config)
+    rules = inspector(mode)
+    kernel = _live(config)
     if live_check:
-        # ipvs mode's kube-ipvs0 holds Service addresses, not the node's.
-        skip = DUMMY_DEVICE if mode == ProxyMode.IPVS else None
-        try:
-            node = NodeAddresses(known | live.node_addresses(skip=skip), complete=True)
-        except (ToolError, ValueError) as err:
-            raise ConfigError(f"--live: cannot read this node's addresses: {err}") from None
+        node = NodeAddresses(known | _node_addresses(kernel, rules), complete=True)
     scheduler = config.ipvs.scheduler
     try:
         result = explain(
@@ -104,11 +100,13 @@ def explain_packet(
         result = socket_hooks.through_hooks(result, fam, snapshot.endpoints)
     hooks = result.verdict is Outcome.SOCKET_LB
     objects = (
-        socket_hooks.socket_objects(result) if hooks else kernel_objects(result, fam, scheduler)
+        socket_hooks.socket_objects(result)
+        if hooks
+        else rules.kernel_objects(result, fam, scheduler)
     )
     drift: list[str] | None = None
     if live_check:
-        drift = [] if hooks else _drift(config, result, fam, objects)
+        drift = [] if hooks else _drift(rules, result, fam, objects, kernel)
         if config.mode == ProxyMode.EBPF and (hooks or result.origin is not Origin.OUTSIDE):
             drift += _socket_drift(config, result)
     return Explained(result, objects, drift)
@@ -128,62 +126,16 @@ def _socket_drift(config: ProxyConfig, result: Explanation) -> list[str]:
     return socket_hooks.socket_drift(result, have, unlinked_hooks(pin_dir))
 
 
-class _Kernel:
-    """The kernel's answers for one command, each read at most once (``whole``: ipvs
-    mode's whole table at once, for ``list --live``; else only what is asked)."""
-
-    def __init__(self, config: ProxyConfig, *, whole: bool = False) -> None:
-        self.config = config
-        self.whole = whole
-        self.read = live.KernelReader()
-        self._saves: dict[IPFamily, str | Exception] = {}
-        self._ipvs: live.IpvsView | None = None
-
-    def iptables_save(self, family: IPFamily) -> str:
-        """``iptables-save -t nat`` of the iptables the proxy drives."""
-        if family not in self._saves:
-            flavor = self.config.iptables_backend
-            chosen = (
-                detect_flavor() if flavor == "auto" else ("legacy" if flavor == "legacy" else "nft")
-            )
-            try:
-                self._saves[family] = IptablesCommand(family, chosen).save("nat")
-            except (ToolError, RuntimeError) as err:
-                self._saves[family] = err
-        save = self._saves[family]
-        if isinstance(save, Exception):
-            raise save
-        return save
-
-    def ipvs(self, objects: tuple[KernelObject, ...]) -> live.IpvsView:
-        if not self.whole:
-            return live.read_ipvs(objects, self.read)
-        if self._ipvs is None:
-            self._ipvs = live.read_ipvs(None, self.read)
-        return self._ipvs
-
-
-_READ_ERRORS = (ToolError, RuntimeError, IpvsError, IpsetError)
-
-
 def _drift(
-    config: ProxyConfig,
+    mode: Inspector,
     result: Explanation,
     fam: FamilyPlan,
     objects: tuple[KernelObject, ...],
-    kernel: _Kernel | None = None,
+    kernel: LiveKernel,
 ) -> list[str]:
-    kernel = kernel or _Kernel(config)
     try:
-        if proxy_mode(config) == ProxyMode.IPVS:
-            return live.ipvs_drift(objects, kernel.ipvs(objects))
-        if proxy_mode(config) == ProxyMode.NFTABLES:
-            chains, elements = live.read_nft(result, fam, objects, kernel.read)
-            if not chains:
-                return [f"no table {fam.family.value} kube-proxy: kubeproxy has not synced here"]
-            return live.nft_drift(result, fam, objects, chains, elements)
-        return live.iptables_drift(result, objects, kernel.iptables_save(fam.family))
-    except _READ_ERRORS as err:
+        return mode.drift(result, fam, objects, kernel)
+    except RuntimeError as err:  # every dataplane tool's error is one
         return [f"cannot read the kernel's rules: {err}"]
 
 
@@ -228,37 +180,32 @@ def list_live(
 ) -> tuple[list[Row], list[str]]:
     """Every (selected) frontend's row with its drift, and, when nothing is filtered out,
     what the kernel holds that no frontend explains (see the module docstring)."""
-    mode = proxy_mode(config)
+    mode = inspector(proxy_mode(config))
     scheduler = config.ipvs.scheduler
-    kernel = _Kernel(config, whole=True)
+    kernel = _live(config, whole=True)
     addresses: frozenset[str] = frozenset()
-    if mode == ProxyMode.IPVS:
-        try:
-            addresses = live.node_addresses(kernel.read, skip=DUMMY_DEVICE)
-        except (ToolError, ValueError) as err:
-            raise ConfigError(f"--live: cannot read this node's addresses: {err}") from None
+    if mode.service_address_link is not None:
+        # Its frontends' addresses are on a link of their own, and its NodePorts are
+        # programmed per node address (ipvs mode).
+        addresses = _node_addresses(kernel, mode)
     whole = namespace is None and not names
     out: list[tuple[FrontendKind, Row]] = []
     expected: list[KernelObject] = []
-    kernel_only: list[str] = []
+    families: list[tuple[FamilyPlan, list[ServicePortPlan]]] = []
     for fam in family_plans(config.planning, snapshot):
         plans = select(_plans(snapshot, fam), namespace, names)
-        node_ips = node_port_addresses(fam, addresses)
-        fam_expected: list[KernelObject] = []
+        families.append((fam, plans))
         for plan in plans:
             for frontend in plan.frontends:
-                via: list[str | None] = [None]
-                if mode == ProxyMode.IPVS and frontend.kind is FrontendKind.NODE_PORT:
-                    via = list(node_ips)  # a virtual server on each NodePort address
                 drift: list[str] = []
-                for node_ip in via:
+                for node_ip in mode.frontend_addresses(fam, frontend, addresses):
                     result = explain_frontend(
-                        plan, frontend, fam, snapshot.endpoints, mode=mode, node_ip=node_ip,
-                        scheduler=scheduler,
+                        plan, frontend, fam, snapshot.endpoints, mode=mode.rules.mode,
+                        node_ip=node_ip, scheduler=scheduler,
                     )  # fmt: skip
-                    objects = kernel_objects(result, fam, scheduler)
-                    fam_expected.extend(objects)
-                    drift += _drift(config, result, fam, objects, kernel)
+                    objects = mode.kernel_objects(result, fam, scheduler)
+                    expected.extend(objects)
+                    drift += _drift(mode, result, fam, objects, kernel)
                 if config.mode == ProxyMode.EBPF and frontend.kind is not FrontendKind.NODE_PORT:
                     mine = explain_frontend(
                         plan, frontend, fam, snapshot.endpoints, origin=Origin.NODE
@@ -268,42 +215,14 @@ def list_live(
                     )
                 r = row(plan, frontend, snapshot.endpoints, snapshot.node.name)
                 out.append((frontend.kind, replace(r, drift=tuple(drift))))
-        expected.extend(fam_expected)
-        if whole and mode != ProxyMode.IPVS:
-            kernel_only += _kernel_only(config, fam, plans, kernel)
-    if whole and mode == ProxyMode.IPVS:
-        bound = {o.name for o in expected if o.kind == "address"}
+    kernel_only: list[str] = []
+    if whole:
         try:
-            kernel_only += live.ipvs_kernel_only(kernel.ipvs(()), expected, bound)
-        except _READ_ERRORS as err:
-            kernel_only.append(f"cannot read the kernel's rules: {err}")
+            kernel_only = mode.kernel_only(families, expected, kernel)
+        except RuntimeError as err:
+            kernel_only = [f"cannot read the kernel's rules: {err}"]
     out.sort(key=lambda r: sort_key(*r))
     return [r for _, r in out], kernel_only
-
-
-def _kernel_only(
-    config: ProxyConfig, fam: FamilyPlan, plans: list[ServicePortPlan], kernel: _Kernel
-) -> list[str]:
-    """nftables (and ebpf) and iptables modes: what the kernel holds for a ServicePort
-    that no plan of ``fam`` has (rendered again here, as a sync would)."""
-    try:
-        if proxy_mode(config) == ProxyMode.NFTABLES:
-            want = [
-                (set_name, key)
-                for rules in (nft.render_service_port(plan, fam) for plan in plans)
-                for elements in (*(d.elements for d in rules.destinations), rules.shared)
-                for set_name, key, _ in elements
-            ]
-            have = live.read_nft_service_elements(fam, kernel.read)
-            return live.nft_kernel_only(nft_table(fam), have, want)
-        chains = {
-            name
-            for plan in plans
-            for name, _ in ipt.render_service_port(plan, fam, ipt.Settings()).chains
-        }
-        return live.iptables_kernel_only(kernel.iptables_save(fam.family), chains)
-    except _READ_ERRORS as err:
-        return [f"cannot read the kernel's rules: {err}"]
 
 
 def list_frontends(

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kubeproxy.explain.objects import KernelObject
-from kubeproxy.explain.packet import Explanation
+from kubeproxy.backends.inspection import KernelObject
+from kubeproxy.model.fate import Explanation
 
 
 def as_dict(

@@ -21,26 +21,35 @@ walks the same decisions the rules make, in the same order:
    and in nftables mode the ClusterIP and service-range checks (REJECT / DROP).
 
 Where the proxy modes differ (``mode``: ``nftables``, ``iptables`` or ``ipvs``), the
-difference is upstream's, and the reason says so. ipvs mode (:func:`_decide_ipvs`) has
-no short-circuit and no DROP for Local policies: a virtual server's real servers are the
-route's endpoints, or the cluster-wide ones when a Local policy has none on this node
-(kubernetes#97081); without any it refuses; its masquerading follows its ipsets.
+difference is upstream's, the reason says so, and the mode states it in its
+:class:`~kubeproxy.backends.inspection.PacketRules` (this module compares no mode
+name). ipvs mode (:func:`_decide_virtual_server`) has no short-circuit and no DROP for
+Local policies: a virtual server's real servers are the route's endpoints, or the
+cluster-wide ones when a Local policy has none on this node (kubernetes#97081); without
+any it refuses; its masquerading follows its ipsets.
 
 The result is an :class:`Explanation`: data for
-the text and JSON printers (:mod:`kubeproxy.explain.output`) and for the kernel objects
-(:mod:`kubeproxy.explain.objects`).
+the text and JSON printers (:mod:`kubeproxy.explain.output`) and for the mode's kernel
+objects (its :class:`~kubeproxy.backends.inspection.Inspector`).
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from enum import StrEnum
 
-from kubeproxy.backends.iptables import names as iptables_names
-from kubeproxy.backends.ipvs import names as ipvs_names
-from kubeproxy.config.modes import ProxyMode
+from kubeproxy.backends.inspection import PacketRules, VirtualServerNames
+from kubeproxy.backends.registry import inspector
+from kubeproxy.model.fate import (
+    Candidate,
+    Excluded,
+    Explanation,
+    NodeAddresses,
+    Origin,
+    Outcome,
+    Packet,
+)
 from kubeproxy.model.plan import (
     FamilyPlan,
     Frontend,
@@ -59,106 +68,6 @@ from kubeproxy.model.types import (
     TrafficPolicy,
     family_of,
 )
-
-MODES = ("nftables", "iptables", "ipvs")
-
-
-class Origin(StrEnum):
-    NODE = "node"
-    POD = "pod"
-    OUTSIDE = "outside"
-
-
-class Outcome(StrEnum):
-    """What the proxy's rules do with the packet (``NONE``: they do not touch it)."""
-
-    DNAT = "DNAT"
-    DROP = "DROP"
-    REJECT = "REJECT"
-    ACCEPT = "ACCEPT"
-    NONE = "NONE"
-    # ebpf mode: a socket hook gives the connection its endpoint in connect()/sendmsg()
-    # (:mod:`kubeproxy.explain.socket_hooks`); no packet is DNATed.
-    SOCKET_LB = "SOCKET-LB"
-
-
-@dataclass(frozen=True, slots=True)
-class Packet:
-    """The first packet of a connection. ``src``/``dst`` are canonical IP strings."""
-
-    src: str
-    dst: str
-    port: int
-    protocol: L4Protocol = L4Protocol.TCP
-    in_interface: str | None = None
-
-    @property
-    def family(self) -> IPFamily:
-        return family_of(self.dst)
-
-    def __str__(self) -> str:
-        dst = f"[{self.dst}]" if ":" in self.dst else self.dst
-        via = f" in on {self.in_interface}" if self.in_interface else ""
-        return f"{self.protocol.value} {self.src} -> {dst}:{self.port}{via}"
-
-
-@dataclass(frozen=True, slots=True)
-class NodeAddresses:
-    """The addresses this node owns, as far as known.
-
-    ``complete`` is True when they were read from the kernel (``--live``); otherwise only
-    the Node object's primary IPs are known, and an address inside ``--nodeport-addresses``
-    is assumed to be the node's.
-    """
-
-    addresses: frozenset[str] = frozenset()
-    complete: bool = False
-
-    def owns(self, ip: str) -> bool:
-        return ip in self.addresses or ipaddress.ip_address(ip).is_loopback
-
-
-@dataclass(frozen=True, slots=True)
-class Candidate:
-    """A possible DNAT target: chosen with ``probability`` by a new connection."""
-
-    endpoint: Endpoint
-    probability: float
-    masquerade: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Excluded:
-    """An endpoint of the ServicePort (this family) that this packet cannot reach."""
-
-    endpoint: Endpoint
-    why: str
-
-
-@dataclass(frozen=True, slots=True)
-class Explanation:
-    packet: Packet
-    mode: str
-    origin: Origin
-    verdict: Outcome
-    reasons: tuple[str, ...]
-    plan: ServicePortPlan | None = None
-    frontend: Frontend | None = None
-    # "internal" (ClusterIP route), "external", or "short-circuit" (Local policy: a local
-    # Pod or the node itself uses the cluster-wide endpoints).
-    route: str | None = None
-    candidates: tuple[Candidate, ...] = ()
-    excluded: tuple[Excluded, ...] = ()
-    masquerade: bool = False
-
-    @property
-    def service_port(self) -> ServicePortName | None:
-        return self.plan.name if self.plan is not None else None
-
-    @property
-    def endpoints(self) -> tuple[str, ...]:
-        return tuple(str(c.endpoint) for c in self.candidates)
-
 
 # ---------------------------------------------------------------------- origin
 
@@ -360,7 +269,7 @@ def _unreachable(route: Route, what: str) -> tuple[Outcome, str]:
 class _Context:
     packet: Packet
     fam: FamilyPlan
-    mode: str
+    rules: PacketRules
     src: _Source
     node: NodeAddresses
     scheduler: str = "rr"
@@ -369,13 +278,14 @@ class _Context:
 def _decide(
     ctx: _Context, plan: ServicePortPlan, frontend: Frontend, family_eps: Sequence[Endpoint]
 ) -> Explanation:
-    packet, fam, mode, src, node = ctx.packet, ctx.fam, ctx.mode, ctx.src, ctx.node
+    packet, fam, rules, src, node = ctx.packet, ctx.fam, ctx.rules, ctx.src, ctx.node
+    mode = rules.mode
     reasons = [src.reason]
     name = plan.name
     reasons.append(f"matches {frontend.kind.value} {frontend} of {name}")
     if frontend.kind is FrontendKind.LOAD_BALANCER and frontend.source_ranges:
         allowed = _in_cidrs(packet.src, frontend.source_ranges)
-        applies = mode == ProxyMode.NFTABLES or plan.selection.has_any
+        applies = rules.firewall_without_endpoints or plan.selection.has_any
         ranges = ", ".join(frontend.source_ranges)
         if not allowed and applies:
             reasons.append(f"loadBalancerSourceRanges ({ranges}) do not include {packet.src}: DROP")
@@ -446,17 +356,16 @@ def _decide(
     if not used:
         verdict, why = _unreachable(route, what)
         if (
-            mode == ProxyMode.IPTABLES
+            rules.external_rejects_off_output is not None
             and frontend.kind is not FrontendKind.CLUSTER_IP
             and frontend.kind is not FrontendKind.NODE_PORT
             and src.node_rule
             and not node.owns(packet.dst)
         ):
-            # Upstream hooks KUBE-EXTERNAL-SERVICES to INPUT and FORWARD only.
             verdict = Outcome.NONE
             why += (
-                " -- except for the node's own connections in iptables mode "
-                f"({iptables_names.KUBE_EXTERNAL_SERVICES} is not on the OUTPUT path, as "
+                f" -- except for the node's own connections in {mode} mode "
+                f"({rules.external_rejects_off_output} is not on the OUTPUT path, as "
                 "upstream): not touched"
             )
         reasons.append(why)
@@ -467,7 +376,7 @@ def _decide(
     hairpin = set(plan.hairpin)
     candidates = []
     for ep in used:
-        self_ = packet.src == ep.ip and (mode == ProxyMode.IPTABLES or ep.ip in hairpin)
+        self_ = packet.src == ep.ip and (rules.masquerade_every_self_dnat or ep.ip in hairpin)
         candidates.append(Candidate(ep, 1 / len(used), masq or self_))
     reasons.append(f"DNAT to one of {len(used)} endpoint(s), each with probability 1/{len(used)}")
     reasons.append(masq_why)
@@ -488,31 +397,30 @@ def _decide(
     )
 
 
-def _ipvs_masquerade(ctx: _Context, plan: ServicePortPlan, frontend: Frontend) -> tuple[bool, str]:
+def _ipvs_masquerade(
+    ctx: _Context, names: VirtualServerNames, plan: ServicePortPlan, frontend: Frontend
+) -> tuple[bool, str]:
     """ipvs mode's masquerade decision, as its ipsets make it (before hairpin)."""
     fam, src = ctx.fam, ctx.src
     if frontend.kind is FrontendKind.CLUSTER_IP:
         if fam.masquerade_all:
-            return True, f"masqueraded: --masquerade-all ({ipvs_names.CLUSTER_IP})"
+            return True, f"masqueraded: --masquerade-all ({names.cluster_ip_set})"
         if fam.local.implemented:
             if src.pod_rule:
                 return False, "not masqueraded: from a local Pod"
-            return True, f"masqueraded: not from a local Pod ({ipvs_names.CLUSTER_IP})"
+            return True, f"masqueraded: not from a local Pod ({names.cluster_ip_set})"
         if src.node_rule:
             return True, (
                 "masqueraded: the node's own connection (without a local-traffic detector "
-                f"{ipvs_names.CLUSTER_IP} matches src,dst: its source is the Service IP)"
+                f"{names.cluster_ip_set} matches src,dst: its source is the Service IP)"
             )
         return False, f"not masqueraded: local Pod traffic is {fam.local.describe()}"
     ext = plan.external
     assert ext is not None
     sets = {
-        FrontendKind.EXTERNAL_IP: (ipvs_names.EXTERNAL_IP, ipvs_names.EXTERNAL_IP_LOCAL),
-        FrontendKind.LOAD_BALANCER: (ipvs_names.LOAD_BALANCER, ipvs_names.LOAD_BALANCER_LOCAL),
-        FrontendKind.NODE_PORT: (
-            ipvs_names.NODE_PORT_TCP.rsplit("-", 1)[0] + "-*",
-            ipvs_names.NODE_PORT_LOCAL_TCP.rsplit("-", 1)[0] + "-*",
-        ),
+        FrontendKind.EXTERNAL_IP: names.external_ip_sets,
+        FrontendKind.LOAD_BALANCER: names.load_balancer_sets,
+        FrontendKind.NODE_PORT: names.node_port_sets,
     }[frontend.kind]
     if ext.policy is TrafficPolicy.LOCAL:
         return False, f"not masqueraded: the client's address is kept ({sets[1]}, Local policy)"
@@ -528,21 +436,23 @@ def _scheduling(scheduler: str, count: int) -> str:
     return f"IPVS {scheduler}: one of {count} real server(s) by its connection counts"
 
 
-def _decide_ipvs(
+def _decide_virtual_server(
     ctx: _Context, plan: ServicePortPlan, frontend: Frontend, family_eps: Sequence[Endpoint]
 ) -> Explanation:
     """ipvs mode: the virtual server ``frontend`` is, and its real servers."""
     packet, fam, src = ctx.packet, ctx.fam, ctx.src
+    names = ctx.rules.virtual_servers
+    assert names is not None
     reasons = [src.reason, f"matches virtual server {frontend} of {plan.name}"]
     if frontend.kind is FrontendKind.LOAD_BALANCER and frontend.source_ranges:
         ranges = ", ".join(frontend.source_ranges)
         if not _in_cidrs(packet.src, frontend.source_ranges):
             reasons.append(
                 f"loadBalancerSourceRanges ({ranges}) do not include {packet.src}: DROP "
-                f"({ipvs_names.KUBE_SOURCE_RANGES_FIREWALL})"
+                f"({names.source_ranges_firewall})"
             )
             return Explanation(
-                packet, ctx.mode, src.origin, Outcome.DROP, tuple(reasons), plan, frontend,
+                packet, ctx.rules.mode, src.origin, Outcome.DROP, tuple(reasons), plan, frontend,
                 "external",
             )  # fmt: skip
         reasons.append(f"{packet.src} is in loadBalancerSourceRanges ({ranges})")
@@ -572,10 +482,10 @@ def _decide_ipvs(
             "ICMP port unreachable: REJECT"
         )
         return Explanation(
-            packet, ctx.mode, src.origin, Outcome.REJECT, tuple(reasons), plan, frontend, kind,
-            (), excluded,
+            packet, ctx.rules.mode, src.origin, Outcome.REJECT, tuple(reasons), plan, frontend,
+            kind, (), excluded,
         )  # fmt: skip
-    masq, masq_why = _ipvs_masquerade(ctx, plan, frontend)
+    masq, masq_why = _ipvs_masquerade(ctx, names, plan, frontend)
     hairpin = set(plan.hairpin)
     candidates = tuple(
         Candidate(ep, 1 / len(used), masq or (packet.src == ep.ip and ep.ip in hairpin))
@@ -585,10 +495,10 @@ def _decide_ipvs(
     reasons.append(masq_why)
     if any(c.masquerade and not masq for c in candidates):
         reasons.append(
-            f"masqueraded when sent to {packet.src} itself (hairpin: {ipvs_names.LOOP_BACK})"
+            f"masqueraded when sent to {packet.src} itself (hairpin: {names.loop_back_set})"
         )
     return Explanation(
-        packet, ctx.mode, src.origin, Outcome.DNAT, tuple(reasons), plan, frontend, kind,
+        packet, ctx.rules.mode, src.origin, Outcome.DNAT, tuple(reasons), plan, frontend, kind,
         candidates, excluded, all(c.masquerade for c in candidates),
     )  # fmt: skip
 
@@ -599,7 +509,8 @@ def _decide_ipvs(
 def _no_match(
     ctx: _Context, plans: Sequence[ServicePortPlan], nodeport: tuple[bool, str]
 ) -> Explanation:
-    packet, fam, mode, src = ctx.packet, ctx.fam, ctx.mode, ctx.src
+    packet, fam, rules, src = ctx.packet, ctx.fam, ctx.rules, ctx.src
+    mode = rules.mode
     reasons = [src.reason]
     proto, port, dst = packet.protocol, packet.port, packet.dst
     owners = [p for p in plans if dst in {f.ip for f in p.frontends}]
@@ -633,30 +544,29 @@ def _no_match(
         for f in p.frontends
         if f.kind is not FrontendKind.NODE_PORT and f.ip and not ctx.node.owns(f.ip)
     }
-    if mode == ProxyMode.IPVS and dst in bound and not (health and nodeport[0]):
+    vs = rules.virtual_servers
+    if vs is not None and dst in bound and not (health and nodeport[0]):
         verdict = Outcome.REJECT
         reasons.append(
-            f"{dst} is on {ipvs_names.DUMMY_DEVICE}: new connections to a port no Service uses "
-            f"are rejected ({ipvs_names.KUBE_IPVS_FILTER}, kubernetes#72236): REJECT"
+            f"{dst} is on {vs.dummy_device}: new connections to a port no Service uses "
+            f"are rejected ({vs.filter_chain}, kubernetes#72236): REJECT"
         )
     elif health and proto is L4Protocol.TCP and nodeport[0]:
         reasons.append(f"{port} is the healthCheckNodePort of {health[0].name.service}")
-        if mode in (ProxyMode.IPTABLES, ProxyMode.IPVS):
+        if rules.health_check_accept_chain is not None:
             verdict = Outcome.ACCEPT
-            chain = (
-                ipvs_names.KUBE_NODE_PORT
-                if mode == ProxyMode.IPVS
-                else iptables_names.KUBE_NODEPORTS
+            reasons.append(
+                "accepted for kubeproxy's health server "
+                f"(filter {rules.health_check_accept_chain}): ACCEPT"
             )
-            reasons.append(f"accepted for kubeproxy's health server (filter {chain}): ACCEPT")
         else:
             reasons.append("kubeproxy's health server answers it; no rule is needed")
     elif dst in cluster_ips:
-        if mode == ProxyMode.NFTABLES:
+        if rules.reject_other_cluster_ip_ports is not None:
             verdict = Outcome.REJECT
             reasons.append(
                 f"{dst} is an allocated ClusterIP: other ports are rejected "
-                "(cluster-ips-check): REJECT"
+                f"({rules.reject_other_cluster_ip_ports}): REJECT"
             )
         else:
             reasons.append(
@@ -664,7 +574,7 @@ def _no_match(
                 "other ports alone: not touched"
             )
     elif fam.service_cidrs and _in_cidrs(dst, fam.service_cidrs):
-        if mode == ProxyMode.NFTABLES:
+        if rules.drop_unallocated_service_ips:
             verdict = Outcome.DROP
             reasons.append(
                 f"{dst} is in a service IP range ({', '.join(fam.service_cidrs)}) but "
@@ -678,6 +588,13 @@ def _no_match(
     else:
         reasons.append("kubeproxy's rules do not touch it")
     return Explanation(packet, mode, src.origin, verdict, tuple(reasons))
+
+
+Decide = Callable[[_Context, ServicePortPlan, Frontend, Sequence[Endpoint]], Explanation]
+
+
+def _decider(rules: PacketRules) -> Decide:
+    return _decide if rules.virtual_servers is None else _decide_virtual_server
 
 
 # ---------------------------------------------------------------- one frontend
@@ -709,14 +626,17 @@ def explain_frontend(
     dst = frontend.ip or node_ip or _OUTSIDE_CLIENT[fam.family]
     packet = Packet(src, dst, frontend.port, plan.service_port.protocol)
     node = NodeAddresses(frozenset({node_ip} if node_ip else ()))
-    ctx = _Context(packet, fam, mode, _classify(packet, fam, node, origin), node, scheduler)
+    rules = inspector(mode).rules
+    ctx = _Context(packet, fam, rules, _classify(packet, fam, node, origin), node, scheduler)
     want_v6 = fam.family is IPFamily.IPv6
     family_eps = [ep for ep in endpoints.get(plan.name, ()) if (":" in ep.ip) is want_v6]
-    decide = _decide_ipvs if mode == ProxyMode.IPVS else _decide
-    return decide(ctx, plan, frontend, family_eps)
+    return _decider(rules)(ctx, plan, frontend, family_eps)
 
 
 # ------------------------------------------------------------------------ entry
+
+
+_UNKNOWN_NODE = NodeAddresses()
 
 
 def explain(
@@ -726,28 +646,26 @@ def explain(
     endpoints: Mapping[ServicePortName, Sequence[Endpoint]],
     *,
     mode: str = "nftables",
-    node: NodeAddresses = NodeAddresses(),
+    node: NodeAddresses = _UNKNOWN_NODE,
     origin: Origin | None = None,
     scheduler: str = "rr",
 ) -> Explanation:
     """The fate of ``packet``. ``plans``: every ServicePort's plan in ``fam.family``;
     ``scheduler``: ipvs mode's ``--ipvs-scheduler``."""
-    if mode not in MODES:
-        raise ValueError(f"unknown proxy mode {mode!r}")
+    rules = inspector(mode).rules
     if family_of(packet.src) is not packet.family or fam.family is not packet.family:
         raise ValueError(f"{packet.src} and {packet.dst} must both be {fam.family.value}")
     ordered = sorted(plans, key=lambda p: p.name)
     src = _classify(packet, fam, node, origin)
     nodeport = _nodeport_address(packet.dst, fam, node)
     matches = _matches(packet, ordered, nodeport[0])
-    ctx = _Context(packet, fam, mode, src, node, scheduler)
+    ctx = _Context(packet, fam, rules, src, node, scheduler)
     if not matches:
         return _no_match(ctx, ordered, nodeport)
     plan, frontend = matches[0]
     want_v6 = fam.family is IPFamily.IPv6
     family_eps = [ep for ep in endpoints.get(plan.name, ()) if (":" in ep.ip) is want_v6]
-    decide = _decide_ipvs if mode == ProxyMode.IPVS else _decide
-    result = decide(ctx, plan, frontend, family_eps)
+    result = _decider(rules)(ctx, plan, frontend, family_eps)
     extra: list[str] = []
     if frontend.kind is FrontendKind.NODE_PORT:
         extra.append(nodeport[1])

@@ -24,11 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from kubeproxy.backends.inspection import Reader, read_command
 from kubeproxy.backends.ipvs.names import DUMMY_DEVICE
 from kubeproxy.config.runtime import ConfigError
 from kubeproxy.dataplane.bpf.socklb import map_pin
 from kubeproxy.dataplane.process import ToolError
-from kubeproxy.explain.live import Reader, read_command
 from kubeproxy.health.listener import BindAddress
 
 MODES = ("nftables", "iptables", "ipvs", "ebpf")

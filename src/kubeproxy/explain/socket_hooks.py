@@ -22,17 +22,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from kubeproxy.backends.ebpf.render import socket_entries
+from kubeproxy.backends.inspection import KernelObject
 from kubeproxy.dataplane.bpf.socklb import Backends, Target, supported
 from kubeproxy.dataplane.bpf.socklb import Frontend as SocketFrontend
-from kubeproxy.explain.objects import KernelObject
-from kubeproxy.explain.packet import (
-    Candidate,
-    Explanation,
-    Origin,
-    Outcome,
-    excluded_endpoints,
-    selection_reasons,
-)
+from kubeproxy.explain.packet import excluded_endpoints, selection_reasons
+from kubeproxy.model.fate import Candidate, Explanation, Origin, Outcome
 from kubeproxy.model.plan import FamilyPlan, FrontendKind
 from kubeproxy.model.types import Endpoint, IPFamily, ServicePortName, TrafficPolicy
 

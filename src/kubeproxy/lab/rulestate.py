@@ -23,12 +23,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from kubeproxy.backends.nftables.table import LOCAL_OFFSET, is_backends
+from kubeproxy.backends.nftables.inspect import KUBE_PROXY_TABLES, any_index
+from kubeproxy.backends.nftables.table import is_backends
 from kubeproxy.lab.cluster import lab_env
 from kubeproxy.lab.netns import add_netns, delete_netns, ns_exec
-
-# The tables of kubeproxy's nftables mode.
-KUBE_PROXY_TABLES = (("ip", "kube-proxy"), ("ip6", "kube-proxy"))
 
 
 def _without_counts(value: Any) -> Any:
@@ -61,31 +59,11 @@ def nft_state(ns: str, tables: tuple[tuple[str, str], ...] | None = None) -> dic
                 out.setdefault(key, []).append(json.dumps(expr, sort_keys=True))
             else:
                 if "elem" in obj and kind == "map" and is_backends(str(obj.get("name"))):
-                    obj["elem"] = _any_index(obj["elem"])
+                    obj["elem"] = any_index(obj["elem"])
                 elif "elem" in obj:
                     obj["elem"] = sorted(json.dumps(e, sort_keys=True) for e in obj["elem"])
                 out[f"{kind} {obj.get('family')} {table} {obj.get('name')}"] = obj
     return out
-
-
-def _any_index(elements: list[Any]) -> list[str]:
-    """A backends map's elements (``destination . index : endpoint``) with each
-    destination's endpoints sorted and indexed from 0 (node-local ones, at
-    ``LOCAL_OFFSET`` and up, from ``LOCAL_OFFSET``): equal for the same endpoints at any
-    indexes."""
-    groups: dict[str, list[str]] = {}
-    for key, value in elements:
-        *destination, index = key["concat"]
-        group = json.dumps([destination, index >= LOCAL_OFFSET])
-        groups.setdefault(group, []).append(json.dumps(value, sort_keys=True))
-    out: list[str] = []
-    for group, values in groups.items():
-        destination, local = json.loads(group)
-        first = LOCAL_OFFSET if local else 0
-        for i, value in enumerate(sorted(values)):
-            key = {"concat": [*destination, first + i]}
-            out.append(json.dumps([key, json.loads(value)], sort_keys=True))
-    return sorted(out)
 
 
 _COUNTS = re.compile(r"\s*\[\d+:\d+\]")

@@ -205,7 +205,9 @@ class Frontend:
     the Service port, or the node port. ``source_ranges`` (load-balancer IPs only): when
     not empty, only these sources may connect (``loadBalancerSourceRanges`` of this
     family, merged; plus the load-balancer IP itself when a range contains the node's IP,
-    as upstream: ``allow_from_node``).
+    as upstream: ``allow_from_node``). ``declared_ranges``: those ranges as the Service
+    lists them, unmerged (ipvs mode's ipset holds one member per listed range, as
+    upstream's does).
     """
 
     kind: FrontendKind
@@ -213,6 +215,7 @@ class Frontend:
     port: int
     source_ranges: tuple[str, ...] = ()
     allow_from_node: bool = False
+    declared_ranges: tuple[str, ...] = ()
 
     @property
     def external(self) -> bool:
@@ -404,6 +407,7 @@ def _load_balancers(svc: ServicePort, fam: FamilyPlan) -> list[Frontend]:
                 svc.port,
                 allowed,
                 allow_from_node=bool(ranges) and node_in_ranges,
+                declared_ranges=ranges,
             )
         )
     return out

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kubeproxy.backends.base import BackendError, SyncResult
-from kubeproxy.backends.driver import Isolated, PerFamilyDriver, Unit
+from kubeproxy.backends.driver import PerFamilyDriver, Unit
 from kubeproxy.backends.iptables.diff import Canonical, differing, rule_text
 from kubeproxy.backends.iptables.dispatch import Args, DispatchTree, EntryId
 from kubeproxy.backends.iptables.names import (
@@ -193,6 +193,7 @@ class IptablesBackend(PerFamilyDriver):
     """Programs upstream's iptables layout (``KUBE-SERVICES``, ``KUBE-SVC-...``) per family."""
 
     mode = ProxyMode.IPTABLES
+    _refuser = "iptables"
 
     def __init__(
         self,
@@ -217,7 +218,6 @@ class IptablesBackend(PerFamilyDriver):
         self._families: dict[IPFamily, _Family] = {}
         self.last_restore = ""
         self._written: dict[str, int] = {}
-        self._isolated_ports: dict[IPFamily, dict[ServicePortName, str]] = {}
         # iptables-nft-restore keeps every chain name its input mentions in a sorted list
         # it walks from the smallest name for each command (quadratic in chains); one
         # command naming no chain (``-S``) makes it fetch the whole table instead and
@@ -408,21 +408,10 @@ class IptablesBackend(PerFamilyDriver):
                     raise
                 isolated[culprit] = str(err).splitlines()[0]
                 continue
-            self._record_isolated(fam.family, isolated)
+            refused = {(fam.family, name): reason for name, reason in isolated.items()}
+            planned = {(fam.family, name) for name in state.rules}
+            self._record_refused((fam.family,), refused, planned)
             return state
-
-    def _record_isolated(self, family: IPFamily, isolated: Mapping[ServicePortName, str]) -> None:
-        before = self._isolated_ports.get(family, {})
-        for name, reason in sorted(isolated.items()):
-            if before.get(name) != reason:
-                log.error(
-                    "Service port %s (%s): iptables refused its rules (%s); leaving it out "
-                    "until the next full sync, every other Service port is programmed",
-                    name,
-                    family.value,
-                    reason,
-                )
-        self._isolated_ports[family] = dict(isolated)
 
     def _fixed(self, fam: FamilyPlan, settings: Settings, state: _Family) -> FixedChains:
         roots = {tree_id: dt.root_chain for tree_id, dt in state.trees.items()}
@@ -558,13 +547,6 @@ class IptablesBackend(PerFamilyDriver):
         (fam,) = unit
         state = self._families[fam.family] = self._full_family(node_plan, fam)
         result.rendered += len(state.rules)
-
-    def _isolated(self) -> Isolated:
-        return {
-            (family, name): reason
-            for family, isolated in self._isolated_ports.items()
-            for name, reason in isolated.items()
-        }
 
     def _report(self, node_plan: NodePlan, result: SyncResult) -> None:
         for state in self._families.values():

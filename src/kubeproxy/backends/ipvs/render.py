@@ -299,7 +299,6 @@ def contribution(ctx: Context, plan: ServicePortPlan) -> Contribution:
     if plan.external is not None:
         external = real_servers(plan.external)
         local_policy = plan.external.policy is TrafficPolicy.LOCAL
-    ranges = [ipaddress.ip_network(c, strict=False) for c in svc.source_ranges_of(fam.family)]
     local_addrs = ctx.local_addrs
     for frontend in plan.external_frontends:
         if frontend.kind is FrontendKind.EXTERNAL_IP:
@@ -315,9 +314,10 @@ def contribution(ctx: Context, plan: ServicePortPlan) -> Contribution:
             add(n.LOAD_BALANCER, entry)
             if local_policy:
                 add(n.LOAD_BALANCER_LOCAL, entry)
-            if ranges:
+            if frontend.declared_ranges:
                 add(n.LOAD_BALANCER_FW, entry)
-                for net in ranges:
+                for cidr in frontend.declared_ranges:
+                    net = ipaddress.ip_network(cidr, strict=False)
                     add(n.LOAD_BALANCER_SOURCE_CIDR, member(ip, svc.port, str(net), protocol=lower))
                 if frontend.allow_from_node:
                     add(n.LOAD_BALANCER_SOURCE_IP, member(ip, svc.port, ip, protocol=lower))

@@ -46,10 +46,10 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from kubeproxy.backends.base import BackendError, SyncResult
-from kubeproxy.backends.driver import Isolated, SyncDriver, Unit, first_line
+from kubeproxy.backends.driver import SyncDriver, Unit, first_line
 from kubeproxy.backends.nftables.index import (
     Change,
     Contents,
@@ -103,14 +103,6 @@ class _Family:
     index: TableIndex | None  # None: unknown, the next sync must be full
 
 
-@dataclass
-class _Isolated:
-    """ServicePorts left out because the kernel refused their rules."""
-
-    rules: dict[Key, PortRules] = field(default_factory=dict)
-    reasons: dict[Key, str] = field(default_factory=dict)
-
-
 # Upstream's NFTablesKubeProxyKernelVersion: older kernels lack what its rules use.
 MIN_KERNEL = (5, 13)
 
@@ -119,6 +111,8 @@ class NftablesBackend(SyncDriver):
     """Programs the ``ip``/``ip6`` ``kube-proxy`` tables."""
 
     mode = ProxyMode.NFTABLES
+    # A refused ServicePort's rules are not offered again until they change.
+    _refused_until = "until it changes"
 
     def __init__(
         self, config: ProxyConfig, runner: NftRunner, *, release: str | None = None
@@ -128,7 +122,8 @@ class NftablesBackend(SyncDriver):
         self.runner = runner
         self.release = release
         self._families: dict[IPFamily, _Family] = {}
-        self._isolated_ports = _Isolated()
+        # The rules the kernel refused, of each ServicePort the driver holds as refused.
+        self._refused_rules: dict[Key, PortRules] = {}
         self.last_transaction = ""
         self.new_table_piece = NEW_TABLE_PIECE
 
@@ -164,7 +159,7 @@ class NftablesBackend(SyncDriver):
         element anyway and indexes them afresh, as a restarted proxy would."""
         updates: Updates = {}
         rendered = 0
-        isolated = self._isolated_ports.reasons if names is not None else {}
+        partial = names is not None
         for fam in plan.families:
             out: dict[ServicePortName, PortRules | None] = {}
             state = self._families.get(fam.family) if names is not None else None
@@ -176,15 +171,15 @@ class NftablesBackend(SyncDriver):
                     else None
                 )
                 rendered += port is not None
-                if isolated and (key := (fam.family, name)) in isolated:
+                if partial and self._is_refused(key := (fam.family, name)):
                     # A full sync retries everything (and records what is refused).
-                    if rules is not None and rules == self._isolated_ports.rules.get(key):
+                    if rules is not None and rules == self._refused_rules.get(key):
                         rules = None  # still what the kernel refused
                     else:
                         # Gone, or changed: retried now (a refusal means a full sync,
                         # which records it again).
-                        del self._isolated_ports.reasons[key]
-                        self._isolated_ports.rules.pop(key, None)
+                        self._forget_refused(key)
+                        self._refused_rules.pop(key, None)
                 out[name] = rules
             updates[fam.family] = out
         return updates, rendered
@@ -436,24 +431,10 @@ class NftablesBackend(SyncDriver):
     def _record_isolated(
         self, bad: Mapping[Key, str], rules: Mapping[IPFamily, Mapping[ServicePortName, PortRules]]
     ) -> None:
-        """After a full sync: exactly ``bad`` is isolated now (each logged once)."""
-        before = self._isolated_ports
-        self._isolated_ports = _Isolated()
-        for key, reason in sorted(bad.items()):
-            family, name = key
-            if before.reasons.get(key) != reason:
-                log.error(
-                    "Service port %s (%s): the kernel refused its rules (%s); leaving it "
-                    "out until it changes, every other Service port is programmed",
-                    name,
-                    family.value,
-                    reason,
-                )
-            self._isolated_ports.reasons[key] = reason
-            self._isolated_ports.rules[key] = rules[family][name]
-        for family, name in sorted(before.reasons.keys() - bad.keys()):
-            if name in rules.get(family, {}):
-                log.info("Service port %s (%s) is accepted again", name, family.value)
+        """After a full sync: exactly ``bad`` is left out now, with the rules refused."""
+        planned = {(family, name) for family, names in rules.items() for name in names}
+        self._record_refused(rules, bad, planned)
+        self._refused_rules = {key: rules[key[0]][key[1]] for key in bad}
 
     # ----------------------------------------------------------------- public
 
@@ -485,9 +466,6 @@ class NftablesBackend(SyncDriver):
     def _invalidate(self) -> None:
         for state in self._families.values():
             state.index = None
-
-    def _isolated(self) -> Isolated:
-        return self._isolated_ports.reasons
 
     def counters(self) -> dict[str, int]:
         """None: upstream's nftables mode has no counter-based metrics either."""
