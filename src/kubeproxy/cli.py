@@ -54,6 +54,7 @@ from kubeproxy.config.runtime import (
     default_hostname,
     detect_families,
     parse_cidrs,
+    winkernel_settings,
 )
 from kubeproxy.config.types import KubeProxyConfiguration, KubeProxyIPVSConfiguration
 from kubeproxy.config.validation import validate
@@ -397,6 +398,7 @@ def proxy_config(cfg: KubeProxyConfiguration, args: argparse.Namespace) -> Proxy
         ebpf_cgroup_path=getattr(args, "ebpf_cgroup_path", None) or "",
         ebpf_pin_path=getattr(args, "ebpf_pin_path", None) or ProxyConfig.ebpf_pin_path,
         ebpf_fallback=getattr(args, "ebpf_fallback", None) or ProxyConfig.ebpf_fallback,
+        winkernel=winkernel_settings(cfg),
     )
 
 

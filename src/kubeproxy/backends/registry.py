@@ -111,11 +111,26 @@ def _cleanup_ipvs(keep: KeepMap | None = None) -> list[str]:
             ipvs.close()
 
 
+def _kernelspace(config: ProxyConfig) -> Backend:
+    """HNS is opened at start: off Windows, start says kernelspace mode needs Windows."""
+    from kubeproxy.backends.kernelspace.proxier import KernelspaceBackend
+    from kubeproxy.dataplane.hns.hcn import HcnClient
+
+    return KernelspaceBackend(config, open_hns=HcnClient)
+
+
+def _cleanup_kernelspace() -> list[str]:
+    """Nothing to clean off Windows; on Windows the load balancers are left, as upstream's
+    --cleanup leaves HNS alone (the next kernelspace start adopts them)."""
+    return []
+
+
 BACKENDS: dict[ProxyMode, Callable[[ProxyConfig], Backend]] = {
     ProxyMode.NFTABLES: _nftables,
     ProxyMode.IPTABLES: _iptables,
     ProxyMode.IPVS: _ipvs,
     ProxyMode.EBPF: _ebpf,
+    ProxyMode.KERNELSPACE: _kernelspace,
 }
 
 # Every mode that can leave state behind: cleanup also removes what another mode (or
@@ -125,6 +140,7 @@ CLEANUPS: dict[ProxyMode, Callable[[], list[str]]] = {
     ProxyMode.IPTABLES: _cleanup_iptables,
     ProxyMode.IPVS: _cleanup_ipvs,
     ProxyMode.EBPF: _cleanup_ebpf,
+    ProxyMode.KERNELSPACE: _cleanup_kernelspace,
 }
 
 # Modes that run another mode's backend inside them: switching to such a mode keeps

@@ -1,0 +1,392 @@
+"""kernelspace mode's backend: the plan's ServicePorts as HNS load balancers.
+
+Runs on the shared sync loop (:class:`~kubeproxy.backends.driver.PerFamilyDriver`, one
+unit per family, as upstream runs one winkernel proxier per family): full or partial,
+invalidation after a failed sync and the report of refused ServicePorts are the
+driver's. This module holds, per family, the load balancers it programmed per
+ServicePort (:class:`Held`, keyed by frontend VIP, protocol and external port) and
+applies the difference with what :func:`~.translate.translate` wants:
+
+* unchanged: nothing; changed: modified in place when HNS supports ModifyLoadbalancer,
+  else deleted and created; gone: deleted;
+* a delete HNS refuses is kept and retried at the next syncs (at most
+  :data:`MAX_STALE_DELETES` a sync, as upstream bounds its stale load balancers); its
+  remote endpoints stay referenced until it is gone;
+* a ServicePort HNS refuses (or whose remote endpoint cannot be created) is logged with
+  its namespace/name, reported in the sync's ``isolated``, and retried at the next sync,
+  partial ones included; the other ServicePorts are applied;
+* a partial sync touches the changed ServicePorts only;
+* the first full sync adopts load balancers HNS already holds for a wanted frontend (a
+  restart), and every full sync forgets held ones HNS no longer has.
+
+Nothing here has run on Windows; it is proven against :class:`~kubeproxy.dataplane.hns.
+fake.FakeHns`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubeproxy.backends.base import BackendError, SyncResult
+from kubeproxy.backends.driver import PerFamilyDriver, Unit
+from kubeproxy.backends.kernelspace.endpoints import EndpointBook
+from kubeproxy.backends.kernelspace.translate import NodeContext, WantedLoadBalancer, translate
+from kubeproxy.config.modes import ProxyMode
+from kubeproxy.config.runtime import ProxyConfig
+from kubeproxy.dataplane.hns import (
+    Hns,
+    HnsError,
+    LoadBalancer,
+    Network,
+    PortMapping,
+    SupportedFeatures,
+)
+from kubeproxy.model.plan import FamilyPlan, ServicePortPlan
+from kubeproxy.model.planning import NodePlan
+from kubeproxy.model.types import IPFamily, ServicePortName, family_of
+
+log = logging.getLogger(__name__)
+
+# Stale load balancers whose delete HNS refused, retried per sync at most.
+MAX_STALE_DELETES = 20
+
+Key = tuple[str, int, int]
+
+
+@dataclass
+class Held:
+    """A load balancer this backend programmed: its HNS ID, what it is, and the remote
+    endpoint IPs it holds a reference on."""
+
+    id: str
+    wanted: WantedLoadBalancer
+    remote_ips: tuple[str, ...] = ()
+    # False: made without an endpoint HNS could not resolve (programmed again next sync).
+    complete: bool = True
+
+
+@dataclass
+class FamilyState:
+    plan: FamilyPlan
+    valid: bool = True
+    lbs: dict[ServicePortName, dict[Key, Held]] = field(default_factory=dict)
+    retry: dict[ServicePortName, str] = field(default_factory=dict)  # name -> why
+
+
+class KernelspaceBackend(PerFamilyDriver):
+    mode = ProxyMode.KERNELSPACE
+
+    def __init__(self, config: ProxyConfig, open_hns: Callable[[], Hns]) -> None:
+        super().__init__(config)
+        self._open_hns = open_hns
+        self.hns: Hns | None = None
+        self.network: Network | None = None
+        self.features = SupportedFeatures()
+        self.book: EndpointBook | None = None
+        self.runners: dict[IPFamily, object] = dict.fromkeys(config.families, self)
+        self._families: dict[IPFamily, FamilyState] = {}
+        self._stale: list[Held] = []  # deletes HNS refused
+        self._adoptable: dict[Key, str] | None = None  # HNS's LBs at the first full sync
+        self._writes = 0
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        win = self.config.winkernel
+        try:
+            self.hns = self._open_hns()
+        except HnsError as err:
+            raise BackendError(f"kernelspace mode needs Windows' HNS: {err}") from None
+        if not win.network_name:
+            raise BackendError(
+                "kernelspace mode: no HNS network named (--network-name, "
+                "winkernel.networkName or env KUBE_NETWORK)"
+            )
+        try:
+            self.network = self.hns.get_network_by_name(win.network_name)
+            self.features = self.hns.supported_features()
+        except HnsError as err:
+            raise BackendError(
+                f"kernelspace mode: HNS network {win.network_name!r}: {err}"
+            ) from None
+        if win.enable_dsr and not self.features.dsr:
+            raise BackendError("kernelspace mode: --enable-dsr, but this HNS does not support DSR")
+        if self.network.is_overlay and not win.source_vip:
+            raise BackendError(
+                "kernelspace mode: an Overlay network needs --source-vip (winkernel.sourceVip)"
+            )
+        if IPFamily.IPv6 in self.config.families and not self.features.ipv6_dual_stack:
+            log.warning("This HNS does not support IPv6 load balancers; serving IPv4 only")
+            self.runners.pop(IPFamily.IPv6, None)
+        self.book = EndpointBook(self.hns, self.network.id)
+
+    def stop(self) -> None:
+        """Load balancers stay programmed, as upstream leaves them across restarts."""
+
+    def check(self) -> str | None:
+        return None
+
+    def counters(self) -> dict[str, int]:
+        return {}
+
+    def _hns(self) -> tuple[Hns, Network, EndpointBook]:
+        if self.hns is None or self.network is None or self.book is None:
+            raise BackendError("kernelspace mode: sync before start")
+        return self.hns, self.network, self.book
+
+    # ------------------------------------------------------------ the driver's parts
+
+    def _begin(self, plan: NodePlan) -> None:
+        hns, network, book = self._hns()
+        self._writes = 0
+        book.writes = 0
+        # Upstream re-reads the network each sync: remote subnets come and go with nodes.
+        self.network = hns.get_network_by_name(network.name)
+        book.refresh()
+        self._retry_stale(hns)
+
+    def _full(self, plan: NodePlan, unit: Unit, result: SyncResult) -> None:
+        (fam,) = unit
+        hns, _, _ = self._hns()
+        state = self._families.get(fam.family)
+        if state is None:
+            state = self._families[fam.family] = FamilyState(fam)
+        state.plan, state.valid = fam, True
+        present = {lb.id: lb for lb in hns.list_load_balancers()}
+        if self._adoptable is None:
+            self._adoptable = {_key_of(lb): lb.id for lb in present.values()}
+        for held in state.lbs.values():
+            for key in [k for k, h in held.items() if h.id not in present]:
+                del held[key]  # gone from HNS (deleted by someone else): made again
+        plans = plan.service_ports(fam)
+        self._apply(fam, state, {*plans, *state.lbs}, plans)
+
+    def _partial(
+        self, plan: NodePlan, unit: Unit, changed: set[ServicePortName], result: SyncResult
+    ) -> None:
+        (fam,) = unit
+        state = self._families[fam.family]
+        names = {*changed, *state.retry}
+        self._apply(fam, state, names, plan.service_ports(fam, names))
+
+    def _invalidate(self) -> None:
+        super()._invalidate()
+        self._adoptable = None
+
+    def _isolated(self) -> dict[tuple[IPFamily, ServicePortName], str]:
+        return {
+            (family, name): why
+            for family, state in self._families.items()
+            for name, why in state.retry.items()
+        }
+
+    def _report(self, plan: NodePlan, result: SyncResult) -> None:
+        _, _, book = self._hns()
+        result.elements = sum(
+            len(held) for state in self._families.values() for held in state.lbs.values()
+        )
+        result.chains = book.remote_count
+        result.operations = self._writes + book.writes
+
+    # ------------------------------------------------------------ applying
+
+    def _context(self, fam: FamilyPlan) -> NodeContext:
+        _, network, book = self._hns()
+        win = self.config.winkernel
+        node_ip = fam.node_ip or ""
+        if not node_ip and network.management_ip and family_of(network.management_ip) is fam.family:
+            node_ip = network.management_ip
+        svip = win.source_vip if win.source_vip and family_of(win.source_vip) is fam.family else ""
+        gateway = None
+        if win.forward_health_check_vip:
+            root = book.by_name(win.root_hns_endpoint_name)
+            gateway = (
+                next((ip for ip in root.ip_addresses if family_of(ip) is fam.family), None)
+                if root is not None
+                else None
+            )
+        return NodeContext(
+            network=network,
+            node_name=fam.node.name,
+            node_ip=node_ip,
+            source_vip=svip or node_ip,
+            enable_dsr=win.enable_dsr,
+            health_check_ip=gateway,
+            healthz_port=_port_of(self.config.healthz_bind_address),
+        )
+
+    def _apply(
+        self,
+        fam: FamilyPlan,
+        state: FamilyState,
+        names: Iterable[ServicePortName],
+        plans: dict[ServicePortName, ServicePortPlan | None],
+    ) -> None:
+        ctx = self._context(fam)
+        for name in sorted(names):
+            port_plan = plans.get(name)
+            try:
+                wanted = translate(port_plan, ctx) if port_plan is not None else []
+            except ValueError as err:  # bad input: this Service only
+                self._refused(state, name, f"cannot translate: {err}")
+                continue
+            why = self._apply_port(state, name, wanted)
+            if why:
+                self._refused(state, name, why)
+            else:
+                state.retry.pop(name, None)
+
+    def _refused(self, state: FamilyState, name: ServicePortName, why: str) -> None:
+        log.warning(
+            "%s/%s (%s): not programmed: %s",
+            name.service.namespace,
+            name.service.name,
+            state.plan.family.value,
+            why,
+        )
+        state.retry[name] = why
+
+    def _apply_port(
+        self, state: FamilyState, name: ServicePortName, wanted: list[WantedLoadBalancer]
+    ) -> str:
+        """Bring one ServicePort's load balancers in line; what failed ("" if nothing)."""
+        hns, _, _ = self._hns()
+        held = state.lbs.setdefault(name, {})
+        by_key = {w.key: w for w in wanted}
+        failures: list[str] = []
+        for key in [k for k in held if k not in by_key]:
+            self._delete(hns, held.pop(key))
+        for key, want in by_key.items():
+            old = held.get(key)
+            if old is not None and old.wanted == want and old.complete:
+                continue
+            try:
+                failures.extend(self._program(hns, held, want))
+            except HnsError as err:
+                if err.incomplete:
+                    raise
+                failures.append(f"{want}: {err}")
+        if not held:
+            del state.lbs[name]
+        return "; ".join(failures)
+
+    def _program(self, hns: Hns, held: dict[Key, Held], want: WantedLoadBalancer) -> list[str]:
+        """Create or update one load balancer in ``held``; the endpoints left out, as
+        upstream skips one it cannot find or create. On an error nothing new stays
+        referenced, and the old one stays held unless it was deleted."""
+        _, _, book = self._hns()
+        old = held.get(want.key)
+        ids: list[str] = []
+        remote: list[str] = []
+        skipped: list[str] = []
+        try:
+            for ep in want.endpoints:
+                try:
+                    ep_id, is_remote = book.acquire(ep)
+                except HnsError as err:
+                    if err.incomplete:
+                        raise
+                    skipped.append(f"{want}: endpoint {ep.ip}: {err}")
+                    continue
+                ids.append(ep_id)
+                if is_remote:
+                    remote.append(ep.ip)
+            if not ids:
+                raise HnsError("; ".join(skipped) or "no endpoint", operation="create_endpoint")
+            doc = _document(want, ids)
+            adopted = (self._adoptable or {}).pop(want.key, None) if old is None else None
+            target = old.id if old is not None else adopted
+            self._clear_stale(hns, want.key)
+            self._writes += 1
+            if target is not None and self.features.modify_load_balancer:
+                lb = hns.modify_load_balancer(target, doc)
+            else:
+                if target is not None:
+                    self._writes += 1
+                    hns.delete_load_balancer(target)
+                    if old is not None:
+                        del held[want.key]
+                        book.release(old.remote_ips)
+                        old = None
+                lb = hns.create_load_balancer(doc)
+        except HnsError:
+            book.release(remote)
+            raise
+        if old is not None:
+            book.release(old.remote_ips)
+        held[want.key] = Held(lb.id, want, tuple(remote), complete=not skipped)
+        return skipped
+
+    def _delete(self, hns: Hns, held: Held) -> None:
+        _, _, book = self._hns()
+        self._writes += 1
+        try:
+            hns.delete_load_balancer(held.id)
+        except HnsError as err:
+            if err.incomplete:
+                raise
+            if not err.not_found:
+                log.warning(
+                    "Deleting load balancer %s (%s) failed, retrying: %s", held.id, held.wanted, err
+                )
+                self._stale.append(held)
+                return
+        book.release(held.remote_ips)
+
+    def _retry_stale(self, hns: Hns) -> None:
+        stale, self._stale = self._stale[:MAX_STALE_DELETES], self._stale[MAX_STALE_DELETES:]
+        for held in stale:
+            self._delete(hns, held)
+
+    def _clear_stale(self, hns: Hns, key: Key) -> None:
+        """A stale load balancer holding ``key`` goes before its successor is created."""
+        for held in [h for h in self._stale if h.wanted.key == key]:
+            self._stale.remove(held)
+            self._delete(hns, held)
+
+    # ------------------------------------------------------------ render
+
+    def render_plan(self, plan: NodePlan) -> str:
+        """The load balancers a full sync wants (no HNS IDs), as JSON; reads the network
+        and its endpoints only."""
+        out: list[dict[str, Any]] = []
+        for fam in self._fams(plan):
+            ctx = self._context(fam)
+            for name, port_plan in sorted(plan.service_ports(fam).items()):
+                if port_plan is None:
+                    continue
+                for want in translate(port_plan, ctx):
+                    doc = _document(want, [ep.ip for ep in want.endpoints]).to_hcn()
+                    out.append({"servicePort": str(name), "kind": want.kind, "loadBalancer": doc})
+        return json.dumps(out, indent=2) + "\n"
+
+
+def _document(want: WantedLoadBalancer, endpoint_ids: list[str]) -> LoadBalancer:
+    mapping = PortMapping(
+        protocol=want.protocol,
+        internal_port=want.internal_port,
+        external_port=want.external_port,
+        distribution=want.distribution,
+        flags=want.port_flags,
+    )
+    return LoadBalancer(
+        port_mappings=(mapping,),
+        frontend_vips=(want.vip,) if want.vip else (),
+        endpoint_ids=tuple(endpoint_ids),
+        source_vip=want.source_vip,
+        flags=want.flags,
+    )
+
+
+def _key_of(lb: LoadBalancer) -> Key:
+    pm = lb.port_mappings[0]
+    return (lb.vip, pm.protocol, pm.external_port)
+
+
+def _port_of(host_port: str, default: int = 10256) -> int:
+    _, sep, port = host_port.rpartition(":")
+    return int(port) if sep and port.isdigit() else default
