@@ -469,6 +469,17 @@ def test_removed_frontend_is_deleted() -> None:
     assert [lb.vip for lb in w.lbs()] == [CLUSTER_IP]
 
 
+def test_frontend_moves_between_service_ports_in_one_sync() -> None:
+    """A ClusterIP one ServicePort leaves and another takes in the same sync: the old
+    load balancer goes first (HNS refuses a second one with the same frontend)."""
+    w = World()
+    w.sync(snap((svc(), (ep(REMOTE_POD),))))
+    result = w.sync(snap((svc(DB), (ep(REMOTE_POD2),))), {WEB, DB})
+    assert result.isolated == []
+    assert w.ips(w.lb(CLUSTER_IP)) == [REMOTE_POD2]
+    assert list(w.remotes()) == [REMOTE_POD2]
+
+
 def test_restart_adopts_existing_load_balancers() -> None:
     """A new process (upstream: queriedLoadBalancers) reuses what HNS holds."""
     w = World()

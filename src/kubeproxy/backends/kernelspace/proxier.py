@@ -159,11 +159,16 @@ class KernelspaceBackend(PerFamilyDriver):
         present = {lb.id: lb for lb in hns.list_load_balancers()}
         if self._adoptable is None:
             self._adoptable = {_key_of(lb): lb.id for lb in present.values()}
+        gone: list[Held] = []  # deleted by someone else: made again
         for held in state.lbs.values():
             for key in [k for k, h in held.items() if h.id not in present]:
-                del held[key]  # gone from HNS (deleted by someone else): made again
+                gone.append(held.pop(key))
         plans = plan.service_ports(fam)
         self._apply(fam, state, {*plans, *state.lbs}, plans)
+        # Released after: their remote endpoints, wanted again, are not deleted meanwhile.
+        _, _, book = self._hns()
+        for held_lb in gone:
+            book.release(held_lb.remote_ips)
 
     def _partial(
         self, plan: NodePlan, unit: Unit, changed: set[ServicePortName], result: SyncResult
@@ -226,15 +231,23 @@ class KernelspaceBackend(PerFamilyDriver):
         names: Iterable[ServicePortName],
         plans: dict[ServicePortName, ServicePortPlan | None],
     ) -> None:
+        hns, _, _ = self._hns()
         ctx = self._context(fam)
+        wanted: dict[ServicePortName, dict[Key, WantedLoadBalancer]] = {}
         for name in sorted(names):
             port_plan = plans.get(name)
             try:
-                wanted = translate(port_plan, ctx) if port_plan is not None else []
+                lbs = translate(port_plan, ctx) if port_plan is not None else []
             except ValueError as err:  # bad input: this Service only
                 self._refused(state, name, f"cannot translate: {err}")
                 continue
-            why = self._apply_port(state, name, wanted)
+            wanted[name] = {w.key: w for w in lbs}
+            # Deletes first: a frontend one ServicePort leaves may be another's now.
+            held = state.lbs.get(name, {})
+            for key in [k for k in held if k not in wanted[name]]:
+                self._delete(hns, held.pop(key))
+        for name, by_key in wanted.items():
+            why = self._apply_port(state, name, by_key)
             if why:
                 self._refused(state, name, why)
             else:
@@ -251,15 +264,13 @@ class KernelspaceBackend(PerFamilyDriver):
         state.retry[name] = why
 
     def _apply_port(
-        self, state: FamilyState, name: ServicePortName, wanted: list[WantedLoadBalancer]
+        self, state: FamilyState, name: ServicePortName, by_key: dict[Key, WantedLoadBalancer]
     ) -> str:
-        """Bring one ServicePort's load balancers in line; what failed ("" if nothing)."""
+        """Create or update one ServicePort's load balancers (those it no longer wants
+        are deleted already); what failed ("" if nothing)."""
         hns, _, _ = self._hns()
         held = state.lbs.setdefault(name, {})
-        by_key = {w.key: w for w in wanted}
         failures: list[str] = []
-        for key in [k for k in held if k not in by_key]:
-            self._delete(hns, held.pop(key))
         for key, want in by_key.items():
             old = held.get(key)
             if old is not None and old.wanted == want and old.complete:
@@ -269,6 +280,8 @@ class KernelspaceBackend(PerFamilyDriver):
             except HnsError as err:
                 if err.incomplete:
                     raise
+                failures.append(f"{want}: {err}")
+            except ValueError as err:  # a document HCN's schema refuses: this one only
                 failures.append(f"{want}: {err}")
         if not held:
             del state.lbs[name]
@@ -313,7 +326,7 @@ class KernelspaceBackend(PerFamilyDriver):
                         book.release(old.remote_ips)
                         old = None
                 lb = hns.create_load_balancer(doc)
-        except HnsError:
+        except (HnsError, ValueError):
             book.release(remote)
             raise
         if old is not None:
