@@ -92,13 +92,16 @@ class World:
         network: Network = OVERLAY,
         features: SupportedFeatures = ALL,
         pods: tuple[Endpoint, ...] = (),
+        host_mac: str = "",
         **win: Any,
     ) -> None:
         if network is L2BRIDGE:
             win.setdefault("network_name", "cbr0")
         local = Endpoint((LOCAL_POD,), "00-15-5d-00-00-05", id="pod-local")
         self.hns = FakeHns(network, endpoints=[local, *pods], features=features, seed=1)
-        self.backend = KernelspaceBackend(config(**win), open_hns=lambda: self.hns)
+        self.backend = KernelspaceBackend(
+            config(**win), open_hns=lambda: self.hns, host_mac=host_mac
+        )
         self.backend.start()
 
     def sync(self, snapshot: Snapshot, changed: set[ServicePortName] | None = None) -> Any:
@@ -119,7 +122,20 @@ class World:
         return sorted(by_id[i].ip_address for i in lb.endpoint_ids)
 
     def remotes(self) -> dict[str, Endpoint]:
-        return {e.ip_address: e for e in self.hns.list_endpoints() if e.is_remote}
+        """The remote endpoints of Pods (not those of ClusterIPs)."""
+        return {
+            e.ip_address: e
+            for e in self.hns.list_endpoints()
+            if e.is_remote and not e.ip_address.startswith("10.96.")
+        }
+
+    def vip_endpoints(self) -> dict[str, Endpoint]:
+        """The remote endpoints of ClusterIPs (Overlay)."""
+        return {
+            e.ip_address: e
+            for e in self.hns.list_endpoints()
+            if e.is_remote and e.ip_address.startswith("10.96.")
+        }
 
     def writes(self) -> list[str]:
         kinds = ("create_", "modify_", "delete_")
@@ -330,6 +346,31 @@ def test_l2bridge_remote_endpoints_without_provider_address() -> None:
     assert w.lb(CLUSTER_IP).source_vip == SOURCE_VIP
 
 
+def test_source_vip_and_cluster_ip_endpoints_on_overlay() -> None:
+    """Upstream (Overlay): the source VIP endpoint is made when the network has none,
+    and a remote endpoint per ClusterIP with the node IP as provider address, shared by
+    the Service's ports and deleted with the last of them."""
+    w = World(pods=(), host_mac="00-15-5d-aa-bb-cc")
+    http, https = svc(), svc(port_name("web", "https"), port=443)
+    w.sync(snap((http, (ep(REMOTE_POD),)), (https, ())))
+    source = [e for e in w.hns.list_endpoints() if e.ip_address == SOURCE_VIP]
+    assert len(source) == 1 and not source[0].is_remote
+    assert source[0].mac_address == "00-15-5d-aa-bb-cc"
+    vip = w.vip_endpoints()[CLUSTER_IP]
+    assert (vip.provider_address, vip.mac_address) == (NODE_IP, "00-15-5d-aa-bb-cc")
+    assert w.backend.book is not None and w.backend.book.refs(CLUSTER_IP) == 2
+    w.sync(snap((https, ())), {WEB})
+    assert list(w.vip_endpoints()) == [CLUSTER_IP]
+    w.sync(snap(), {https.name})
+    assert w.vip_endpoints() == {}
+
+
+def test_l2bridge_has_no_source_vip_or_cluster_ip_endpoints() -> None:
+    w = World(network=L2BRIDGE)
+    w.sync(snap((svc(), (ep(LOCAL_POD, "win-a"),))))
+    assert [e.ip_address for e in w.hns.list_endpoints()] == [LOCAL_POD]
+
+
 def test_local_endpoint_wins() -> None:
     """Upstream: an HNS endpoint the CNI made for the IP is used, never a new remote one."""
     w = World()
@@ -518,14 +559,21 @@ def test_failed_create_leaves_the_rest_and_is_retried() -> None:
 
 
 def test_failed_remote_endpoint_create_is_retried() -> None:
+    """Upstream: "Remote endpoint creation failed" skips the endpoint; here the
+    ServicePort is reported and completed at the next sync (the ClusterIP's endpoint,
+    made first, fails too)."""
     w = World()
-    w.hns.fail_next("create_endpoint")
+    w.sync(snap())  # the source VIP endpoint exists
+    w.hns.fail_next("create_endpoint", 2)
     snapshot = snap((svc(), (ep(REMOTE_POD), ep(REMOTE_POD2))))
-    result = w.sync(snapshot)
+    result = w.sync(snapshot, {WEB})
     assert result.isolated
     assert len(w.ips(w.lb(CLUSTER_IP))) == 1
-    w.sync(snapshot, set())
+    assert w.vip_endpoints() == {}
+    result = w.sync(snapshot, set())
+    assert result.isolated == []
     assert w.ips(w.lb(CLUSTER_IP)) == [REMOTE_POD, REMOTE_POD2]
+    assert list(w.vip_endpoints()) == [CLUSTER_IP]
 
 
 def test_failed_delete_is_retried_bounded() -> None:
@@ -560,6 +608,18 @@ def test_failed_delete_frees_its_frontend_for_a_successor() -> None:
     result = w.sync(snap((other, (ep(REMOTE_POD2),))), {DB})
     assert result.isolated == []
     assert w.ips(w.lb(CLUSTER_IP)) == [REMOTE_POD2]
+
+
+def test_source_vip_endpoint_failure_fails_the_sync() -> None:
+    """Upstream: "Source Vip endpoint creation failed" syncs nothing; the retry makes it."""
+    w = World()
+    w.hns.fail_next("create_endpoint")
+    with pytest.raises(HnsError, match="injected failure"):
+        w.sync(snap((svc(), (ep(LOCAL_POD, "win-a"),))))
+    assert w.lbs() == []
+    result = w.sync(snap((svc(), (ep(LOCAL_POD, "win-a"),))), set())
+    assert result.full
+    assert [lb.vip for lb in w.lbs()] == [CLUSTER_IP]
 
 
 def test_hns_gone_fails_the_sync_and_the_next_is_full() -> None:

@@ -91,7 +91,7 @@ class EndpointBook:
         overlay = bool(wanted.provider_address)
         doc = Endpoint(
             ip_addresses=(wanted.ip,),
-            mac_address=conjure_mac(wanted.ip) if overlay else "",
+            mac_address=wanted.mac or (conjure_mac(wanted.ip) if overlay else ""),
             is_remote=True,
             provider_address=wanted.provider_address,
         )
@@ -100,6 +100,15 @@ class EndpointBook:
         self._by_ip[wanted.ip] = created
         self._doomed.pop(wanted.ip, None)
         return created
+
+    def ensure_local(self, ip: str, mac: str) -> None:
+        """Upstream's source VIP endpoint (Overlay): a local endpoint with the source VIP
+        and the host's MAC, made when the network has none with that IP."""
+        if ip in self._by_ip:
+            return
+        self.writes += 1
+        doc = Endpoint(ip_addresses=(ip,), mac_address=mac)
+        self._by_ip[ip] = self.hns.create_endpoint(self.network_id, doc)
 
     def release(self, ips: Iterable[str]) -> None:
         """Drop one reference on each remote endpoint IP; delete those at zero."""

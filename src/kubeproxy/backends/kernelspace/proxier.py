@@ -34,7 +34,13 @@ from typing import Any
 from kubeproxy.backends.base import BackendError, SyncResult
 from kubeproxy.backends.driver import PerFamilyDriver, Unit
 from kubeproxy.backends.kernelspace.endpoints import EndpointBook
-from kubeproxy.backends.kernelspace.translate import NodeContext, WantedLoadBalancer, translate
+from kubeproxy.backends.kernelspace.translate import (
+    NodeContext,
+    WantedEndpoint,
+    WantedLoadBalancer,
+    service_vip_endpoint,
+    translate,
+)
 from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.hns import (
@@ -74,15 +80,20 @@ class FamilyState:
     plan: FamilyPlan
     valid: bool = True
     lbs: dict[ServicePortName, dict[Key, Held]] = field(default_factory=dict)
+    # Overlay: the ClusterIP remote endpoint each ServicePort holds a reference on.
+    vips: dict[ServicePortName, str] = field(default_factory=dict)
     retry: dict[ServicePortName, str] = field(default_factory=dict)  # name -> why
 
 
 class KernelspaceBackend(PerFamilyDriver):
     mode = ProxyMode.KERNELSPACE
 
-    def __init__(self, config: ProxyConfig, open_hns: Callable[[], Hns]) -> None:
+    def __init__(
+        self, config: ProxyConfig, open_hns: Callable[[], Hns], host_mac: str = ""
+    ) -> None:
         super().__init__(config)
         self._open_hns = open_hns
+        self.host_mac = host_mac
         self.hns: Hns | None = None
         self.network: Network | None = None
         self.features = SupportedFeatures()
@@ -148,6 +159,10 @@ class KernelspaceBackend(PerFamilyDriver):
         self.network = hns.get_network_by_name(network.name)
         book.refresh()
         self._retry_stale(hns)
+        svip = self.config.winkernel.source_vip
+        if self.network.is_overlay and svip:
+            # As upstream: without it, nothing is synced (the sync fails and is retried).
+            book.ensure_local(svip, self.host_mac)
 
     def _full(self, plan: NodePlan, unit: Unit, result: SyncResult) -> None:
         (fam,) = unit
@@ -158,7 +173,13 @@ class KernelspaceBackend(PerFamilyDriver):
         state.plan, state.valid = fam, True
         present = {lb.id: lb for lb in hns.list_load_balancers()}
         if self._adoptable is None:
-            self._adoptable = {_key_of(lb): lb.id for lb in present.values()}
+            ours = {
+                h.id
+                for st in self._families.values()
+                for lbs in st.lbs.values()
+                for h in lbs.values()
+            }
+            self._adoptable = {_key_of(lb): lb.id for lb in present.values() if lb.id not in ours}
         gone: list[Held] = []  # deleted by someone else: made again
         for held in state.lbs.values():
             for key in [k for k, h in held.items() if h.id not in present]:
@@ -222,6 +243,7 @@ class KernelspaceBackend(PerFamilyDriver):
             enable_dsr=win.enable_dsr,
             health_check_ip=gateway,
             healthz_port=_port_of(self.config.healthz_bind_address),
+            host_mac=self.host_mac,
         )
 
     def _apply(
@@ -247,11 +269,39 @@ class KernelspaceBackend(PerFamilyDriver):
             for key in [k for k in held if k not in wanted[name]]:
                 self._delete(hns, held.pop(key))
         for name, by_key in wanted.items():
-            why = self._apply_port(state, name, by_key)
+            port_plan = plans.get(name)
+            vip = service_vip_endpoint(port_plan, ctx) if port_plan is not None else None
+            why = "; ".join(
+                filter(
+                    None, (self._apply_vip(state, name, vip), self._apply_port(state, name, by_key))
+                )
+            )
             if why:
                 self._refused(state, name, why)
             else:
                 state.retry.pop(name, None)
+
+    def _apply_vip(
+        self, state: FamilyState, name: ServicePortName, vip: WantedEndpoint | None
+    ) -> str:
+        """The ClusterIP's remote endpoint of an Overlay network; what failed."""
+        _, _, book = self._hns()
+        held = state.vips.get(name)
+        if held == (vip.ip if vip is not None else None):
+            return ""
+        if vip is not None:
+            try:
+                book.acquire(vip)
+            except HnsError as err:
+                if err.incomplete:
+                    raise
+                return f"ClusterIP endpoint {vip.ip}: {err}"
+            state.vips[name] = vip.ip
+        else:
+            del state.vips[name]
+        if held is not None:
+            book.release([held])
+        return ""
 
     def _refused(self, state: FamilyState, name: ServicePortName, why: str) -> None:
         log.warning(

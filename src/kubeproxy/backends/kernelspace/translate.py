@@ -64,6 +64,7 @@ class NodeContext:
     # health checks when a Service has no healthCheckNodePort (the healthz port).
     health_check_ip: str | None = None
     healthz_port: int = 10256
+    host_mac: str = ""  # the MAC of the node's vNIC ("" when unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +75,7 @@ class WantedEndpoint:
     ip: str
     local: bool
     provider_address: str = ""
+    mac: str = ""  # "": made from the IP (upstream's conjureMac) on an Overlay network
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +117,14 @@ def _wanted(ep: Endpoint, ctx: NodeContext) -> WantedEndpoint:
         return WantedEndpoint(ep.ip, local=False)
     # As upstream: outside every remote subnet is a public IP, reached through this node.
     return WantedEndpoint(ep.ip, False, provider_address(ctx.network, ep.ip) or ctx.node_ip)
+
+
+def service_vip_endpoint(plan: ServicePortPlan, ctx: NodeContext) -> WantedEndpoint | None:
+    """Overlay: the remote endpoint upstream makes for each ClusterIP (provider address
+    the node IP, the host's MAC), so that the VIP resolves on the overlay."""
+    if not ctx.network.is_overlay:
+        return None
+    return WantedEndpoint(plan.cluster_ip, False, ctx.node_ip, ctx.host_mac)
 
 
 def source_vip(plan: ServicePortPlan, ctx: NodeContext) -> str:
