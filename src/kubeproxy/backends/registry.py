@@ -112,11 +112,24 @@ def _cleanup_ipvs(keep: KeepMap | None = None) -> list[str]:
 
 
 def _kernelspace(config: ProxyConfig) -> Backend:
-    """HNS is opened at start: off Windows, start says kernelspace mode needs Windows."""
+    """HNS is opened at start: off Windows, start says kernelspace mode needs Windows.
+    With ``--hns-state`` (render), the file's fake HNS stands in for the machine's."""
+    from dataclasses import replace
+
     from kubeproxy.backends.kernelspace.proxier import KernelspaceBackend
+    from kubeproxy.dataplane.hns.fake import StateFileError, load_state
     from kubeproxy.dataplane.hns.hcn import HcnClient
 
-    return KernelspaceBackend(config, open_hns=HcnClient)
+    win = config.winkernel
+    if not win.hns_state:
+        return KernelspaceBackend(config, open_hns=HcnClient)
+    try:
+        fake = load_state(win.hns_state, seed=0)
+    except StateFileError as err:
+        raise BackendError(f"--hns-state: {err}") from None
+    if not win.network_name:  # the file names the network
+        config = replace(config, winkernel=replace(win, network_name=fake.network.name))
+    return KernelspaceBackend(config, open_hns=lambda: fake)
 
 
 def _cleanup_kernelspace() -> list[str]:

@@ -65,12 +65,17 @@ class WinkernelSettings:
     enable_dsr: bool = False
     root_hns_endpoint_name: str = "cbr0"
     forward_health_check_vip: bool = False
+    # render only (ours, --hns-state): a file describing the node's HNS, rendered
+    # against instead of the machine's (kubeproxy.dataplane.hns.fake.load_state).
+    hns_state: str = ""
 
 
 def winkernel_settings(
-    cfg: KubeProxyConfiguration, env: dict[str, str] | None = None
+    cfg: KubeProxyConfiguration, hns_state: str | None = None, env: dict[str, str] | None = None
 ) -> WinkernelSettings:
     win = cfg.winkernel
+    if hns_state and cfg.mode != ProxyMode.KERNELSPACE:
+        raise ConfigError(f"--hns-state: only with --proxy-mode kernelspace (not {cfg.mode})")
     environ = os.environ if env is None else env
     return WinkernelSettings(
         network_name=win.network_name or environ.get("KUBE_NETWORK", ""),
@@ -78,6 +83,7 @@ def winkernel_settings(
         enable_dsr=win.enable_dsr,
         root_hns_endpoint_name=win.root_hns_endpoint_name or "cbr0",
         forward_health_check_vip=win.forward_health_check_vip,
+        hns_state=hns_state or "",
     )
 
 

@@ -28,12 +28,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 from kubeproxy.backends.base import BackendError, SyncResult
 from kubeproxy.backends.driver import PerFamilyDriver, Unit
 from kubeproxy.backends.kernelspace.endpoints import EndpointBook
+from kubeproxy.backends.kernelspace.render import contract, mirror
 from kubeproxy.backends.kernelspace.translate import (
     NodeContext,
     WantedEndpoint,
@@ -111,7 +111,10 @@ class KernelspaceBackend(PerFamilyDriver):
         try:
             self.hns = self._open_hns()
         except HnsError as err:
-            raise BackendError(f"kernelspace mode needs Windows' HNS: {err}") from None
+            raise BackendError(
+                f"kernelspace mode needs Windows' HNS ({err}); off Windows, render takes "
+                "--hns-state FILE"
+            ) from None
         if not win.network_name:
             raise BackendError(
                 "kernelspace mode: no HNS network named (--network-name, "
@@ -414,18 +417,20 @@ class KernelspaceBackend(PerFamilyDriver):
     # ------------------------------------------------------------ render
 
     def render_plan(self, plan: NodePlan) -> str:
-        """The load balancers a full sync wants (no HNS IDs), as JSON; reads the network
-        and its endpoints only."""
-        out: list[dict[str, Any]] = []
-        for fam in self._fams(plan):
-            ctx = self._context(fam)
-            for name, port_plan in sorted(plan.service_ports(fam).items()):
-                if port_plan is None:
-                    continue
-                for want in translate(port_plan, ctx):
-                    doc = _document(want, [ep.ip for ep in want.endpoints]).to_hcn()
-                    out.append({"servicePort": str(name), "kind": want.kind, "loadBalancer": doc})
-        return json.dumps(out, indent=2) + "\n"
+        """The HNS objects a full sync of ``plan`` creates, as JSON (:mod:`.render`):
+        the sync runs against a copy of what HNS holds, so nothing is touched."""
+        if self.hns is None:
+            self.start()
+        hns, network, _ = self._hns()
+        copy = mirror(hns, network.name)
+        before = {ep.id for ep in copy.list_endpoints()}
+        served = replace(self.config, families=tuple(self.runners))  # start warned once
+        shadow = KernelspaceBackend(served, open_hns=lambda: copy, host_mac=self.host_mac)
+        shadow.start()
+        result = shadow.sync_plan(plan, None)
+        for item in result.isolated:
+            log.warning("Not programmed: %s", item)
+        return json.dumps(contract(copy, before), indent=2) + "\n"
 
 
 def _document(want: WantedLoadBalancer, endpoint_ids: list[str]) -> LoadBalancer:
