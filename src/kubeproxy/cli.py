@@ -676,7 +676,7 @@ async def _start(
     proxy = Proxy(
         config,
         backend,
-        conntrack=ConntrackCommand(),
+        conntrack=ConntrackCommand() if config.mode != ProxyMode.KERNELSPACE else None,
         metrics=metrics,
         configz=configz,
     )
