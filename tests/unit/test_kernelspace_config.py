@@ -30,8 +30,7 @@ def test_mode_is_accepted_and_reads_the_iptables_sections_sync_periods() -> None
 
 
 def test_every_mode_has_a_registry_row() -> None:
-    for mode in ProxyMode:
-        assert mode in BACKENDS and mode in CLEANUPS and mode in SYNC_LOG_WORDS
+    assert set(ProxyMode) == set(BACKENDS) == set(CLEANUPS) == set(SYNC_LOG_WORDS)
 
 
 def test_cleanup_on_linux_has_nothing_of_kernelspace() -> None:
