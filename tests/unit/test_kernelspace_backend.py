@@ -108,7 +108,9 @@ class World:
         return self.backend.sync(snapshot, changed)
 
     def lbs(self) -> list[LoadBalancer]:
-        return sorted(self.hns.list_load_balancers(), key=lambda lb: (lb.vip, lb.port_mappings))
+        return sorted(
+            self.hns.list_load_balancers(), key=lambda lb: (lb.vip, one(lb).external_port)
+        )
 
     def lb(self, vip: str, port: int = 80) -> LoadBalancer:
         found = [
