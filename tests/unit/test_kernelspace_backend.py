@@ -624,6 +624,22 @@ def test_source_vip_endpoint_failure_fails_the_sync() -> None:
     assert [lb.vip for lb in w.lbs()] == [CLUSTER_IP]
 
 
+def test_a_stale_load_balancer_is_not_adopted() -> None:
+    """After a failed sync the next is full and adopts what HNS holds, but not a load
+    balancer whose delete HNS refused: that one is deleted, and its successor created."""
+    w = World(features=SupportedFeatures())
+    w.sync(snap((svc(), (ep(REMOTE_POD),))))
+    stale = w.lb(CLUSTER_IP).id
+    w.hns.fail_next("delete_load_balancer")
+    w.sync(snap(), {WEB})
+    w.backend._invalidate()  # as after a failed sync: the next is full
+    w.hns.fail_next("delete_load_balancer")  # the bounded retry in the next sync's start
+    result = w.sync(snap((svc(DB), (ep(REMOTE_POD2),))), set())
+    assert result.full and result.isolated == []
+    assert w.lb(CLUSTER_IP).id != stale
+    assert w.ips(w.lb(CLUSTER_IP)) == [REMOTE_POD2]
+
+
 def test_hns_gone_fails_the_sync_and_the_next_is_full() -> None:
     w = World()
     snapshot = snap((svc(), (ep(REMOTE_POD),)))

@@ -176,7 +176,8 @@ class KernelspaceBackend(PerFamilyDriver):
         state.plan, state.valid = fam, True
         present = {lb.id: lb for lb in hns.list_load_balancers()}
         if self._adoptable is None:
-            ours = {
+            # Ours (held, or waiting for a delete HNS refused) are not adopted.
+            ours = {h.id for h in self._stale} | {
                 h.id
                 for st in self._families.values()
                 for lbs in st.lbs.values()
