@@ -8,7 +8,8 @@ from dataclasses import replace
 
 from kubeproxy.backends.kernelspace.proxier import KernelspaceBackend
 from kubeproxy.dataplane.hns import Endpoint, LoadBalancerFlags, PortMappingFlags, RemoteSubnet
-from kubeproxy.model.types import IPFamily
+from kubeproxy.model.types import IPFamily, L4Protocol
+from tests.unit.conftest import port_name
 from tests.unit.test_kernelspace_backend import (
     CLUSTER_IP,
     DB,
@@ -75,6 +76,16 @@ def test_forward_health_check_vip_defaults_to_the_healthz_port() -> None:
     w = World(pods=(ROOT,), forward_health_check_vip=True)
     w.sync(snap((svc(load_balancer_ips=("5.6.7.8",)), (ep(REMOTE_POD),))))
     assert w.lb("5.6.7.8", 10256).endpoint_ids == ("root-ep",)
+
+
+def test_health_check_has_the_services_protocol_and_needs_an_endpoint() -> None:
+    w = World(pods=(ROOT,), forward_health_check_vip=True)
+    udp = svc(load_balancer_ips=("5.6.7.8",), name=port_name("dns", "dns", L4Protocol.UDP))
+    w.sync(snap((udp, (ep(REMOTE_POD),))))
+    assert one(w.lb("5.6.7.8", 10256)).protocol == 17
+    gone = ep(REMOTE_POD, ready=False, serving=False, terminating=True)
+    w.sync(snap((udp, (gone,))), {udp.name})
+    assert w.lbs() == []
 
 
 def test_no_health_check_without_the_root_endpoint_or_the_setting() -> None:

@@ -48,7 +48,6 @@ from kubeproxy.model.types import Endpoint, IPFamily, family_of
 
 # Kinds of load balancer, as logs and render name them.
 HEALTH_CHECK = "HealthCheck"
-PROTOCOL_TCP = PROTOCOLS["TCP"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,9 +210,14 @@ def translate(plan: ServicePortPlan, ctx: NodeContext) -> list[WantedLoadBalance
 def _health_check(
     plan: ServicePortPlan, ctx: NodeContext, vip: str, svip: str, preserve: bool
 ) -> list[WantedLoadBalancer]:
-    """Upstream's health-check load balancer of an ingress IP (forwardHealthCheckVip)."""
+    """Upstream's health-check load balancer of an ingress IP (forwardHealthCheckVip):
+    the Service's protocol, to the root endpoint, while the Service has an endpoint to
+    use (upstream: not all terminating or not serving). The IPv6 flag in the IPv6 family
+    (upstream sets none; the fake, stricter, refuses an IPv6 VIP without it)."""
     gateway = ctx.health_check_ip
     if gateway is None or family_of(gateway) is not plan.family:
+        return []
+    if not (plan.selection.cluster or plan.selection.local):
         return []
     port = plan.service_port.health_check_node_port or ctx.healthz_port
     v6 = LoadBalancerFlags.IPV6 if plan.family is IPFamily.IPv6 else LoadBalancerFlags.NONE
@@ -221,7 +225,7 @@ def _health_check(
         WantedLoadBalancer(
             HEALTH_CHECK,
             vip,
-            PROTOCOL_TCP,
+            PROTOCOLS[plan.service_port.protocol.value],
             port,
             port,
             (WantedEndpoint(gateway, local=True),),
