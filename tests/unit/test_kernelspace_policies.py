@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from kubeproxy.backends.kernelspace.endpoints import interface_mac
 from kubeproxy.backends.kernelspace.proxier import KernelspaceBackend
 from kubeproxy.dataplane.hns import Endpoint, LoadBalancerFlags, PortMappingFlags, RemoteSubnet
 from kubeproxy.model.types import IPFamily, L4Protocol
@@ -128,3 +129,27 @@ def test_local_pods_endpoint_is_never_deleted() -> None:
     w.sync(snap(), {WEB})
     assert LOCAL_POD in {e.ip_address for e in w.hns.list_endpoints()}
     assert all("pod-local" not in c.detail for c in w.hns.calls("delete_endpoint"))
+
+
+def test_host_mac_found_from_the_node_ip() -> None:
+    """Upstream's hostMac (the interface holding the node IP) on the source VIP and
+    ClusterIP endpoints of an Overlay network."""
+    w = World()
+    asked: list[str] = []
+
+    def find(ip: str) -> str:
+        asked.append(ip)
+        return "00-15-5d-aa-bb-cc" if ip == "192.168.0.11" else ""
+
+    w.backend = KernelspaceBackend(config(), open_hns=lambda: w.hns, find_mac=find)
+    w.backend.start()
+    w.sync(snap((svc(), (ep(REMOTE_POD),))))
+    w.sync(snap((svc(), (ep(REMOTE_POD2),))), {WEB})
+    assert asked == ["192.168.0.11"]
+    macs = {e.ip_address: e.mac_address for e in w.hns.list_endpoints()}
+    assert macs["10.244.0.2"] == macs[CLUSTER_IP] == "00-15-5d-aa-bb-cc"
+
+
+def test_interface_mac_reads_this_machines_interfaces() -> None:
+    assert interface_mac("127.0.0.1") in ("", "00-00-00-00-00-00")
+    assert interface_mac("203.0.113.254") == ""

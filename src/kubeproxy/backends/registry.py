@@ -116,13 +116,14 @@ def _kernelspace(config: ProxyConfig) -> Backend:
     With ``--hns-state`` (render), the file's fake HNS stands in for the machine's."""
     from dataclasses import replace
 
+    from kubeproxy.backends.kernelspace.endpoints import interface_mac
     from kubeproxy.backends.kernelspace.proxier import KernelspaceBackend
     from kubeproxy.dataplane.hns.fake import StateFileError, load_state
     from kubeproxy.dataplane.hns.hcn import HcnClient
 
     win = config.winkernel
     if not win.hns_state:
-        return KernelspaceBackend(config, open_hns=HcnClient)
+        return KernelspaceBackend(config, open_hns=HcnClient, find_mac=interface_mac)
     try:
         fake = load_state(win.hns_state, seed=0)
     except StateFileError as err:

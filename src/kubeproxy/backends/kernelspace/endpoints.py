@@ -20,10 +20,23 @@ import ipaddress
 import logging
 from collections.abc import Iterable
 
+import psutil
+
 from kubeproxy.backends.kernelspace.translate import WantedEndpoint
 from kubeproxy.dataplane.hns import Endpoint, Hns, HnsError
 
 log = logging.getLogger(__name__)
+
+
+def interface_mac(ip: str) -> str:
+    """The MAC of the interface holding ``ip`` ("" if none does), dash-separated as HNS
+    writes it: upstream's hostMac, for the source VIP and ClusterIP endpoints."""
+    addrs = psutil.net_if_addrs()
+    for nic in addrs.values():
+        if any(a.address.split("%")[0] == ip for a in nic if a.family != psutil.AF_LINK):
+            mac = next((a.address for a in nic if a.family == psutil.AF_LINK), "")
+            return mac.replace(":", "-").lower()
+    return ""
 
 
 def conjure_mac(ip: str, prefix: str = "02-11") -> str:

@@ -89,11 +89,18 @@ class KernelspaceBackend(PerFamilyDriver):
     mode = ProxyMode.KERNELSPACE
 
     def __init__(
-        self, config: ProxyConfig, open_hns: Callable[[], Hns], host_mac: str = ""
+        self,
+        config: ProxyConfig,
+        open_hns: Callable[[], Hns],
+        host_mac: str = "",
+        find_mac: Callable[[str], str] | None = None,
     ) -> None:
+        """``host_mac``: the MAC of the node's vNIC, else found by ``find_mac`` from the
+        node IP at the first sync (on Windows: :func:`~.endpoints.interface_mac`)."""
         super().__init__(config)
         self._open_hns = open_hns
         self.host_mac = host_mac
+        self._find_mac = find_mac
         self.hns: Hns | None = None
         self.network: Network | None = None
         self.features = SupportedFeatures()
@@ -163,9 +170,25 @@ class KernelspaceBackend(PerFamilyDriver):
         book.refresh()
         self._retry_stale(hns)
         svip = self.config.winkernel.source_vip
+        if self.network.is_overlay and not self.host_mac and self._find_mac is not None:
+            self._find_host_mac(plan)
         if self.network.is_overlay and svip:
             # As upstream: without it, nothing is synced (the sync fails and is retried).
             book.ensure_local(svip, self.host_mac)
+
+    def _find_host_mac(self, plan: NodePlan) -> None:
+        """Upstream's hostMac: the MAC of the interface holding the node IP."""
+        assert self._find_mac is not None and self.network is not None
+        ips = [ip for ip in (*(f.node_ip for f in plan.families), self.network.management_ip) if ip]
+        if not ips:
+            return  # no Node object yet: looked for again at the next sync
+        for ip in ips:
+            if mac := self._find_mac(ip):
+                self.host_mac = mac
+                return
+        # Upstream refuses to start; here the endpoints are made without a MAC.
+        log.warning("No interface holds the node IP (%s): endpoints made without MAC", ips)
+        self._find_mac = None
 
     def _full(self, plan: NodePlan, unit: Unit, result: SyncResult) -> None:
         (fam,) = unit
