@@ -12,7 +12,7 @@ import pytest
 
 from kubeproxy.backends.base import BackendError
 from kubeproxy.backends.kernelspace.endpoints import conjure_mac
-from kubeproxy.backends.kernelspace.proxier import MAX_STALE_DELETES, KernelspaceBackend
+from kubeproxy.backends.kernelspace.proxier import MAX_STALE_DELETES, KernelspaceBackend, cleanup
 from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.runtime import ProxyConfig, WinkernelSettings
 from kubeproxy.dataplane.hns import (
@@ -673,6 +673,25 @@ def test_start_refuses(
     backend = KernelspaceBackend(config(**win), open_hns=lambda: hns)
     with pytest.raises(BackendError, match=message):
         backend.start()
+
+
+def test_cleanup_deletes_every_load_balancer() -> None:
+    """Upstream's CleanupLeftovers: every HNS load balancer; a refused delete is raised
+    after the others are done."""
+    w = World()
+    w.sync(
+        snap(
+            (svc(node_port=30080), (ep(REMOTE_POD),)),
+            (svc(DB, cluster_ips=("10.96.0.11",)), (ep(REMOTE_POD),)),
+        )
+    )
+    w.hns.fail_next("delete_load_balancer")
+    with pytest.raises(BackendError, match="injected failure"):
+        cleanup(w.hns)
+    assert len(w.lbs()) == 1
+    removed = cleanup(w.hns)
+    assert len(removed) == 1 and removed[0].startswith("hns load-balancer ")
+    assert w.lbs() == []
 
 
 def test_off_windows_start_says_windows() -> None:

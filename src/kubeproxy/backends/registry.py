@@ -134,9 +134,19 @@ def _kernelspace(config: ProxyConfig) -> Backend:
 
 
 def _cleanup_kernelspace() -> list[str]:
-    """Nothing to clean off Windows; on Windows the load balancers are left, as upstream's
-    --cleanup leaves HNS alone (the next kernelspace start adopts them)."""
-    return []
+    """As upstream's winkernel CleanupLeftovers: every HNS load balancer goes. Off
+    Windows there is no HNS, and nothing to clean."""
+    from kubeproxy.backends.kernelspace.proxier import cleanup
+    from kubeproxy.dataplane.hns import HnsError
+    from kubeproxy.dataplane.hns.hcn import HcnClient
+
+    try:
+        hns = HcnClient()
+    except HnsError as err:
+        if err.not_supported:
+            return []
+        raise
+    return cleanup(hns)
 
 
 BACKENDS: dict[ProxyMode, Callable[[ProxyConfig], Backend]] = {

@@ -457,6 +457,26 @@ class KernelspaceBackend(PerFamilyDriver):
         return json.dumps(contract(copy, before), indent=2) + "\n"
 
 
+def cleanup(hns: Hns) -> list[str]:
+    """Delete every HNS load balancer (upstream's ``deleteAllHnsLoadBalancerPolicy``);
+    what was removed. Remote endpoints stay, as upstream leaves them."""
+    removed: list[str] = []
+    errors: list[str] = []
+    for lb in hns.list_load_balancers():
+        pm = lb.port_mappings[0]
+        what = f"hns load-balancer {lb.vip or '(node ports)'}:{pm.external_port} ({lb.id})"
+        try:
+            hns.delete_load_balancer(lb.id)
+        except HnsError as err:
+            if not err.not_found:
+                errors.append(f"{what}: {err}")
+            continue
+        removed.append(what)
+    if errors:
+        raise BackendError("; ".join(errors))
+    return removed
+
+
 def _document(want: WantedLoadBalancer, endpoint_ids: list[str]) -> LoadBalancer:
     mapping = PortMapping(
         protocol=want.protocol,
