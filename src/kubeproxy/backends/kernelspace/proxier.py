@@ -86,6 +86,8 @@ class FamilyState:
 
 
 class KernelspaceBackend(PerFamilyDriver):
+    """HNS load balancers from the plan, one family at a time (see the module)."""
+
     mode = ProxyMode.KERNELSPACE
 
     def __init__(
