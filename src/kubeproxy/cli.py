@@ -30,6 +30,7 @@ import yaml
 from kubeproxy import __version__, logs
 from kubeproxy.app import Proxy, ServerBindError, install_signal_handlers
 from kubeproxy.backends.base import BackendError, owned_by
+from kubeproxy.backends.kernelspace.render import add_render_flags
 from kubeproxy.backends.registry import (
     BACKENDS,
     COMPOSES,
@@ -54,6 +55,7 @@ from kubeproxy.config.runtime import (
     default_hostname,
     detect_families,
     parse_cidrs,
+    winkernel_settings,
 )
 from kubeproxy.config.types import KubeProxyConfiguration, KubeProxyIPVSConfiguration
 from kubeproxy.config.validation import validate
@@ -209,6 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_proxy_flags(render)
     _add_request_timeout(render)
+    add_render_flags(render)
     render.add_argument(
         "--format",
         choices=("nft", "json", "yaml"),
@@ -397,6 +400,7 @@ def proxy_config(cfg: KubeProxyConfiguration, args: argparse.Namespace) -> Proxy
         ebpf_cgroup_path=getattr(args, "ebpf_cgroup_path", None) or "",
         ebpf_pin_path=getattr(args, "ebpf_pin_path", None) or ProxyConfig.ebpf_pin_path,
         ebpf_fallback=getattr(args, "ebpf_fallback", None) or ProxyConfig.ebpf_fallback,
+        winkernel=winkernel_settings(cfg, getattr(args, "hns_state", None)),
     )
 
 
@@ -602,7 +606,7 @@ def _list(config: ProxyConfig, snapshot: Snapshot, args: argparse.Namespace) -> 
 
 async def _render(config: ProxyConfig, source: Source, fmt: str, *, guessed: bool) -> int:
     snapshot = await _snapshot(config, source, guessed=guessed)
-    if fmt == "json":
+    if fmt == "json" and config.mode != ProxyMode.KERNELSPACE:  # its render is JSON
         sys.stdout.write(json.dumps(describe_node(config.planning, snapshot), indent=2) + "\n")
     else:
         backend = create_backend(config)
@@ -672,7 +676,7 @@ async def _start(
     proxy = Proxy(
         config,
         backend,
-        conntrack=ConntrackCommand(),
+        conntrack=ConntrackCommand() if config.mode != ProxyMode.KERNELSPACE else None,
         metrics=metrics,
         configz=configz,
     )
@@ -742,7 +746,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(err))
         try:
             return asyncio.run(_render(config, source, args.format or "nft", guessed=guessed))
-        except SourceError as err:
+        except (SourceError, BackendError) as err:
             return _source_failed(err)
     if args.command in ("explain", "list"):
         try:
@@ -784,8 +788,8 @@ def _running_mode(
     return find
 
 
-def _source_failed(err: SourceError) -> int:
-    """A one-shot command without the source's state: the server and the error, exit 1."""
+def _source_failed(err: SourceError | BackendError) -> int:
+    """A one-shot command without the source's state, or whose mode cannot run: exit 1."""
     sys.stderr.write(f"Error: {err}\n")
     return 1
 

@@ -74,6 +74,7 @@ SYNC_LOG_WORDS: dict[ProxyMode, tuple[str, str, str]] = {
     ProxyMode.EBPF: ("elements", "shared chains", "operations"),
     ProxyMode.IPTABLES: ("rules", "dispatch chains", "chains written"),
     ProxyMode.IPVS: ("virtual and real servers", "chains", "netlink changes"),
+    ProxyMode.KERNELSPACE: ("load balancers", "remote endpoints", "HNS changes"),
 }
 
 

@@ -113,11 +113,50 @@ def _cleanup_ipvs(keep: KeepMap | None = None) -> list[str]:
             ipvs.close()
 
 
+def _kernelspace(config: ProxyConfig) -> Backend:
+    """HNS is opened at start: off Windows, start says kernelspace mode needs Windows.
+    With ``--hns-state`` (render), the file's fake HNS stands in for the machine's."""
+    from dataclasses import replace
+
+    from kubeproxy.backends.kernelspace.endpoints import interface_mac
+    from kubeproxy.backends.kernelspace.proxier import KernelspaceBackend
+    from kubeproxy.dataplane.hns.fake import StateFileError, load_state
+    from kubeproxy.dataplane.hns.hcn import HcnClient
+
+    win = config.winkernel
+    if not win.hns_state:
+        return KernelspaceBackend(config, open_hns=HcnClient, find_mac=interface_mac)
+    try:
+        fake = load_state(win.hns_state, seed=0)
+    except StateFileError as err:
+        raise BackendError(f"--hns-state: {err}") from None
+    if not win.network_name:  # the file names the network
+        config = replace(config, winkernel=replace(win, network_name=fake.network.name))
+    return KernelspaceBackend(config, open_hns=lambda: fake)
+
+
+def _cleanup_kernelspace() -> list[str]:
+    """As upstream's winkernel CleanupLeftovers: every HNS load balancer goes. Off
+    Windows there is no HNS, and nothing to clean."""
+    from kubeproxy.backends.kernelspace.proxier import cleanup
+    from kubeproxy.dataplane.hns import HnsError
+    from kubeproxy.dataplane.hns.hcn import HcnClient
+
+    try:
+        hns = HcnClient()
+    except HnsError as err:
+        if err.not_supported:
+            return []
+        raise
+    return cleanup(hns)
+
+
 BACKENDS: dict[ProxyMode, Callable[[ProxyConfig], Backend]] = {
     ProxyMode.NFTABLES: _nftables,
     ProxyMode.IPTABLES: _iptables,
     ProxyMode.IPVS: _ipvs,
     ProxyMode.EBPF: _ebpf,
+    ProxyMode.KERNELSPACE: _kernelspace,
 }
 
 # Every mode that can leave state behind: cleanup also removes what another mode (or
@@ -127,6 +166,7 @@ CLEANUPS: dict[ProxyMode, Callable[[], list[str]]] = {
     ProxyMode.IPTABLES: _cleanup_iptables,
     ProxyMode.IPVS: _cleanup_ipvs,
     ProxyMode.EBPF: _cleanup_ebpf,
+    ProxyMode.KERNELSPACE: _cleanup_kernelspace,
 }
 
 # Modes that run another mode's backend inside them: switching to such a mode keeps

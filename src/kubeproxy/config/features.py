@@ -29,6 +29,8 @@ KNOWN_FEATURE_GATES: Mapping[str, bool] = {
     "PreferSameTrafficDistribution": True,
     "ServiceTrafficDistribution": True,
     "TopologyAwareHints": True,
+    # kernelspace mode: winkernel.enableDSR needs it (beta, on by default since 1.33).
+    "WinDSR": True,
 }
 
 
@@ -48,6 +50,7 @@ FEATURE_GATE_STAGES: Mapping[str, str] = {
     "PreferSameTrafficDistribution": "BETA",
     "ServiceTrafficDistribution": "",
     "TopologyAwareHints": "",
+    "WinDSR": "BETA",
 }
 
 

@@ -346,6 +346,42 @@ FLAGS: tuple[FlagSpec, ...] = (
         "map",
         "key=value pairs enabling or disabling features",
     ),
+    # Upstream's Windows flags (cmd/kube-proxy/app/options_windows.go), kernelspace mode.
+    FlagSpec(
+        "network-name",
+        "winkernel.networkName",
+        "string",
+        "kernelspace mode: the HNS network of the Pods (default: env KUBE_NETWORK)",
+        modes=("kernelspace",),
+    ),
+    FlagSpec(
+        "source-vip",
+        "winkernel.sourceVip",
+        "string",
+        "kernelspace mode: the source VIP of load balancers on an Overlay network",
+        modes=("kernelspace",),
+    ),
+    FlagSpec(
+        "enable-dsr",
+        "winkernel.enableDSR",
+        "bool",
+        "kernelspace mode: Direct Server Return for Service VIPs (feature gate WinDSR)",
+        modes=("kernelspace",),
+    ),
+    FlagSpec(
+        "root-hnsendpoint-name",
+        "winkernel.rootHnsEndpointName",
+        "string",
+        "kernelspace mode: the root namespace's HNS endpoint on an L2Bridge network (cbr0)",
+        modes=("kernelspace",),
+    ),
+    FlagSpec(
+        "forward-healthcheck-vip",
+        "winkernel.forwardHealthCheckVip",
+        "bool",
+        "kernelspace mode: forward health checks of load-balancer IPs to the root endpoint",
+        modes=("kernelspace",),
+    ),
     FlagSpec("v", "logging.verbosity", "uint32", "log verbosity", wins_over_file=True),
     FlagSpec(
         "vmodule",

@@ -17,6 +17,9 @@ class ProxyMode(StrEnum):
     IPVS = "ipvs"
     # Ours: socket-level load balancing in BPF beside nftables mode's tables.
     EBPF = "ebpf"
+    # Upstream's Windows mode: HNS load balancers (issue 26); runs on Windows only,
+    # renders and explains anywhere.
+    KERNELSPACE = "kernelspace"
 
     @property
     def nftables_rules(self) -> bool:

@@ -7,7 +7,8 @@ reads flags or the environment after start-up. Defaults match upstream kube-prox
 the error every configuration problem is reported as; :func:`parse_cidrs`,
 :func:`detect_families` and :func:`default_hostname` the values the file leaves to the node;
 :func:`conntrack_settings` the ``conntrack:`` section as :mod:`kubeproxy.dataplane.sysctl`
-takes it.
+takes it; :class:`WinkernelSettings` (:func:`winkernel_settings`) the ``winkernel:``
+section as kernelspace mode uses it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ from dataclasses import dataclass, field
 
 from kubeproxy.config.duration import Duration
 from kubeproxy.config.modes import ProxyMode
-from kubeproxy.config.types import KubeProxyConntrackConfiguration
+from kubeproxy.config.types import (
+    KubeProxyConfiguration,
+    KubeProxyConntrackConfiguration,
+)
 from kubeproxy.dataplane.sysctl import ConntrackSettings
 from kubeproxy.model.nodeports import NodePortAddresses
 from kubeproxy.model.plan import DetectLocal
@@ -47,6 +51,40 @@ class IpvsSettings:
     tcp_timeout: int = 0
     tcp_fin_timeout: int = 0
     udp_timeout: int = 0
+
+
+@dataclass(frozen=True)
+class WinkernelSettings:
+    """The ``winkernel:`` section as kernelspace mode uses it (validated by
+    kubeproxy.config.validation): the HNS network's name (the section's, else env
+    ``KUBE_NETWORK``, as upstream), the source VIP, DSR, the root namespace's HNS
+    endpoint (upstream's flag default ``cbr0``) and health-check forwarding."""
+
+    network_name: str = ""
+    source_vip: str = ""
+    enable_dsr: bool = False
+    root_hns_endpoint_name: str = "cbr0"
+    forward_health_check_vip: bool = False
+    # render only (ours, --hns-state): a file describing the node's HNS, rendered
+    # against instead of the machine's (kubeproxy.dataplane.hns.fake.load_state).
+    hns_state: str = ""
+
+
+def winkernel_settings(
+    cfg: KubeProxyConfiguration, hns_state: str | None = None, env: dict[str, str] | None = None
+) -> WinkernelSettings:
+    win = cfg.winkernel
+    if hns_state and cfg.mode != ProxyMode.KERNELSPACE:
+        raise ConfigError(f"--hns-state: only with --proxy-mode kernelspace (not {cfg.mode})")
+    environ = os.environ if env is None else env
+    return WinkernelSettings(
+        network_name=win.network_name or environ.get("KUBE_NETWORK", ""),
+        source_vip=win.source_vip,
+        enable_dsr=win.enable_dsr,
+        root_hns_endpoint_name=win.root_hns_endpoint_name or "cbr0",
+        forward_health_check_vip=win.forward_health_check_vip,
+        hns_state=hns_state or "",
+    )
 
 
 @dataclass(frozen=True)
@@ -87,6 +125,7 @@ class ProxyConfig:
     # or "nftables" (run as nftables mode); ours, --ebpf-fallback.
     ebpf_fallback: str = "none"
     bpf_cache: str = "/var/cache/kubeproxy/bpf"
+    winkernel: WinkernelSettings = field(default_factory=WinkernelSettings)
 
     def __post_init__(self) -> None:
         # A mode given as its text (an operator's value) becomes the enum, or fails here.

@@ -31,6 +31,8 @@ LINUX_PROXY_MODES = ("iptables", "ipvs", "nftables")
 # Ours (not upstream's): socket load-balancing with the nftables mode beside it, whose
 # configuration section (nftables.*) it uses.
 OUR_PROXY_MODES = ("ebpf",)
+# Upstream's Windows mode; accepted everywhere (render, explain), run only on Windows.
+WINDOWS_PROXY_MODES = ("kernelspace",)
 LOCAL_MODES = ("ClusterCIDR", "NodeCIDR", "BridgeInterface", "InterfaceNamePrefix", "")
 LOG_FORMATS = ("json", "text")
 NODE_PORT_ADDRESSES_PRIMARY = "primary"
@@ -143,7 +145,11 @@ class KubeProxyConntrackConfiguration:
 
 @dataclass(frozen=True)
 class KubeProxyWinkernelConfiguration:
-    """Windows-only settings: decoded and type-checked, otherwise ignored."""
+    """kernelspace mode (Windows, HNS): which HNS network holds the Pods (``networkName``,
+    else env ``KUBE_NETWORK``), the source VIP of load balancers on an Overlay network
+    (``sourceVip``), Direct Server Return (``enableDSR``, feature gate WinDSR), the root
+    namespace's HNS endpoint (``rootHnsEndpointName``) and whether health checks of
+    load-balancer IPs go to it (``forwardHealthCheckVip``). Other modes ignore them."""
 
     network_name: str = field(default="", metadata=_j("networkName"))
     source_vip: str = field(default="", metadata=_j("sourceVip"))

@@ -29,6 +29,7 @@ from kubeproxy.config.types import (
     LOG_FORMATS,
     NODE_PORT_ADDRESSES_PRIMARY,
     OUR_PROXY_MODES,
+    WINDOWS_PROXY_MODES,
     KubeProxyConfiguration,
     KubeProxyConntrackConfiguration,
     KubeProxyIPTablesConfiguration,
@@ -85,12 +86,14 @@ def validation_errors(cfg: KubeProxyConfiguration) -> list[FieldError]:
         errs += _ipvs(cfg.ipvs)
     elif cfg.mode in (ProxyMode.NFTABLES, ProxyMode.EBPF):
         errs += _masquerade_bit(cfg.nftables.masquerade_bit, "nftables.masqueradeBit")
+    elif cfg.mode == ProxyMode.KERNELSPACE:
+        errs += _winkernel(cfg)
     errs += _conntrack(cfg.conntrack)
     if cfg.oom_score_adj is not None and not -1000 <= cfg.oom_score_adj <= 1000:
         errs.append(
             _invalid("oomScoreAdj", cfg.oom_score_adj, "must be within the range [-1000, 1000]")
         )
-    if cfg.mode and cfg.mode not in (*LINUX_PROXY_MODES, *OUR_PROXY_MODES):
+    if cfg.mode and cfg.mode not in (*LINUX_PROXY_MODES, *OUR_PROXY_MODES, *WINDOWS_PROXY_MODES):
         errs.append(
             _invalid(
                 "mode",
@@ -154,6 +157,24 @@ def _non_negative(path: str, value: Duration | int | None) -> list[FieldError]:
     if number < 0:
         return [_invalid(path, value, "must be greater than or equal to 0")]
     return []
+
+
+def _winkernel(cfg: KubeProxyConfiguration) -> list[FieldError]:
+    """kernelspace mode's section: DSR needs the WinDSR gate, as upstream; a source VIP
+    must be an address (upstream's proxier fails at start on one that is not)."""
+    errs = []
+    win = cfg.winkernel
+    if win.enable_dsr and not effective_feature_gates(cfg).get("WinDSR", False):
+        errs.append(_invalid("winkernel.enableDSR", True, "WinDSR feature gate must be enabled"))
+    if win.source_vip and not is_ip(win.source_vip):
+        errs.append(
+            _invalid(
+                "winkernel.sourceVip",
+                win.source_vip,
+                "not a valid textual representation of an IP address",
+            )
+        )
+    return errs
 
 
 def _ipvs(ipvs: KubeProxyIPVSConfiguration) -> list[FieldError]:

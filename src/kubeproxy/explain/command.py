@@ -58,6 +58,8 @@ def _plans(snapshot: Snapshot, fam: FamilyPlan) -> list[ServicePortPlan]:
 
 def proxy_mode(config: ProxyConfig) -> str:
     """Whose rules the packet walk models (ebpf mode: nftables', then its hooks)."""
+    if config.mode == ProxyMode.KERNELSPACE:  # not nftables': say so, not model it wrong
+        raise ConfigError("kernelspace mode: explain and list --live do not model HNS yet")
     return config.mode if config.mode in (ProxyMode.IPTABLES, ProxyMode.IPVS) else "nftables"
 
 

@@ -212,6 +212,9 @@ def _parse_service(obj: Mapping[str, Any]) -> Service:
     cluster_ips = _cluster_ips(spec)
     if cluster_ips is None:  # headless
         return Service(namespace, name, ())
+    meta = _mapping(obj.get("metadata"), "metadata")
+    annotations = _mapping(meta.get("annotations"), "metadata.annotations")
+    preserve = annotations.get("preserve-destination") == "true"
 
     external_ips = tuple(
         canonical_ip(ip, f"spec.externalIPs[{i}]")
@@ -279,6 +282,7 @@ def _parse_service(obj: Mapping[str, Any]) -> Service:
                 internal_traffic_policy=itp,
                 health_check_node_port=hc_port,
                 traffic_distribution=distribution,
+                preserve_destination=preserve,
             )
         )
     return Service(namespace, name, tuple(ports))

@@ -125,6 +125,9 @@ class ServicePort:
     internal_traffic_policy: TrafficPolicy = TrafficPolicy.CLUSTER
     health_check_node_port: int = 0
     traffic_distribution: str | None = None
+    # The Service's ``preserve-destination: "true"`` annotation (kernelspace mode:
+    # NodePort and load-balancer IPs keep the VIP as destination, local endpoints only).
+    preserve_destination: bool = False
 
     @property
     def protocol(self) -> L4Protocol:
