@@ -89,6 +89,9 @@ class KernelspaceBackend(PerFamilyDriver):
     """HNS load balancers from the plan, one family at a time (see the module)."""
 
     mode = ProxyMode.KERNELSPACE
+    # A refused ServicePort is offered again at every sync (HNS has no transaction).
+    _refuser = "HNS"
+    _refused_until = "until the next sync retries it"
 
     def __init__(
         self,
@@ -232,13 +235,6 @@ class KernelspaceBackend(PerFamilyDriver):
         super()._invalidate()
         self._adoptable = None
 
-    def _isolated(self) -> dict[tuple[IPFamily, ServicePortName], str]:
-        return {
-            (family, name): why
-            for family, state in self._families.items()
-            for name, why in state.retry.items()
-        }
-
     def _report(self, plan: NodePlan, result: SyncResult) -> None:
         _, _, book = self._hns()
         result.elements = sum(
@@ -290,7 +286,7 @@ class KernelspaceBackend(PerFamilyDriver):
             try:
                 lbs = translate(port_plan, ctx) if port_plan is not None else []
             except ValueError as err:  # bad input: this Service only
-                self._refused(state, name, f"cannot translate: {err}")
+                state.retry[name] = f"cannot translate: {err}"
                 continue
             wanted[name] = {w.key: w for w in lbs}
             # Deletes first: a frontend one ServicePort leaves may be another's now.
@@ -306,9 +302,12 @@ class KernelspaceBackend(PerFamilyDriver):
                 )
             )
             if why:
-                self._refused(state, name, why)
+                state.retry[name] = why
             else:
                 state.retry.pop(name, None)
+        refused = {(fam.family, name): why for name, why in state.retry.items()}
+        planned = {(fam.family, name) for name, port in plans.items() if port is not None}
+        self._record_refused((fam.family,), refused, planned)
 
     def _apply_vip(
         self, state: FamilyState, name: ServicePortName, vip: WantedEndpoint | None
@@ -331,16 +330,6 @@ class KernelspaceBackend(PerFamilyDriver):
         if held is not None:
             book.release([held])
         return ""
-
-    def _refused(self, state: FamilyState, name: ServicePortName, why: str) -> None:
-        log.warning(
-            "%s/%s (%s): not programmed: %s",
-            name.service.namespace,
-            name.service.name,
-            state.plan.family.value,
-            why,
-        )
-        state.retry[name] = why
 
     def _apply_port(
         self, state: FamilyState, name: ServicePortName, by_key: dict[Key, WantedLoadBalancer]
