@@ -21,6 +21,7 @@ from kubeproxy.backends.nftables.proxier import NftablesBackend
 from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.bpf import build
+from kubeproxy.dataplane.bpf.libbpf import BpfError
 from kubeproxy.dataplane.bpf.socklb import (
     NONE,
     Backends,
@@ -327,6 +328,42 @@ def test_a_partial_sync_touches_only_the_changed_service_ports() -> None:
     assert table_of(kv).dump()[Frontend("10.96.0.1", 80, L4Protocol.TCP)].targets[-1] == Target(
         "10.244.2.99", 8080
     )
+
+
+class RefusingMap(FakeMap):
+    """The fake map, refusing the next ``refuse`` updates (map writes are one entry at a
+    time: what came before a refusal stays written)."""
+
+    refuse = 0
+
+    def update(self, key: bytes, value: bytes, flags: int = 0) -> None:
+        if self.refuse:
+            self.refuse -= 1
+            raise BpfError(errno.E2BIG, "update: map full")
+        super().update(key, value, flags)
+
+
+def test_a_refused_partial_map_write_is_redone_in_full_in_the_same_sync() -> None:
+    # The driver's rule for every mode: the map is read back (our record of it is
+    # unknown after a refusal) and every entry written, in the same sync.
+    kv = RefusingMap(12, 8)
+    b = backend(kv)
+    snap = snapshot(5)
+    b.sync(snap, None)
+    name = next(iter(snap.services))
+    eps = dict(snap.endpoints)
+    eps[name] = (*eps[name], Endpoint("10.244.2.99", 8080, "node-b"))
+    changed = Snapshot(snap.services, eps, NODE)
+    kv.refuse = 1
+    result = b.sync(changed, {name})
+    assert result.full and result.partial_failures == 1
+    want = {f: be for p in plans_of(changed) for f, be in socket_entries(p).items()}
+    assert table_of(kv).dump() == want
+
+
+def plans_of(snap: Snapshot) -> list[ServicePortPlan]:
+    fam = family_plans(CONFIG.planning, snap)[0]
+    return [p for p in service_port_plans(snap, fam).values() if p is not None]
 
 
 def test_a_service_port_losing_its_endpoints_leaves_the_map() -> None:

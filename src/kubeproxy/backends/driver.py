@@ -22,9 +22,9 @@
   (``_kernel_seconds``), ``render_seconds`` the rest.
 
 A mode implements the translation in units: the families it applies together
-(nftables mode programs both families in one transaction; iptables and ipvs modes one
-family at a time), and for a unit ``_holds``, ``_partial`` and ``_full``; plus
-``_invalidate`` and ``_report``.
+(nftables mode programs both families in one transaction; iptables, ipvs and
+kernelspace modes one family at a time; ebpf mode's socket map holds both), and for a
+unit ``_holds``, ``_partial`` and ``_full``; plus ``_invalidate`` and ``_report``.
 """
 
 from __future__ import annotations

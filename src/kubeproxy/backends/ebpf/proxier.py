@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Protocol
 
 from kubeproxy.backends.base import BackendError, PlannedBackend, SyncResult
+from kubeproxy.backends.driver import SyncDriver, Unit
 from kubeproxy.backends.ebpf.render import Entries, socket_entries
 from kubeproxy.backends.ebpf.teardown import SocketTeardown
 from kubeproxy.config.modes import ProxyMode
@@ -88,7 +89,10 @@ def socket_lb_opener(config: ProxyConfig) -> Callable[[], SocketLB]:
     return open_lb
 
 
-class EbpfBackend(PlannedBackend):
+class EbpfBackend(SyncDriver):
+    """The socket map is this mode's one unit on the shared sync loop (both families in
+    one map); the nftables backend it runs is the other mode's loop, on the same plan."""
+
     mode = ProxyMode.EBPF
 
     def __init__(
@@ -108,6 +112,9 @@ class EbpfBackend(PlannedBackend):
         self.map_cpu_seconds = 0.0
         # Running as nftables mode (--ebpf-fallback nftables, the hooks could not load).
         self.fallback = False
+        # This sync's map writes: UDP targets a frontend lost, what each frontend has now.
+        self._stale: list[tuple[Frontend, Target]] = []
+        self._written: dict[Frontend, tuple[Target, ...]] = {}
         self.teardown = SocketTeardown(self.destroy_stale)
 
     # -------------------------------------------------------------- lifecycle
@@ -153,31 +160,63 @@ class EbpfBackend(PlannedBackend):
     # ------------------------------------------------------------------ sync
 
     def sync_plan(self, plan: NodePlan, changed: set[ServicePortName] | None) -> SyncResult:
+        """The socket map through the driver (full or partial, invalidated on failure),
+        then nftables mode's sync of the same plan."""
         if self.fallback:
             return self.nftables.sync_plan(plan, changed)
-        lb = self.socket_lb
         started, cpu = time.perf_counter(), time.thread_time()
-        names = None if changed is None or self._programmed is None else changed
+        self._stale, self._written = [], {}
+        maps = super().sync_plan(plan, changed)
+        self.map_seconds = time.perf_counter() - started
+        self.map_cpu_seconds = time.thread_time() - cpu
+        if self._written:
+            self.teardown.submit(self._stale, self._written)
+        result = self.nftables.sync_plan(plan, changed)
+        result.full = result.full or maps.full
+        result.operations += maps.operations
+        result.elements += maps.elements
+        result.partial_failures += maps.partial_failures
+        result.apply_seconds += self.map_seconds
+        return result
+
+    # ---------------------------------------------------- the driver's unit: the map
+
+    def _units(self, plan: NodePlan) -> list[Unit]:
+        return [tuple(plan.families)]
+
+    def _holds(self, unit: Unit) -> bool:
+        return self._programmed is not None
+
+    def _partial(
+        self, plan: NodePlan, unit: Unit, changed: set[ServicePortName], result: SyncResult
+    ) -> None:
+        self._sync_map(plan, changed, result)
+
+    def _full(self, plan: NodePlan, unit: Unit, result: SyncResult) -> None:
+        self._sync_map(plan, None, result)
+
+    def _invalidate(self) -> None:
+        self._programmed = None
+
+    def _sync_map(
+        self, plan: NodePlan, names: set[ServicePortName] | None, result: SyncResult
+    ) -> None:
+        """Bring the map's entries of ``names`` (all when None) in line with the plan.
+        Map writes are one entry at a time, not a transaction: after a failure the map
+        is read back before the next write (our record of it is unknown)."""
+        lb = self.socket_lb
         try:
             if self._programmed is None:
                 self._programmed = lb.services.dump()
             touched = self._want(plan, names)
-            stale: list[tuple[Frontend, Target]] = []
-            written: dict[Frontend, tuple[Target, ...]] = {}
-            operations = self._write(lb.services, self._programmed, touched, stale, written)
+            result.operations += self._write(
+                lb.services, self._programmed, touched, self._stale, self._written
+            )
             lb.attach()
         except Exception:
             self._programmed = None
             raise
-        seconds = self.map_seconds = time.perf_counter() - started
-        self.map_cpu_seconds = time.thread_time() - cpu
-        if written:
-            self.teardown.submit(stale, written)
-        result = self.nftables.sync_plan(plan, changed)
-        result.operations += operations
-        result.elements += sum(1 + len(b.targets) for b in self._programmed.values())
-        result.apply_seconds += seconds
-        return result
+        result.elements = sum(1 + len(b.targets) for b in self._programmed.values())
 
     def _want(self, plan: NodePlan, names: Iterable[ServicePortName] | None) -> set[Frontend]:
         """Update the wanted entries of ``names`` (all when None); the frontends touched."""
