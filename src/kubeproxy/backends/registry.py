@@ -192,6 +192,18 @@ def _inspect_ipvs() -> Inspector:
     return INSPECTOR
 
 
+def _inspect_kernelspace() -> Inspector:
+    from kubeproxy.backends.kernelspace.inspect import INSPECTOR
+
+    return INSPECTOR
+
+
+def _inspect_kernelspace_node(config: ProxyConfig, live: bool) -> Inspector:
+    from kubeproxy.backends.kernelspace.inspect import for_config
+
+    return for_config(config, live=live)
+
+
 # What explain and list know of each mode. ebpf mode: the packets its socket hooks
 # leave alone meet nftables mode's rules (the hooks are kubeproxy.explain.socket_hooks').
 INSPECTORS: dict[ProxyMode, Callable[[], Inspector]] = {
@@ -199,6 +211,13 @@ INSPECTORS: dict[ProxyMode, Callable[[], Inspector]] = {
     ProxyMode.IPTABLES: _inspect_iptables,
     ProxyMode.IPVS: _inspect_ipvs,
     ProxyMode.EBPF: _inspect_nftables,
+    ProxyMode.KERNELSPACE: _inspect_kernelspace,
+}
+
+# Modes whose answers depend on the node beyond the plan (kernelspace: its HNS network),
+# made per command from the configuration (and ``--live``).
+NODE_INSPECTORS: dict[ProxyMode, Callable[[ProxyConfig, bool], Inspector]] = {
+    ProxyMode.KERNELSPACE: _inspect_kernelspace_node,
 }
 
 
@@ -208,6 +227,16 @@ def inspector(mode: str) -> Inspector:
         return INSPECTORS[ProxyMode(mode)]()
     except (KeyError, ValueError):
         raise ValueError(f"unknown proxy mode {mode!r} (known: {', '.join(INSPECTORS)})") from None
+
+
+def node_inspector(mode: str, config: ProxyConfig, *, live: bool = False) -> Inspector:
+    """The inspector of ``mode`` for the node ``config`` describes (:data:`NODE_INSPECTORS`;
+    every other mode's answers need nothing of the node: :func:`inspector`)."""
+    try:
+        made = NODE_INSPECTORS.get(ProxyMode(mode))
+    except ValueError:
+        made = None
+    return made(config, live) if made is not None else inspector(mode)
 
 
 def cleanups(

@@ -358,7 +358,7 @@ class KernelspaceBackend(PerFamilyDriver):
                     remote.append(ep.ip)
             if not ids:
                 raise HnsError("; ".join(skipped) or "no endpoint", operation="create_endpoint")
-            doc = _document(want, ids)
+            doc = document(want, ids)
             adopted = (self._adoptable or {}).pop(want.key, None) if old is None else None
             target = old.id if old is not None else adopted
             self._clear_stale(hns, want.key)
@@ -448,7 +448,8 @@ def cleanup(hns: Hns) -> list[str]:
     return removed
 
 
-def _document(want: WantedLoadBalancer, endpoint_ids: list[str]) -> LoadBalancer:
+def document(want: WantedLoadBalancer, endpoint_ids: list[str]) -> LoadBalancer:
+    """The HCN document of ``want`` with these endpoints."""
     mapping = PortMapping(
         protocol=want.protocol,
         internal_port=want.internal_port,
