@@ -216,6 +216,8 @@ def test_list_serves_kernelspace(capsys: pytest.CaptureFixture[str], manifests: 
     rows = {r["frontend"]: r for r in json.loads(capsys.readouterr().out)}
     assert {"10.96.0.10:80", "5.6.7.8:80", "7.7.7.7:80", "*:30080"} <= set(rows)
     assert rows["*:30080"]["endpoints"]["used"] == 1
+    # No endpoint (here): no load balancer, so no DROP / REJECT as in the Linux modes.
+    assert (rows["10.96.0.30:80"]["verdict"], rows["*:30040"]["verdict"]) == ("NONE", "NONE")
     assert cli.main(["list", *FLAGS, "--manifests", manifests, "-o", "wide"]) == 0
     assert "DNAT(2)" in capsys.readouterr().out
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kubeproxy.backends.inspection import Inspector, KernelObject, LiveKernel, node_addresses
-from kubeproxy.backends.registry import node_inspector
+from kubeproxy.backends.registry import inspector, node_inspector
 from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.runtime import ConfigError, ProxyConfig
 from kubeproxy.dataplane.bpf.socklb import pinned_entry, unlinked_hooks
@@ -216,7 +216,10 @@ def list_live(
                     drift += _socket_drift(
                         config, socket_hooks.through_hooks(mine, fam, snapshot.endpoints)
                     )
-                r = row(plan, frontend, snapshot.endpoints, snapshot.node.name)
+                r = row(
+                    plan, frontend, snapshot.endpoints, snapshot.node.name,
+                    untouched=mode.rules.load_balancers is not None,
+                )  # fmt: skip
                 out.append((frontend.kind, replace(r, drift=tuple(drift))))
     kernel_only: list[str] = []
     if whole:
@@ -237,7 +240,9 @@ def list_frontends(
     """Every frontend's row, of the Services in ``namespace`` named ``names`` (see
     :func:`~kubeproxy.explain.listing.select`)."""
     out: list[Row] = []
+    # A mode of load balancers (kernelspace) makes none for a frontend without endpoints.
+    untouched = inspector(proxy_mode(config)).rules.load_balancers is not None
     for fam in family_plans(config.planning, snapshot):
         plans = select(_plans(snapshot, fam), namespace, names)
-        out.extend(rows(plans, snapshot.endpoints, snapshot.node.name))
+        out.extend(rows(plans, snapshot.endpoints, snapshot.node.name, untouched=untouched))
     return out
