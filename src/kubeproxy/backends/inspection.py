@@ -1,8 +1,9 @@
 """What ``explain`` and ``list`` need to know of a proxy mode, as each mode states it.
 
 Each mode's package holds its own knowledge in an ``inspect`` module (nftables,
-iptables, ipvs) implementing :class:`Inspector`; the registry
-(:func:`kubeproxy.backends.registry.inspector`) finds it. explain's engine
+iptables, ipvs, kernelspace) implementing :class:`Inspector`; the registry
+(:func:`kubeproxy.backends.registry.inspector`; kernelspace's, which needs the node's HNS
+network, :func:`~kubeproxy.backends.registry.node_inspector`) finds it. explain's engine
 (:mod:`kubeproxy.explain.packet`) is mode-free: where the modes' rules treat a packet
 differently (upstream's differences, not ours), it reads the mode's
 :class:`PacketRules`; what implements an answer in the kernel, and what the kernel

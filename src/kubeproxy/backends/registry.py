@@ -5,7 +5,8 @@ function removing what that mode ever created, and :func:`cleanup_all` runs them
 upstream's ``kube-proxy --cleanup`` clears every mode whatever the current one.
 :data:`COMPOSES` names the modes a mode runs inside itself (ebpf mode runs nftables').
 :data:`INSPECTORS` maps each mode to what ``explain`` and ``list`` know of it
-(:mod:`kubeproxy.backends.inspection`). Factories import their backend when called:
+(:mod:`kubeproxy.backends.inspection`); :data:`NODE_INSPECTORS` the modes whose answers
+also need the node (kernelspace: its HNS network). Factories import their backend when called:
 importing the registry loads no backend, and no backend imports the registry.
 """
 

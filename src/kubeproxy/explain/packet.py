@@ -20,13 +20,16 @@ walks the same decisions the rules make, in the same order:
 5. **Nothing matched** — why not (a near miss: other port, not a NodePort address...),
    and in nftables mode the ClusterIP and service-range checks (REJECT / DROP).
 
-Where the proxy modes differ (``mode``: ``nftables``, ``iptables`` or ``ipvs``), the
-difference is upstream's, the reason says so, and the mode states it in its
-:class:`~kubeproxy.backends.inspection.PacketRules` (this module compares no mode
-name). ipvs mode (:func:`_decide_virtual_server`) has no short-circuit and no DROP for
+Where the proxy modes differ (``mode``: ``nftables``, ``iptables``, ``ipvs`` or
+``kernelspace``), the difference is upstream's, the reason says so, and the mode states
+it in its :class:`~kubeproxy.backends.inspection.PacketRules` (this module compares no
+mode name). ipvs mode (:func:`_decide_virtual_server`) has no short-circuit and no DROP for
 Local policies: a virtual server's real servers are the route's endpoints, or the
 cluster-wide ones when a Local policy has none on this node (kubernetes#97081); without
-any it refuses; its masquerading follows its ipsets.
+any it refuses; its masquerading follows its ipsets. kernelspace mode
+(:func:`_decide_load_balancer`, Windows' HNS) meets the load balancer the mode's own
+translation makes for the frontend (``PacketRules.load_balancers``), or none: upstream
+makes none without endpoints, so HNS leaves the packet alone (``NONE``).
 
 The result is an :class:`Explanation`: data for
 the text and JSON printers (:mod:`kubeproxy.explain.output`) and for the mode's kernel
