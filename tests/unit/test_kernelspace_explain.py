@@ -239,6 +239,14 @@ def test_explain_needs_the_network_off_windows(
     assert "give --hns-state FILE (off Windows)" in capsys.readouterr().err
 
 
+def test_overlay_needs_a_source_vip(capsys: pytest.CaptureFixture[str], manifests: str) -> None:
+    """As the backend refuses to start: nothing would be programmed to explain."""
+    argv = [*FLAGS[:-2], "--manifests", manifests, "--src", "1.2.3.4", "--dst", "10.96.0.10"]
+    with pytest.raises(SystemExit, match="2"):
+        cli.main(["explain", *argv, "--port", "80"])
+    assert "an Overlay network needs --source-vip" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("command", ["list", "explain"])
 def test_live_is_refused_off_windows(
     capsys: pytest.CaptureFixture[str], manifests: str, command: str

@@ -297,6 +297,11 @@ def for_config(config: ProxyConfig, *, live: bool = False) -> KernelspaceInspect
         )
     except HnsError as err:
         raise ConfigError(f"kernelspace mode: HNS network {name!r}: {err}") from None
+    if network.is_overlay and not win.source_vip:
+        # As the backend's start: the proxy would program nothing to explain.
+        raise ConfigError(
+            "kernelspace mode: an Overlay network needs --source-vip (winkernel.sourceVip)"
+        )
     return KernelspaceInspector(HnsNode(config, network, root, hns if live else None))
 
 
