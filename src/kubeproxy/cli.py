@@ -30,7 +30,7 @@ import yaml
 from kubeproxy import __version__, logs
 from kubeproxy.app import Proxy, ServerBindError, install_signal_handlers
 from kubeproxy.backends.base import BackendError, owned_by
-from kubeproxy.backends.kernelspace.render import add_render_flags
+from kubeproxy.backends.kernelspace.render import add_hns_state_flag, add_render_flags
 from kubeproxy.backends.registry import (
     BACKENDS,
     COMPOSES,
@@ -62,15 +62,14 @@ from kubeproxy.config.validation import validate
 from kubeproxy.dataplane.conntrack import ConntrackCommand
 from kubeproxy.dataplane.iptables.cleanup import KeepMap
 from kubeproxy.dataplane.sysctl import apply_conntrack_sysctls
+from kubeproxy.explain.cli import add_explain_parser, add_list_parser, run_explain, run_list
 from kubeproxy.logs import bounded
 from kubeproxy.metrics import Metrics
 from kubeproxy.model.events import dispatch
-from kubeproxy.model.fate import Origin, Packet
 from kubeproxy.model.nodeports import NodePortAddresses
 from kubeproxy.model.plan import DetectLocal, LocalMode
 from kubeproxy.model.planning import describe_node
 from kubeproxy.model.state import ProxyState, Snapshot
-from kubeproxy.model.types import L4Protocol
 from kubeproxy.oom import apply_oom_score_adj
 from kubeproxy.profiling import start_heap_tracing
 from kubeproxy.sources import Source, initial_state
@@ -226,67 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
         "NodePorts and EndpointSlices computed for a --manifests directory) as a List",
     )
 
-    explain = sub.add_parser(
-        "explain",
-        help="why a packet goes where: the Service, endpoints, masquerade, DROP/REJECT, "
-        "and the kernel objects; touches nothing",
-    )
-    _add_proxy_flags(explain)
-    _add_request_timeout(explain)
-    explain.add_argument("--src", required=True, help="the packet's source IP")
-    explain.add_argument("--dst", required=True, help="the packet's destination IP")
-    explain.add_argument("--port", required=True, type=int, help="the destination port")
-    explain.add_argument(
-        "--protocol", type=str.upper, choices=[p.value for p in L4Protocol], default="TCP"
-    )
-    explain.add_argument(
-        "--origin",
-        choices=[o.value for o in Origin],
-        help="where the packet comes from (default: inferred from --src as the rules "
-        "classify it: a local Pod by --detect-local-mode, this node by its addresses)",
-    )
-    explain.add_argument(
-        "--in-interface",
-        help="the interface the packet arrives on (for --detect-local-mode "
-        "BridgeInterface / InterfaceNamePrefix)",
-    )
-    explain.add_argument(
-        "--live",
-        action="store_true",
-        help="also read this node's addresses and the kernel's rules, and report drift; "
-        "without --proxy-mode, in the mode running here (the running proxy's /proxyMode, "
-        "else the rules the kernel holds)",
-    )
-    explain.add_argument("-o", "--output", choices=("text", "json"), default="text")
-
-    listing = sub.add_parser(
-        "list", help="every frontend (ClusterIP, NodePort, external, LB) and its endpoints"
-    )
-    _add_proxy_flags(listing)
-    _add_request_timeout(listing)
-    listing.add_argument(
-        "-o",
-        "--output",
-        choices=("text", "wide", "json"),
-        default="text",
-        help="wide and json name every endpoint: address, node, zone, ready / serving / "
-        "terminating, on this node or not, used by the frontend or not",
-    )
-    listing.add_argument(
-        "-n",
-        "--namespace",
-        help="only Services in this namespace (default: every namespace)",
-    )
-    listing.add_argument(
-        "names", nargs="*", metavar="NAME", help="only the Services of these names"
-    )
-    listing.add_argument(
-        "--live",
-        action="store_true",
-        help="also read what this node's kernel holds for every frontend and mark drift "
-        "(without --proxy-mode, in the mode running here, as explain --live); without -n "
-        "or names, also the rules no Service explains; exit status 1 on any drift",
-    )
+    for add in (add_explain_parser, add_list_parser):
+        command = add(sub)
+        _add_proxy_flags(command)
+        _add_request_timeout(command)
+        add_hns_state_flag(command)
 
     cleanup = sub.add_parser(
         "cleanup", help="remove everything kubeproxy created, and nothing else"
@@ -550,60 +493,6 @@ async def _snapshot(
     return snapshot
 
 
-def _packet(args: argparse.Namespace) -> Packet:
-    try:
-        src, dst = (str(ipaddress.ip_address(a)) for a in (args.src, args.dst))
-    except ValueError as err:
-        raise ConfigError(f"--src/--dst: {err}") from None
-    if not 0 < args.port < 65536:
-        raise ConfigError(f"--port: {args.port} is not a port number")
-    return Packet(src, dst, args.port, L4Protocol(args.protocol), args.in_interface)
-
-
-def _explain(config: ProxyConfig, snapshot: Snapshot, args: argparse.Namespace) -> int:
-    # Imported here: `run` does not need them (about 0.1 s of its start).
-    from kubeproxy.explain import output
-    from kubeproxy.explain.command import explain_packet
-
-    origin = Origin(args.origin) if args.origin else None
-    done = explain_packet(config, snapshot, _packet(args), origin=origin, live_check=args.live)
-    if args.output == "json":
-        data = output.as_dict(done.result, done.objects, done.drift)
-        sys.stdout.write(json.dumps(data, indent=2) + "\n")
-    else:
-        sys.stdout.write(output.as_text(done.result, done.objects, done.drift))
-    return 1 if done.drift else 0
-
-
-def _list(config: ProxyConfig, snapshot: Snapshot, args: argparse.Namespace) -> int:
-    from kubeproxy.explain import listing
-    from kubeproxy.explain.command import list_frontends
-
-    fmt = args.output
-    if not args.live:
-        listed = list_frontends(config, snapshot, args.namespace, args.names)
-        if fmt == "json":
-            sys.stdout.write(json.dumps([r.as_dict() for r in listed], indent=2) + "\n")
-        else:
-            sys.stdout.write(listing.table(listed, wide=fmt == "wide"))
-        return 0
-    from kubeproxy.explain.command import list_live, proxy_mode
-
-    listed, kernel_only = list_live(config, snapshot, args.namespace, args.names)
-    mode = proxy_mode(config) if config.mode != ProxyMode.EBPF else "ebpf"
-    if fmt == "json":
-        data = {
-            "mode": mode,
-            "frontends": [r.as_dict() for r in listed],
-            "kernelOnly": kernel_only,
-        }
-        sys.stdout.write(json.dumps(data, indent=2) + "\n")
-    else:
-        sys.stdout.write(listing.table(listed, wide=fmt == "wide"))
-        sys.stdout.write(listing.drift_report(listed, kernel_only, mode))
-    return 1 if kernel_only or any(r.drift for r in listed) else 0
-
-
 async def _render(config: ProxyConfig, source: Source, fmt: str, *, guessed: bool) -> int:
     snapshot = await _snapshot(config, source, guessed=guessed)
     if fmt == "json" and config.mode != ProxyMode.KERNELSPACE:  # its render is JSON
@@ -754,8 +643,8 @@ def main(argv: list[str] | None = None) -> int:
                 _snapshot(config, source, guessed=guessed, live=getattr(args, "live", False))
             )
             if args.command == "list":
-                return _list(config, snapshot, args)
-            return _explain(config, snapshot, args)
+                return run_list(config, snapshot, args)
+            return run_explain(config, snapshot, args)
         except ConfigError as err:
             parser.error(str(err))
         except SourceError as err:

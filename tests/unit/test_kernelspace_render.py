@@ -145,15 +145,6 @@ def test_kernelspace_flags_are_ignored_in_other_modes(capsys: pytest.CaptureFixt
     assert "--enable-dsr is ignored in proxy mode 'nftables'" in capsys.readouterr().err
 
 
-def test_explain_says_it_does_not_model_kernelspace(capsys: pytest.CaptureFixture[str]) -> None:
-    """explain would otherwise walk nftables' rules for a mode that has none."""
-    argv = [*FLAGS[:-2], "--src", "10.244.9.9", "--dst", "10.96.0.10", "--port", "80"]
-    with pytest.raises(SystemExit) as exited:
-        cli.main(["explain", *argv])
-    assert exited.value.code == 2
-    assert "do not model HNS yet" in capsys.readouterr().err
-
-
 def test_list_serves_kernelspace(capsys: pytest.CaptureFixture[str]) -> None:
     """list (without --live) reads the plan only, the same in every mode."""
     assert cli.main(["list", *FLAGS[:-2], "-o", "json"]) == 0

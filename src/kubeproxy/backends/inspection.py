@@ -1,8 +1,9 @@
 """What ``explain`` and ``list`` need to know of a proxy mode, as each mode states it.
 
 Each mode's package holds its own knowledge in an ``inspect`` module (nftables,
-iptables, ipvs) implementing :class:`Inspector`; the registry
-(:func:`kubeproxy.backends.registry.inspector`) finds it. explain's engine
+iptables, ipvs, kernelspace) implementing :class:`Inspector`; the registry
+(:func:`kubeproxy.backends.registry.inspector`; kernelspace's, which needs the node's HNS
+network, :func:`~kubeproxy.backends.registry.node_inspector`) finds it. explain's engine
 (:mod:`kubeproxy.explain.packet`) is mode-free: where the modes' rules treat a packet
 differently (upstream's differences, not ours), it reads the mode's
 :class:`PacketRules`; what implements an answer in the kernel, and what the kernel
@@ -21,6 +22,8 @@ Services.
 from __future__ import annotations
 
 import json
+import socket
+import sys
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -38,8 +41,10 @@ class KernelObject:
 
     ``kind``: ``chain`` (``name`` is the chain), ``element`` (``name`` is the set or
     map, ``key`` and ``value`` the element), ``rule`` (``name`` is the chain, ``key`` the
-    rule's arguments), ``virtual-server`` / ``real-server`` / ``address`` (ipvs mode).
-    ``table`` is ``ip kube-proxy``, ``nat``, ``filter``, ``ipvs``, ``ipset``...
+    rule's arguments), ``virtual-server`` / ``real-server`` / ``address`` (ipvs mode),
+    ``load-balancer`` / ``endpoint`` (kernelspace mode: ``name`` the frontend, ``key``
+    its settings, ``value`` its endpoint IPs; an endpoint's IP, and what it is).
+    ``table`` is ``ip kube-proxy``, ``nat``, ``filter``, ``ipvs``, ``ipset``, ``hns``...
     """
 
     kind: str
@@ -53,6 +58,10 @@ class KernelObject:
             return f"ipvs: virtual server {self.name} {self.key}"
         if self.kind == "real-server":
             return f"ipvs: {self.name} -> {self.key} {self.value}"
+        if self.kind == "load-balancer":
+            return f"hns: load balancer {self.name} {self.key} -> {self.value}"
+        if self.kind == "endpoint":
+            return f"hns: endpoint {self.name} ({self.key})"
         if self.kind == "address":
             return f"{self.table}: address {self.name}"
         if self.kind == "chain":
@@ -79,6 +88,29 @@ class VirtualServerNames:
 
 
 @dataclass(frozen=True, slots=True)
+class HnsLoadBalancer:
+    """kernelspace mode: the HNS load balancer a frontend is, as the mode translates it."""
+
+    name: str  # "ClusterIP 10.96.0.10:80/TCP", "NodePort (node ports):30080/TCP"
+    endpoint_ips: tuple[str, ...]
+    internal_port: int  # one per load balancer (HNS): the first endpoint's
+    dsr: bool
+    source_vip: str
+    source_ip_distribution: bool  # DistributionType SourceIP (sessionAffinity ClientIP)
+
+
+@dataclass(frozen=True, slots=True)
+class LoadBalancerRules:
+    """kernelspace mode: a packet meets an HNS load balancer, or nothing (upstream makes
+    none for a frontend without endpoints). ``find``: the one of a frontend in a family
+    (None: none is made), from the mode's own translation; ``network``: what the reasons
+    call the node's HNS network."""
+
+    find: Callable[[ServicePortPlan, Frontend, FamilyPlan], HnsLoadBalancer | None]
+    network: str
+
+
+@dataclass(frozen=True, slots=True)
 class PacketRules:
     """How a mode's rules treat packets where the modes differ, and the names explain
     quotes for it. Every difference here is upstream's: each field says which."""
@@ -102,6 +134,8 @@ class PacketRules:
     health_check_accept_chain: str | None = None
     # ipvs: virtual servers and real servers instead of DNAT rules.
     virtual_servers: VirtualServerNames | None = None
+    # kernelspace: HNS load balancers instead of rules (Windows).
+    load_balancers: LoadBalancerRules | None = None
 
 
 # ------------------------------------------------------------------- reading the kernel
@@ -147,8 +181,18 @@ class KernelReader:
 
 
 def node_addresses(read: Reader = read_command, skip: str | None = None) -> frozenset[str]:
-    """Every address of this network namespace (``ip -j addr``), but ``skip``'s (a link
-    holding Service addresses, not the node's: ipvs mode's ``kube-ipvs0``)."""
+    """Every address of this network namespace (``ip -j addr``; on Windows, which has no
+    ``ip``, the interfaces' as psutil reads them), but ``skip``'s (a link holding Service
+    addresses, not the node's: ipvs mode's ``kube-ipvs0``)."""
+    if sys.platform == "win32":
+        import psutil
+
+        return frozenset(
+            a.address.split("%", 1)[0]
+            for nic in psutil.net_if_addrs().values()
+            for a in nic
+            if a.family in (socket.AF_INET, socket.AF_INET6)
+        )
     out: set[str] = set()
     for link in json.loads(read("ip", ["-j", "addr"]) or "[]"):
         if skip is not None and link.get("ifname") == skip:

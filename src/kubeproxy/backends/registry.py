@@ -5,7 +5,8 @@ function removing what that mode ever created, and :func:`cleanup_all` runs them
 upstream's ``kube-proxy --cleanup`` clears every mode whatever the current one.
 :data:`COMPOSES` names the modes a mode runs inside itself (ebpf mode runs nftables').
 :data:`INSPECTORS` maps each mode to what ``explain`` and ``list`` know of it
-(:mod:`kubeproxy.backends.inspection`). Factories import their backend when called:
+(:mod:`kubeproxy.backends.inspection`); :data:`NODE_INSPECTORS` the modes whose answers
+also need the node (kernelspace: its HNS network). Factories import their backend when called:
 importing the registry loads no backend, and no backend imports the registry.
 """
 
@@ -192,6 +193,18 @@ def _inspect_ipvs() -> Inspector:
     return INSPECTOR
 
 
+def _inspect_kernelspace() -> Inspector:
+    from kubeproxy.backends.kernelspace.inspect import INSPECTOR
+
+    return INSPECTOR
+
+
+def _inspect_kernelspace_node(config: ProxyConfig, live: bool) -> Inspector:
+    from kubeproxy.backends.kernelspace.inspect import for_config
+
+    return for_config(config, live=live)
+
+
 # What explain and list know of each mode. ebpf mode: the packets its socket hooks
 # leave alone meet nftables mode's rules (the hooks are kubeproxy.explain.socket_hooks').
 INSPECTORS: dict[ProxyMode, Callable[[], Inspector]] = {
@@ -199,6 +212,13 @@ INSPECTORS: dict[ProxyMode, Callable[[], Inspector]] = {
     ProxyMode.IPTABLES: _inspect_iptables,
     ProxyMode.IPVS: _inspect_ipvs,
     ProxyMode.EBPF: _inspect_nftables,
+    ProxyMode.KERNELSPACE: _inspect_kernelspace,
+}
+
+# Modes whose answers depend on the node beyond the plan (kernelspace: its HNS network),
+# made per command from the configuration (and ``--live``).
+NODE_INSPECTORS: dict[ProxyMode, Callable[[ProxyConfig, bool], Inspector]] = {
+    ProxyMode.KERNELSPACE: _inspect_kernelspace_node,
 }
 
 
@@ -208,6 +228,16 @@ def inspector(mode: str) -> Inspector:
         return INSPECTORS[ProxyMode(mode)]()
     except (KeyError, ValueError):
         raise ValueError(f"unknown proxy mode {mode!r} (known: {', '.join(INSPECTORS)})") from None
+
+
+def node_inspector(mode: str, config: ProxyConfig, *, live: bool = False) -> Inspector:
+    """The inspector of ``mode`` for the node ``config`` describes (:data:`NODE_INSPECTORS`;
+    every other mode's answers need nothing of the node: :func:`inspector`)."""
+    try:
+        made = NODE_INSPECTORS.get(ProxyMode(mode))
+    except ValueError:
+        made = None
+    return made(config, live) if made is not None else inspector(mode)
 
 
 def cleanups(

@@ -15,6 +15,7 @@
   drift.
 * :mod:`.output` (pure) — text and JSON for ``explain``.
 * :mod:`.running` — ``--live`` without ``--proxy-mode``: the mode running on the node.
+* :mod:`.cli` — the ``explain`` and ``list`` subcommands' arguments, run and printed.
 * :mod:`.command` — plans from configuration and snapshot, as a sync makes them; one
   packet (``explain``) or every frontend (``list``, ``list --live``).
 """

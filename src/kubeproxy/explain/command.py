@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kubeproxy.backends.inspection import Inspector, KernelObject, LiveKernel, node_addresses
-from kubeproxy.backends.registry import inspector
+from kubeproxy.backends.registry import inspector, node_inspector
 from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.runtime import ConfigError, ProxyConfig
 from kubeproxy.dataplane.bpf.socklb import pinned_entry, unlinked_hooks
@@ -56,11 +56,12 @@ def _plans(snapshot: Snapshot, fam: FamilyPlan) -> list[ServicePortPlan]:
     return [p for _, p in sorted(service_port_plans(snapshot, fam).items()) if p is not None]
 
 
+_OWN_WALK = (ProxyMode.IPTABLES, ProxyMode.IPVS, ProxyMode.KERNELSPACE)
+
+
 def proxy_mode(config: ProxyConfig) -> str:
     """Whose rules the packet walk models (ebpf mode: nftables', then its hooks)."""
-    if config.mode == ProxyMode.KERNELSPACE:  # not nftables': say so, not model it wrong
-        raise ConfigError("kernelspace mode: explain and list --live do not model HNS yet")
-    return config.mode if config.mode in (ProxyMode.IPTABLES, ProxyMode.IPVS) else "nftables"
+    return config.mode if config.mode in _OWN_WALK else "nftables"
 
 
 def _live(config: ProxyConfig, *, whole: bool = False) -> LiveKernel:
@@ -86,7 +87,7 @@ def explain_packet(
     known = frozenset(ip for ip in snapshot.node.primary_ips.values())
     node = NodeAddresses(known)
     mode = proxy_mode(config)
-    rules = inspector(mode)
+    rules = node_inspector(mode, config, live=live_check)
     kernel = _live(config)
     if live_check:
         node = NodeAddresses(known | _node_addresses(kernel, rules), complete=True)
@@ -94,7 +95,7 @@ def explain_packet(
     try:
         result = explain(
             packet, fam, _plans(snapshot, fam), snapshot.endpoints, mode=mode, node=node,
-            origin=origin, scheduler=scheduler,
+            origin=origin, scheduler=scheduler, rules=rules.rules,
         )  # fmt: skip
     except ValueError as err:
         raise ConfigError(str(err)) from None
@@ -182,7 +183,7 @@ def list_live(
 ) -> tuple[list[Row], list[str]]:
     """Every (selected) frontend's row with its drift, and, when nothing is filtered out,
     what the kernel holds that no frontend explains (see the module docstring)."""
-    mode = inspector(proxy_mode(config))
+    mode = node_inspector(proxy_mode(config), config, live=True)
     scheduler = config.ipvs.scheduler
     kernel = _live(config, whole=True)
     addresses: frozenset[str] = frozenset()
@@ -203,7 +204,7 @@ def list_live(
                 for node_ip in mode.frontend_addresses(fam, frontend, addresses):
                     result = explain_frontend(
                         plan, frontend, fam, snapshot.endpoints, mode=mode.rules.mode,
-                        node_ip=node_ip, scheduler=scheduler,
+                        node_ip=node_ip, scheduler=scheduler, rules=mode.rules,
                     )  # fmt: skip
                     objects = mode.kernel_objects(result, fam, scheduler)
                     expected.extend(objects)
@@ -215,7 +216,10 @@ def list_live(
                     drift += _socket_drift(
                         config, socket_hooks.through_hooks(mine, fam, snapshot.endpoints)
                     )
-                r = row(plan, frontend, snapshot.endpoints, snapshot.node.name)
+                r = row(
+                    plan, frontend, snapshot.endpoints, snapshot.node.name,
+                    untouched=mode.rules.load_balancers is not None,
+                )  # fmt: skip
                 out.append((frontend.kind, replace(r, drift=tuple(drift))))
     kernel_only: list[str] = []
     if whole:
@@ -236,7 +240,9 @@ def list_frontends(
     """Every frontend's row, of the Services in ``namespace`` named ``names`` (see
     :func:`~kubeproxy.explain.listing.select`)."""
     out: list[Row] = []
+    # A mode of load balancers (kernelspace) makes none for a frontend without endpoints.
+    untouched = inspector(proxy_mode(config)).rules.load_balancers is not None
     for fam in family_plans(config.planning, snapshot):
         plans = select(_plans(snapshot, fam), namespace, names)
-        out.extend(rows(plans, snapshot.endpoints, snapshot.node.name))
+        out.extend(rows(plans, snapshot.endpoints, snapshot.node.name, untouched=untouched))
     return out

@@ -149,8 +149,12 @@ def row(
     frontend: Frontend,
     endpoints: Mapping[ServicePortName, Sequence[Endpoint]],
     node_name: str,
+    *,
+    untouched: bool = False,
 ) -> Row:
-    """The row of one frontend of ``plan``."""
+    """The row of one frontend of ``plan``. ``untouched``: the mode programs nothing for
+    a frontend without endpoints, so it has no DROP/REJECT and no short-circuit
+    (kernelspace: no HNS load balancer, verdict ``NONE``)."""
     want_v6 = plan.family is IPFamily.IPv6
     eps = [ep for ep in endpoints.get(plan.name, ()) if (":" in ep.ip) is want_v6]
     svc = plan.service_port
@@ -158,8 +162,8 @@ def row(
     route = plan.internal if internal else plan.external
     assert route is not None
     used = len(route.endpoints)
-    verdict = f"DNAT({used})" if used else route.verdict.value
-    if not internal and not used and route.short_circuit:
+    verdict = f"DNAT({used})" if used else ("NONE" if untouched else route.verdict.value)
+    if not internal and not used and route.short_circuit and not untouched:
         verdict += f", pods/node: DNAT({len(route.short_circuit)})"
     return Row(
         frontend=str(frontend),
@@ -188,9 +192,16 @@ def rows(
     plans: Iterable[ServicePortPlan],
     endpoints: Mapping[ServicePortName, Sequence[Endpoint]],
     node_name: str,
+    *,
+    untouched: bool = False,
 ) -> list[Row]:
-    """One row per frontend, ClusterIPs of every ServicePort first, then the rest."""
-    out = [(f.kind, row(plan, f, endpoints, node_name)) for plan in plans for f in plan.frontends]
+    """One row per frontend, ClusterIPs of every ServicePort first, then the rest
+    (``untouched``: as :func:`row`)."""
+    out = [
+        (f.kind, row(plan, f, endpoints, node_name, untouched=untouched))
+        for plan in plans
+        for f in plan.frontends
+    ]
     out.sort(key=lambda r: sort_key(*r))
     return [r for _, r in out]
 

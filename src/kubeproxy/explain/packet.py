@@ -20,13 +20,16 @@ walks the same decisions the rules make, in the same order:
 5. **Nothing matched** — why not (a near miss: other port, not a NodePort address...),
    and in nftables mode the ClusterIP and service-range checks (REJECT / DROP).
 
-Where the proxy modes differ (``mode``: ``nftables``, ``iptables`` or ``ipvs``), the
-difference is upstream's, the reason says so, and the mode states it in its
-:class:`~kubeproxy.backends.inspection.PacketRules` (this module compares no mode
-name). ipvs mode (:func:`_decide_virtual_server`) has no short-circuit and no DROP for
+Where the proxy modes differ (``mode``: ``nftables``, ``iptables``, ``ipvs`` or
+``kernelspace``), the difference is upstream's, the reason says so, and the mode states
+it in its :class:`~kubeproxy.backends.inspection.PacketRules` (this module compares no
+mode name). ipvs mode (:func:`_decide_virtual_server`) has no short-circuit and no DROP for
 Local policies: a virtual server's real servers are the route's endpoints, or the
 cluster-wide ones when a Local policy has none on this node (kubernetes#97081); without
-any it refuses; its masquerading follows its ipsets.
+any it refuses; its masquerading follows its ipsets. kernelspace mode
+(:func:`_decide_load_balancer`, Windows' HNS) meets the load balancer the mode's own
+translation makes for the frontend (``PacketRules.load_balancers``), or none: upstream
+makes none without endpoints, so HNS leaves the packet alone (``NONE``).
 
 The result is an :class:`Explanation`: data for
 the text and JSON printers (:mod:`kubeproxy.explain.output`) and for the mode's kernel
@@ -39,7 +42,11 @@ import ipaddress
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from kubeproxy.backends.inspection import PacketRules, VirtualServerNames
+from kubeproxy.backends.inspection import (
+    HnsLoadBalancer,
+    PacketRules,
+    VirtualServerNames,
+)
 from kubeproxy.backends.registry import inspector
 from kubeproxy.model.fate import (
     Candidate,
@@ -182,8 +189,15 @@ def _why_no_hints(used: tuple[Endpoint, ...], fam: FamilyPlan) -> str:
 
 
 def selection_reasons(
-    plan: ServicePortPlan, fam: FamilyPlan, route: Route, used: tuple[Endpoint, ...]
+    plan: ServicePortPlan,
+    fam: FamilyPlan,
+    route: Route,
+    used: tuple[Endpoint, ...],
+    *,
+    affinity: bool = True,
 ) -> list[str]:
+    """Why these endpoints (``affinity``: also how ``sessionAffinity`` picks, for the
+    modes that keep its timeout)."""
     svc = plan.service_port
     sel = plan.selection
     out: list[str] = []
@@ -218,7 +232,7 @@ def selection_reasons(
         out.append(
             f"no ready endpoint {where}: serving terminating endpoints are used (graceful drain)"
         )
-    if svc.affinity_timeout is not None and used:
+    if affinity and svc.affinity_timeout is not None and used:
         out.append(
             f"sessionAffinity ClientIP ({svc.affinity_timeout}s): a client's first "
             "connection picks at random, later ones within the timeout go to the same endpoint"
@@ -503,6 +517,93 @@ def _decide_virtual_server(
     )  # fmt: skip
 
 
+def _hns_delivery(lb: HnsLoadBalancer, used: Sequence[Endpoint]) -> list[str]:
+    """How the load balancer hands the connection over: distribution, port, DSR or the
+    source VIP (as upstream's flags ask HNS; HNS's own choice is not modelled)."""
+    out = [
+        f"DNAT to one of {len(used)} endpoint(s) by HNS, each shown with probability "
+        f"1/{len(used)} (HNS's spread of connections is its own: approximate)"
+    ]
+    if lb.source_ip_distribution:
+        out.append(
+            "sessionAffinity ClientIP: DistributionType SourceIP, a client's connections "
+            "go to the same endpoint (HNS takes no timeout: upstream passes none)"
+        )
+    if any(ep.port != lb.internal_port for ep in used):
+        out.append(
+            f"HNS delivers to port {lb.internal_port} on every endpoint (one internal port "
+            "per load balancer: the first endpoint's, as upstream)"
+        )
+    if lb.dsr:
+        out.append(
+            "DSR: the endpoint answers the client directly; the client's address is kept "
+            "(not source-NATed)"
+        )
+    else:
+        out.append(
+            f"no DSR: the connection is source-NATed to the load balancer's source VIP "
+            f"{lb.source_vip} so that replies come back through it (approximate: which "
+            "connections HNS NATs is HNS's)"
+        )
+    return out
+
+
+def _decide_load_balancer(
+    ctx: _Context, plan: ServicePortPlan, frontend: Frontend, family_eps: Sequence[Endpoint]
+) -> Explanation:
+    """kernelspace mode: the HNS load balancer ``frontend`` is (the mode's translation
+    says which, and its endpoints), or none: upstream makes none without endpoints, and
+    HNS leaves the packet alone. No short-circuit, no DROP or REJECT, no source-range
+    filter (upstream's winkernel programs none)."""
+    packet, fam, src = ctx.packet, ctx.fam, ctx.src
+    hns = ctx.rules.load_balancers
+    assert hns is not None
+    mode = ctx.rules.mode
+    reasons = [src.reason, f"matches {frontend.kind.value} {frontend} of {plan.name}"]
+    if frontend.kind is FrontendKind.LOAD_BALANCER and frontend.source_ranges:
+        reasons.append(
+            f"loadBalancerSourceRanges ({', '.join(frontend.source_ranges)}) are not "
+            f"enforced: an HNS load balancer has no source filter (upstream's winkernel "
+            "programs none)"
+        )
+    internal = frontend.kind is FrontendKind.CLUSTER_IP
+    route = plan.internal if internal else plan.external
+    assert route is not None
+    kind = "internal" if internal else "external"
+    what = f"{kind}TrafficPolicy {route.policy.value}"
+    lb = hns.find(plan, frontend, fam)
+    if lb is None:
+        reasons.append(
+            f"{what} leaves it no endpoint, and upstream creates no HNS load balancer "
+            "without endpoints ('not applying any policy'): HNS does not touch the packet, "
+            f"which goes on to {packet.dst} as addressed"
+        )
+        excluded = excluded_endpoints(
+            plan, fam, family_eps, (), route.policy is TrafficPolicy.LOCAL
+        )
+        return Explanation(
+            packet, mode, src.origin, Outcome.NONE, tuple(reasons), plan, frontend, kind,
+            (), excluded,
+        )  # fmt: skip
+    reasons[1] += f": HNS load balancer {lb.name} ({hns.network})"
+    ips = set(lb.endpoint_ips)
+    used = tuple(ep for ep in route.endpoints if ep.ip in ips)
+    local_only = route.policy is TrafficPolicy.LOCAL or len(used) < len(route.endpoints)
+    scope = "this node's endpoints only" if local_only else "endpoints cluster-wide"
+    reasons.append(f"{what}: {scope}")
+    if len(used) < len(route.endpoints):
+        reasons.append("preserve-destination: the load balancer keeps this node's endpoints")
+    reasons.extend(selection_reasons(plan, fam, route, used, affinity=False))
+    reasons.extend(_hns_delivery(lb, used))
+    excluded = excluded_endpoints(plan, fam, family_eps, used, local_only)
+    masq = not lb.dsr
+    candidates = tuple(Candidate(ep, 1 / len(used), masq) for ep in used)
+    return Explanation(
+        packet, mode, src.origin, Outcome.DNAT, tuple(reasons), plan, frontend, kind,
+        candidates, excluded, masq,
+    )  # fmt: skip
+
+
 # -------------------------------------------------------------------- no match
 
 
@@ -594,6 +695,8 @@ Decide = Callable[[_Context, ServicePortPlan, Frontend, Sequence[Endpoint]], Exp
 
 
 def _decider(rules: PacketRules) -> Decide:
+    if rules.load_balancers is not None:
+        return _decide_load_balancer
     return _decide if rules.virtual_servers is None else _decide_virtual_server
 
 
@@ -614,11 +717,13 @@ def explain_frontend(
     origin: Origin = Origin.OUTSIDE,
     node_ip: str | None = None,
     scheduler: str = "rr",
+    rules: PacketRules | None = None,
 ) -> Explanation:
     """A new connection to ``frontend`` of ``plan`` from ``origin`` (``list --live``: what
     each frontend's rules are, without a packet to match). The client is allowed by the
     frontend's source ranges; a NodePort is reached on ``node_ip`` (ipvs mode has one
-    virtual server per node address)."""
+    virtual server per node address). ``rules``: the mode's, as its inspector has them
+    for this node (default: ``mode``'s)."""
     src = _OUTSIDE_CLIENT[fam.family]
     if frontend.source_ranges:
         net = ipaddress.ip_network(frontend.source_ranges[0])
@@ -626,7 +731,7 @@ def explain_frontend(
     dst = frontend.ip or node_ip or _OUTSIDE_CLIENT[fam.family]
     packet = Packet(src, dst, frontend.port, plan.service_port.protocol)
     node = NodeAddresses(frozenset({node_ip} if node_ip else ()))
-    rules = inspector(mode).rules
+    rules = rules or inspector(mode).rules
     ctx = _Context(packet, fam, rules, _classify(packet, fam, node, origin), node, scheduler)
     want_v6 = fam.family is IPFamily.IPv6
     family_eps = [ep for ep in endpoints.get(plan.name, ()) if (":" in ep.ip) is want_v6]
@@ -649,10 +754,13 @@ def explain(
     node: NodeAddresses = _UNKNOWN_NODE,
     origin: Origin | None = None,
     scheduler: str = "rr",
+    rules: PacketRules | None = None,
 ) -> Explanation:
     """The fate of ``packet``. ``plans``: every ServicePort's plan in ``fam.family``;
-    ``scheduler``: ipvs mode's ``--ipvs-scheduler``."""
-    rules = inspector(mode).rules
+    ``scheduler``: ipvs mode's ``--ipvs-scheduler``; ``rules``: the mode's, as its
+    inspector has them for this node (kernelspace: its HNS network; default:
+    ``mode``'s)."""
+    rules = rules or inspector(mode).rules
     if family_of(packet.src) is not packet.family or fam.family is not packet.family:
         raise ValueError(f"{packet.src} and {packet.dst} must both be {fam.family.value}")
     ordered = sorted(plans, key=lambda p: p.name)

@@ -38,6 +38,7 @@ from kubeproxy.backends.kernelspace.translate import (
     NodeContext,
     WantedEndpoint,
     WantedLoadBalancer,
+    node_context,
     service_vip_endpoint,
     translate,
 )
@@ -53,7 +54,7 @@ from kubeproxy.dataplane.hns import (
 )
 from kubeproxy.model.plan import FamilyPlan, ServicePortPlan
 from kubeproxy.model.planning import NodePlan
-from kubeproxy.model.types import IPFamily, ServicePortName, family_of
+from kubeproxy.model.types import IPFamily, ServicePortName
 
 log = logging.getLogger(__name__)
 
@@ -247,29 +248,8 @@ class KernelspaceBackend(PerFamilyDriver):
 
     def _context(self, fam: FamilyPlan) -> NodeContext:
         _, network, book = self._hns()
-        win = self.config.winkernel
-        node_ip = fam.node_ip or ""
-        if not node_ip and network.management_ip and family_of(network.management_ip) is fam.family:
-            node_ip = network.management_ip
-        svip = win.source_vip if win.source_vip and family_of(win.source_vip) is fam.family else ""
-        gateway = None
-        if win.forward_health_check_vip:
-            root = book.by_name(win.root_hns_endpoint_name)
-            gateway = (
-                next((ip for ip in root.ip_addresses if family_of(ip) is fam.family), None)
-                if root is not None
-                else None
-            )
-        return NodeContext(
-            network=network,
-            node_name=fam.node.name,
-            node_ip=node_ip,
-            source_vip=svip or node_ip,
-            enable_dsr=win.enable_dsr,
-            health_check_ip=gateway,
-            healthz_port=_port_of(self.config.healthz_bind_address),
-            host_mac=self.host_mac,
-        )
+        root = book.by_name(self.config.winkernel.root_hns_endpoint_name)
+        return node_context(self.config, fam, network, root, self.host_mac)
 
     def _apply(
         self,
@@ -378,7 +358,7 @@ class KernelspaceBackend(PerFamilyDriver):
                     remote.append(ep.ip)
             if not ids:
                 raise HnsError("; ".join(skipped) or "no endpoint", operation="create_endpoint")
-            doc = _document(want, ids)
+            doc = document(want, ids)
             adopted = (self._adoptable or {}).pop(want.key, None) if old is None else None
             target = old.id if old is not None else adopted
             self._clear_stale(hns, want.key)
@@ -468,7 +448,8 @@ def cleanup(hns: Hns) -> list[str]:
     return removed
 
 
-def _document(want: WantedLoadBalancer, endpoint_ids: list[str]) -> LoadBalancer:
+def document(want: WantedLoadBalancer, endpoint_ids: list[str]) -> LoadBalancer:
+    """The HCN document of ``want`` with these endpoints."""
     mapping = PortMapping(
         protocol=want.protocol,
         internal_port=want.internal_port,
@@ -488,8 +469,3 @@ def _document(want: WantedLoadBalancer, endpoint_ids: list[str]) -> LoadBalancer
 def _key_of(lb: LoadBalancer) -> Key:
     pm = lb.port_mappings[0]
     return (lb.vip, pm.protocol, pm.external_port)
-
-
-def _port_of(host_port: str, default: int = 10256) -> int:
-    _, sep, port = host_port.rpartition(":")
-    return int(port) if sep and port.isdigit() else default

@@ -30,14 +30,19 @@ from kubeproxy.dataplane.hns.fake import FakeHns
 RENDER_SEED = 0
 
 
-def add_render_flags(render: ArgumentParser) -> None:
-    """``render``'s kernelspace options: ``--hns-state``, and ``-o`` for ``--format``."""
-    render.add_argument(
+def add_hns_state_flag(command: ArgumentParser) -> None:
+    """``--hns-state`` (render, explain, list): the node's HNS, off Windows."""
+    command.add_argument(
         "--hns-state",
         metavar="FILE",
         help="kernelspace mode, off Windows: a JSON file describing the node's HNS "
-        "(network, remote subnets, endpoints, supported features) to render against",
+        "(network, remote subnets, endpoints, supported features) to answer against",
     )
+
+
+def add_render_flags(render: ArgumentParser) -> None:
+    """``render``'s kernelspace options: ``--hns-state``, and ``-o`` for ``--format``."""
+    add_hns_state_flag(render)
     render.add_argument("-o", dest="format", choices=("nft", "json", "yaml"), help=SUPPRESS)
 
 

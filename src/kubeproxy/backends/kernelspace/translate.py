@@ -36,6 +36,7 @@ import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.hns.schema import (
     PROTOCOLS,
     Distribution,
@@ -43,7 +44,10 @@ from kubeproxy.dataplane.hns.schema import (
     Network,
     PortMappingFlags,
 )
-from kubeproxy.model.plan import FrontendKind, ServicePortPlan
+from kubeproxy.dataplane.hns.schema import (
+    Endpoint as HnsEndpoint,
+)
+from kubeproxy.model.plan import FamilyPlan, FrontendKind, ServicePortPlan
 from kubeproxy.model.types import Endpoint, IPFamily, family_of
 
 # Kinds of load balancer, as logs and render name them.
@@ -64,6 +68,40 @@ class NodeContext:
     health_check_ip: str | None = None
     healthz_port: int = 10256
     host_mac: str = ""  # the MAC of the node's vNIC ("" when unknown)
+
+
+def node_context(
+    config: ProxyConfig,
+    fam: FamilyPlan,
+    network: Network,
+    root: HnsEndpoint | None,
+    host_mac: str = "",
+) -> NodeContext:
+    """The node's side of ``fam``'s translation: the sync's and ``explain``'s alike.
+    ``root``: the network's endpoint named ``--root-hnsendpoint-name`` (if any)."""
+    win = config.winkernel
+    node_ip = fam.node_ip or ""
+    if not node_ip and network.management_ip and family_of(network.management_ip) is fam.family:
+        node_ip = network.management_ip
+    svip = win.source_vip if win.source_vip and family_of(win.source_vip) is fam.family else ""
+    gateway = None
+    if win.forward_health_check_vip and root is not None:
+        gateway = next((ip for ip in root.ip_addresses if family_of(ip) is fam.family), None)
+    return NodeContext(
+        network=network,
+        node_name=fam.node.name,
+        node_ip=node_ip,
+        source_vip=svip or node_ip,
+        enable_dsr=win.enable_dsr,
+        health_check_ip=gateway,
+        healthz_port=_port_of(config.healthz_bind_address),
+        host_mac=host_mac,
+    )
+
+
+def _port_of(host_port: str, default: int = 10256) -> int:
+    _, sep, port = host_port.rpartition(":")
+    return int(port) if sep and port.isdigit() else default
 
 
 @dataclass(frozen=True, slots=True)
