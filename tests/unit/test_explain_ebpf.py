@@ -1,6 +1,6 @@
 """``explain`` in ebpf mode: what the socket hooks take, what they leave to nftables.
 
-One row per decision (:func:`kubeproxy.explain.socket_hooks.through_hooks` on top of the
+One row per decision (:func:`kubeproxy.backends.ebpf.inspect.through_hooks` on top of the
 nftables walk), the hooks' map entries it names, and ``--live``'s comparison with a
 pinned map (pure). The kernel's agreement: tests/kernel/test_ebpf.py.
 """
@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
+from kubeproxy.backends.ebpf.inspect import socket_drift, socket_objects, through_hooks
 from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.bpf.socklb import Backends, Target
 from kubeproxy.explain.command import explain_packet
 from kubeproxy.explain.packet import explain
-from kubeproxy.explain.socket_hooks import socket_drift, socket_objects, through_hooks
 from kubeproxy.model.fate import Explanation, NodeAddresses, Origin, Outcome, Packet
 from kubeproxy.model.plan import plan_service_port
 from kubeproxy.model.state import NodeState, Snapshot

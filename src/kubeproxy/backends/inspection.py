@@ -24,13 +24,14 @@ from __future__ import annotations
 import json
 import socket
 import sys
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from kubeproxy.dataplane.process import ToolError, run_tool
-from kubeproxy.model.fate import Explanation
+from kubeproxy.model.fate import Explanation, Origin
 from kubeproxy.model.plan import FamilyPlan, Frontend, ServicePortPlan
+from kubeproxy.model.types import Endpoint, ServicePortName
 
 T = TypeVar("T")
 
@@ -250,6 +251,22 @@ class Inspector(Protocol):
         own; ipvs mode has a virtual server per NodePort address)."""
         ...
 
+    def origins(self, frontend: Frontend) -> tuple[Origin, ...]:
+        """Where ``list --live`` checks ``frontend`` from: outside, and for ebpf mode
+        also this node (its socket hooks serve the node's own connections)."""
+        ...
+
+    def before_rules(
+        self,
+        result: Explanation,
+        fam: FamilyPlan,
+        endpoints: Mapping[ServicePortName, Sequence[Endpoint]],
+    ) -> Explanation:
+        """What the mode does before a packet meets its rules: ``result`` (the rules'
+        answer) as the mode's answer (ebpf mode: its socket hooks may take the
+        connection in ``connect()``)."""
+        ...
+
     def kernel_objects(
         self, result: Explanation, fam: FamilyPlan, scheduler: str = "rr"
     ) -> tuple[KernelObject, ...]:
@@ -276,3 +293,27 @@ class Inspector(Protocol):
         """What the kernel holds for a ServicePort that no plan has (``expected``: every
         frontend's :meth:`kernel_objects`)."""
         ...
+
+
+class RulesInspector:
+    """The defaults of a mode whose packets meet its rules and nothing else, checked on
+    the frontend's own address from outside (every mode but ebpf's hooks and ipvs's
+    per-address NodePorts)."""
+
+    service_address_link: str | None = None
+
+    def frontend_addresses(
+        self, fam: FamilyPlan, frontend: Frontend, node_addresses: frozenset[str]
+    ) -> tuple[str | None, ...]:
+        return (None,)
+
+    def origins(self, frontend: Frontend) -> tuple[Origin, ...]:
+        return (Origin.OUTSIDE,)
+
+    def before_rules(
+        self,
+        result: Explanation,
+        fam: FamilyPlan,
+        endpoints: Mapping[ServicePortName, Sequence[Endpoint]],
+    ) -> Explanation:
+        return result

@@ -193,6 +193,21 @@ def _inspect_ipvs() -> Inspector:
     return INSPECTOR
 
 
+def _inspect_ebpf() -> Inspector:
+    from kubeproxy.backends.ebpf.inspect import EbpfInspector
+    from kubeproxy.dataplane.bpf.socklb import DEFAULT_PIN_PATH
+
+    return EbpfInspector(DEFAULT_PIN_PATH)
+
+
+def _inspect_ebpf_node(config: ProxyConfig, live: bool) -> Inspector:
+    from pathlib import Path
+
+    from kubeproxy.backends.ebpf.inspect import EbpfInspector
+
+    return EbpfInspector(Path(config.ebpf_pin_path))
+
+
 def _inspect_kernelspace() -> Inspector:
     from kubeproxy.backends.kernelspace.inspect import INSPECTOR
 
@@ -205,19 +220,21 @@ def _inspect_kernelspace_node(config: ProxyConfig, live: bool) -> Inspector:
     return for_config(config, live=live)
 
 
-# What explain and list know of each mode. ebpf mode: the packets its socket hooks
-# leave alone meet nftables mode's rules (the hooks are kubeproxy.explain.socket_hooks').
+# What explain and list know of each mode (ebpf mode: its socket hooks, then nftables
+# mode's rules for what they leave alone).
 INSPECTORS: dict[ProxyMode, Callable[[], Inspector]] = {
     ProxyMode.NFTABLES: _inspect_nftables,
     ProxyMode.IPTABLES: _inspect_iptables,
     ProxyMode.IPVS: _inspect_ipvs,
-    ProxyMode.EBPF: _inspect_nftables,
+    ProxyMode.EBPF: _inspect_ebpf,
     ProxyMode.KERNELSPACE: _inspect_kernelspace,
 }
 
-# Modes whose answers depend on the node beyond the plan (kernelspace: its HNS network),
-# made per command from the configuration (and ``--live``).
+# Modes whose answers depend on the node beyond the plan (kernelspace: its HNS network;
+# ebpf: where its hooks' map is pinned), made per command from the configuration (and
+# ``--live``).
 NODE_INSPECTORS: dict[ProxyMode, Callable[[ProxyConfig, bool], Inspector]] = {
+    ProxyMode.EBPF: _inspect_ebpf_node,
     ProxyMode.KERNELSPACE: _inspect_kernelspace_node,
 }
 

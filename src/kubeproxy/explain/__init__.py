@@ -9,8 +9,6 @@
   back, what the kernel holds that no Service explains) is in its package:
   ``backends/<mode>/inspect.py``, behind :mod:`kubeproxy.backends.inspection` and
   found through :func:`kubeproxy.backends.registry.inspector`.
-* :mod:`.socket_hooks` (pure) — ebpf mode: whether its socket hooks take the connection (and
-  their map entries), or the nftables explanation stands.
 * :mod:`.listing` (pure) — every frontend with its policies, endpoints and (``--live``)
   drift.
 * :mod:`.output` (pure) — text and JSON for ``explain``.

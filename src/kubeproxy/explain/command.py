@@ -7,12 +7,13 @@ use; here the configuration and the snapshot become the same plans a sync progra
 or list. ``--live`` is the only side effect: it reads the node's addresses and the
 kernel's objects, through the mode's own
 :class:`~kubeproxy.backends.inspection.Inspector` (in ebpf mode also the pinned map of
-the socket hooks, :mod:`kubeproxy.explain.socket_hooks`).
+the socket hooks, :mod:`kubeproxy.backends.ebpf.inspect`).
 
 ``list --live`` (:func:`list_live`) checks every frontend the way ``explain --live``
 checks one packet's: each frontend is explained for a new connection from outside
 (:func:`~kubeproxy.explain.packet.explain_frontend`; ipvs mode: on each NodePort
-address; ebpf mode: also from this node, through the socket hooks), its kernel objects
+address; ebpf mode: also from this node, through the socket hooks: the inspector's
+``frontend_addresses`` and ``origins``), its kernel objects
 computed by the same renderers and compared with the same pure functions, the kernel
 read once for all of them (one :class:`~kubeproxy.backends.inspection.LiveKernel`).
 Unfiltered, it also reports what the kernel holds that no frontend explains.
@@ -22,18 +23,15 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from kubeproxy.backends.inspection import Inspector, KernelObject, LiveKernel, node_addresses
 from kubeproxy.backends.registry import inspector, node_inspector
 from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.runtime import ConfigError, ProxyConfig
-from kubeproxy.dataplane.bpf.socklb import pinned_entry, unlinked_hooks
 from kubeproxy.dataplane.process import ToolError
-from kubeproxy.explain import socket_hooks
 from kubeproxy.explain.listing import Row, row, rows, select, sort_key
 from kubeproxy.explain.packet import explain, explain_frontend
-from kubeproxy.model.fate import Explanation, NodeAddresses, Origin, Outcome, Packet
+from kubeproxy.model.fate import Explanation, NodeAddresses, Origin, Packet
 from kubeproxy.model.plan import FamilyPlan, FrontendKind, ServicePortPlan
 from kubeproxy.model.planning import family_plans, service_port_plans
 from kubeproxy.model.state import NodeState, Snapshot
@@ -87,7 +85,7 @@ def explain_packet(
     known = frozenset(ip for ip in snapshot.node.primary_ips.values())
     node = NodeAddresses(known)
     mode = proxy_mode(config)
-    rules = node_inspector(mode, config, live=live_check)
+    rules = node_inspector(config.mode, config, live=live_check)
     kernel = _live(config)
     if live_check:
         node = NodeAddresses(known | _node_addresses(kernel, rules), complete=True)
@@ -99,34 +97,10 @@ def explain_packet(
         )  # fmt: skip
     except ValueError as err:
         raise ConfigError(str(err)) from None
-    if config.mode == ProxyMode.EBPF:
-        result = socket_hooks.through_hooks(result, fam, snapshot.endpoints)
-    hooks = result.verdict is Outcome.SOCKET_LB
-    objects = (
-        socket_hooks.socket_objects(result)
-        if hooks
-        else rules.kernel_objects(result, fam, scheduler)
-    )
-    drift: list[str] | None = None
-    if live_check:
-        drift = [] if hooks else _drift(rules, result, fam, objects, kernel)
-        if config.mode == ProxyMode.EBPF and (hooks or result.origin is not Origin.OUTSIDE):
-            drift += _socket_drift(config, result)
+    result = rules.before_rules(result, fam, snapshot.endpoints)
+    objects = rules.kernel_objects(result, fam, scheduler)
+    drift = _drift(rules, result, fam, objects, kernel) if live_check else None
     return Explained(result, objects, drift)
-
-
-def _socket_drift(config: ProxyConfig, result: Explanation) -> list[str]:
-    """ebpf mode: the pinned map's entry for the frontend against the plan's (none
-    expected when the hooks leave the frontend to nftables)."""
-    key = socket_hooks.socket_frontend(result)
-    if key is None:
-        return []
-    pin_dir = Path(config.ebpf_pin_path)
-    try:
-        have = pinned_entry(pin_dir, key)
-    except OSError as err:
-        return [f"cannot read the socket hooks' map under {pin_dir}: {err}"]
-    return socket_hooks.socket_drift(result, have, unlinked_hooks(pin_dir))
 
 
 def _drift(
@@ -183,7 +157,7 @@ def list_live(
 ) -> tuple[list[Row], list[str]]:
     """Every (selected) frontend's row with its drift, and, when nothing is filtered out,
     what the kernel holds that no frontend explains (see the module docstring)."""
-    mode = node_inspector(proxy_mode(config), config, live=True)
+    mode = node_inspector(config.mode, config, live=True)
     scheduler = config.ipvs.scheduler
     kernel = _live(config, whole=True)
     addresses: frozenset[str] = frozenset()
@@ -201,21 +175,19 @@ def list_live(
         for plan in plans:
             for frontend in plan.frontends:
                 drift: list[str] = []
-                for node_ip in mode.frontend_addresses(fam, frontend, addresses):
-                    result = explain_frontend(
-                        plan, frontend, fam, snapshot.endpoints, mode=mode.rules.mode,
-                        node_ip=node_ip, scheduler=scheduler, rules=mode.rules,
-                    )  # fmt: skip
-                    objects = mode.kernel_objects(result, fam, scheduler)
-                    expected.extend(objects)
-                    drift += _drift(mode, result, fam, objects, kernel)
-                if config.mode == ProxyMode.EBPF and frontend.kind is not FrontendKind.NODE_PORT:
-                    mine = explain_frontend(
-                        plan, frontend, fam, snapshot.endpoints, origin=Origin.NODE
-                    )
-                    drift += _socket_drift(
-                        config, socket_hooks.through_hooks(mine, fam, snapshot.endpoints)
-                    )
+                for origin in mode.origins(frontend):
+                    for node_ip in mode.frontend_addresses(fam, frontend, addresses):
+                        result = explain_frontend(
+                            plan, frontend, fam, snapshot.endpoints, mode=mode.rules.mode,
+                            origin=origin, node_ip=node_ip, scheduler=scheduler,
+                            rules=mode.rules,
+                        )  # fmt: skip
+                        result = mode.before_rules(result, fam, snapshot.endpoints)
+                        objects = mode.kernel_objects(result, fam, scheduler)
+                        expected.extend(objects)
+                        drift += _drift(mode, result, fam, objects, kernel)
+                # One line per difference, however many origins found it.
+                drift = list(dict.fromkeys(drift))
                 r = row(
                     plan, frontend, snapshot.endpoints, snapshot.node.name,
                     untouched=mode.rules.load_balancers is not None,

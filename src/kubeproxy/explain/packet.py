@@ -50,12 +50,13 @@ from kubeproxy.backends.inspection import (
 from kubeproxy.backends.registry import inspector
 from kubeproxy.model.fate import (
     Candidate,
-    Excluded,
     Explanation,
     NodeAddresses,
     Origin,
     Outcome,
     Packet,
+    excluded_endpoints,
+    selection_reasons,
 )
 from kubeproxy.model.plan import (
     FamilyPlan,
@@ -66,7 +67,6 @@ from kubeproxy.model.plan import (
     ServicePortPlan,
     Verdict,
 )
-from kubeproxy.model.topology import TopologyMode
 from kubeproxy.model.types import (
     Endpoint,
     IPFamily,
@@ -175,99 +175,6 @@ def _matches(
 
 
 # ----------------------------------------------------------------------- routes
-
-
-def _why_no_hints(used: tuple[Endpoint, ...], fam: FamilyPlan) -> str:
-    """Which of topology's safeguards left every endpoint in (see model/topology.py)."""
-    ready = [ep for ep in used if ep.ready]
-    zone = fam.node.zone
-    if not all(ep.zone_hints for ep in ready):
-        return "not every ready endpoint has a zone hint (a change is under way)"
-    if zone is None:
-        return "this node has no topology.kubernetes.io/zone label"
-    return f"no endpoint is hinted for zone {zone} (filtering would leave none)"
-
-
-def selection_reasons(
-    plan: ServicePortPlan,
-    fam: FamilyPlan,
-    route: Route,
-    used: tuple[Endpoint, ...],
-    *,
-    affinity: bool = True,
-) -> list[str]:
-    """Why these endpoints (``affinity``: also how ``sessionAffinity`` picks, for the
-    modes that keep its timeout)."""
-    svc = plan.service_port
-    sel = plan.selection
-    out: list[str] = []
-    mode = sel.topology_mode
-    uses_cluster_set = route.policy is TrafficPolicy.CLUSTER or used == sel.cluster
-    if uses_cluster_set and mode is TopologyMode.PREFER_SAME_ZONE:
-        out.append(
-            f"topology: every ready endpoint has a zone hint and some name zone "
-            f"{fam.node.zone}: only those are used (hints from trafficDistribution or "
-            "topology-mode Auto)"
-        )
-    elif uses_cluster_set and mode is TopologyMode.PREFER_SAME_NODE:
-        out.append(
-            f"topology: every ready endpoint has a node hint and some name {fam.node.name}: "
-            "only those are used (trafficDistribution PreferSameNode)"
-        )
-    elif uses_cluster_set and used:
-        hinted = any(ep.zone_hints or ep.node_hints for ep in used)
-        if svc.traffic_distribution or hinted:
-            what = (
-                f"trafficDistribution {svc.traffic_distribution}"
-                if svc.traffic_distribution
-                else "the endpoints' hints"
-            )
-            out.append(f"topology: {what} not applied: {_why_no_hints(used, fam)}")
-    if used and all(ep.terminating for ep in used):
-        where = (
-            "on this node"
-            if route.policy is TrafficPolicy.LOCAL and used == sel.local
-            else "anywhere"
-        )
-        out.append(
-            f"no ready endpoint {where}: serving terminating endpoints are used (graceful drain)"
-        )
-    if affinity and svc.affinity_timeout is not None and used:
-        out.append(
-            f"sessionAffinity ClientIP ({svc.affinity_timeout}s): a client's first "
-            "connection picks at random, later ones within the timeout go to the same endpoint"
-        )
-    return out
-
-
-def excluded_endpoints(
-    plan: ServicePortPlan,
-    fam: FamilyPlan,
-    family_eps: Sequence[Endpoint],
-    used: tuple[Endpoint, ...],
-    local_only: bool,
-) -> tuple[Excluded, ...]:
-    chosen = set(used)
-    node = fam.node
-    any_ready = any(ep.ready for ep in family_eps)
-    out = []
-    for ep in family_eps:
-        if ep in chosen:
-            continue
-        if local_only and not ep.is_local(node.name):
-            why = f"on {ep.node_name or 'no node'}, not this node (Local traffic policy)"
-        elif not ep.ready and not (ep.serving and ep.terminating):
-            why = "terminating and not serving" if ep.terminating else "not ready"
-        elif not ep.ready:
-            why = "terminating (ready endpoints exist)" if any_ready else "terminating"
-        elif plan.selection.topology_mode is TopologyMode.PREFER_SAME_ZONE:
-            why = f"hinted for zone(s) {', '.join(sorted(ep.zone_hints))}, not {node.zone}"
-        elif plan.selection.topology_mode is TopologyMode.PREFER_SAME_NODE:
-            why = f"hinted for node(s) {', '.join(sorted(ep.node_hints))}, not {node.name}"
-        else:
-            why = "not used by this route"
-        out.append(Excluded(ep, why))
-    return tuple(out)
 
 
 def _unreachable(route: Route, what: str) -> tuple[Outcome, str]:

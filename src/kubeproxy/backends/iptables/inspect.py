@@ -19,7 +19,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Iterable, Sequence
 
-from kubeproxy.backends.inspection import KernelObject, LiveKernel, PacketRules
+from kubeproxy.backends.inspection import KernelObject, LiveKernel, PacketRules, RulesInspector
 from kubeproxy.backends.iptables import names
 from kubeproxy.backends.iptables import render as ipt
 from kubeproxy.backends.iptables.names import DISPATCH_PREFIX, ServicePortChains
@@ -180,14 +180,8 @@ def kernel_only(
     return out
 
 
-class IptablesInspector:
+class IptablesInspector(RulesInspector):
     rules = RULES
-    service_address_link = None
-
-    def frontend_addresses(
-        self, fam: FamilyPlan, frontend: Frontend, node_addresses: frozenset[str]
-    ) -> tuple[str | None, ...]:
-        return (None,)
 
     kernel_objects = staticmethod(kernel_objects)
     drift = staticmethod(drift)

@@ -23,6 +23,7 @@ from kubeproxy.backends.inspection import (
     LiveKernel,
     PacketRules,
     Reader,
+    RulesInspector,
     VirtualServerNames,
     read_command,
 )
@@ -229,7 +230,7 @@ def kernel_only(
     return ipvs_kernel_only(_view((), kernel), expected, bound)
 
 
-class IpvsInspector:
+class IpvsInspector(RulesInspector):
     rules = RULES
     service_address_link = DUMMY_DEVICE
 

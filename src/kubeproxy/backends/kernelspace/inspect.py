@@ -31,6 +31,7 @@ from kubeproxy.backends.inspection import (
     LiveKernel,
     LoadBalancerRules,
     PacketRules,
+    RulesInspector,
 )
 from kubeproxy.backends.kernelspace.proxier import document
 from kubeproxy.backends.kernelspace.translate import (
@@ -96,12 +97,10 @@ def _wanted_object(w: WantedLoadBalancer) -> KernelObject:
     return load_balancer_object(document(w, [ep.ip for ep in w.endpoints]), {})
 
 
-class KernelspaceInspector:
+class KernelspaceInspector(RulesInspector):
     """kernelspace mode's :class:`~kubeproxy.backends.inspection.Inspector` for one
     node's HNS network (None: the registry's, which can answer nothing about a load
     balancer)."""
-
-    service_address_link = None
 
     def __init__(self, node: HnsNode | None = None) -> None:
         self.node = node

@@ -31,6 +31,7 @@ from kubeproxy.backends.inspection import (
     LiveKernel,
     PacketRules,
     Reader,
+    RulesInspector,
     read_command,
 )
 from kubeproxy.backends.nftables import render as nft
@@ -335,14 +336,8 @@ def kernel_only(
     return out
 
 
-class NftablesInspector:
+class NftablesInspector(RulesInspector):
     rules = RULES
-    service_address_link = None
-
-    def frontend_addresses(
-        self, fam: FamilyPlan, frontend: Frontend, node_addresses: frozenset[str]
-    ) -> tuple[str | None, ...]:
-        return (None,)
 
     kernel_objects = staticmethod(kernel_objects)
     drift = staticmethod(drift)

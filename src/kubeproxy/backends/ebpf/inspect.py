@@ -1,33 +1,43 @@
-"""``explain`` in ebpf mode: the socket hooks, or the nftables rules they leave it to (pure).
+"""ebpf mode's knowledge for ``explain`` and ``list``: the socket hooks, or the nftables
+rules they leave a connection to (an :class:`~kubeproxy.backends.inspection.Inspector`).
 
 ebpf mode is nftables mode plus cgroup socket hooks (docs/ebpf.md), so a packet is
-first explained as nftables mode would (:func:`~kubeproxy.explain.packet.explain`), then
-:func:`through_hooks` decides whether the hooks take the connection before any packet
-exists. They do when the socket is on this node (origin: this node or a local Pod) and
-the frontend has an entry in the hooks' map — the same entries the backend writes,
-computed by its own renderer (:func:`~kubeproxy.backends.ebpf.render.socket_entries`).
-The verdict is then ``SOCKET-LB``: one of the entry's endpoints, picked in
-``connect()`` / ``sendmsg()``, never masqueraded, no DNAT. Otherwise (NodePorts, from
-outside, ``loadBalancerSourceRanges``, SCTP, no endpoints, no Service) the nftables
-explanation stands, with one more reason saying why the hooks leave it alone.
+first explained as nftables mode would (:func:`~kubeproxy.explain.packet.explain`),
+then :func:`through_hooks` (:meth:`EbpfInspector.before_rules`) decides whether the
+hooks take the connection before any packet exists. They do when the socket is on this
+node (origin: this node or a local Pod) and the frontend has an entry in the hooks' map
+(the entries the backend writes, from its own renderer
+:func:`~kubeproxy.backends.ebpf.render.socket_entries`). The verdict is then
+``SOCKET-LB``: one of the entry's endpoints, picked in ``connect()`` / ``sendmsg()``,
+never masqueraded, no DNAT. Otherwise (NodePorts, from outside,
+``loadBalancerSourceRanges``, SCTP, no endpoints, no Service) the nftables explanation
+stands, with one more reason saying why the hooks leave it alone.
 
 :func:`socket_objects` names the map entries (``kp_svc4`` / ``kp_svc6``: slot 0 the
 count and affinity timeout, slots 1..n the endpoints) that ``--live`` compares with the
-pinned map (:func:`socket_drift`).
+pinned map (:func:`socket_drift`); everything else is nftables mode's inspector's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 
 from kubeproxy.backends.ebpf.render import socket_entries
-from kubeproxy.backends.inspection import KernelObject
-from kubeproxy.dataplane.bpf.socklb import Backends, Target, supported
+from kubeproxy.backends.inspection import KernelObject, LiveKernel, RulesInspector
+from kubeproxy.backends.nftables import inspect as nftables
+from kubeproxy.dataplane.bpf.socklb import Backends, Target, pinned_entry, supported, unlinked_hooks
 from kubeproxy.dataplane.bpf.socklb import Frontend as SocketFrontend
-from kubeproxy.explain.packet import excluded_endpoints, selection_reasons
-from kubeproxy.model.fate import Candidate, Explanation, Origin, Outcome
-from kubeproxy.model.plan import FamilyPlan, FrontendKind
+from kubeproxy.model.fate import (
+    Candidate,
+    Explanation,
+    Origin,
+    Outcome,
+    excluded_endpoints,
+    selection_reasons,
+)
+from kubeproxy.model.plan import FamilyPlan, Frontend, FrontendKind, ServicePortPlan
 from kubeproxy.model.types import Endpoint, IPFamily, ServicePortName, TrafficPolicy
 
 MODE = "ebpf"
@@ -209,3 +219,69 @@ def socket_drift(result: Explanation, have: Backends, unlinked: Sequence[str]) -
             "the hooks would rewrite it"
         )
     return drift
+
+
+# ------------------------------------------------------------------- the inspector
+
+
+class EbpfInspector(RulesInspector):
+    """nftables mode's rules behind the socket hooks; ``pin_dir``: where the hooks'
+    map is pinned (``--ebpf-pin-path``), read by ``--live``."""
+
+    rules = nftables.RULES
+
+    def __init__(self, pin_dir: Path) -> None:
+        self.pin_dir = pin_dir
+
+    def origins(self, frontend: Frontend) -> tuple[Origin, ...]:
+        if frontend.kind is FrontendKind.NODE_PORT:
+            return (Origin.OUTSIDE,)  # never a socket-hook frontend
+        return (Origin.OUTSIDE, Origin.NODE)
+
+    def before_rules(
+        self,
+        result: Explanation,
+        fam: FamilyPlan,
+        endpoints: Mapping[ServicePortName, Sequence[Endpoint]],
+    ) -> Explanation:
+        return through_hooks(result, fam, endpoints)
+
+    def kernel_objects(
+        self, result: Explanation, fam: FamilyPlan, scheduler: str = "rr"
+    ) -> tuple[KernelObject, ...]:
+        if result.verdict is Outcome.SOCKET_LB:
+            return socket_objects(result)
+        return nftables.kernel_objects(result, fam, scheduler)
+
+    def drift(
+        self,
+        result: Explanation,
+        fam: FamilyPlan,
+        objects: Sequence[KernelObject],
+        kernel: LiveKernel,
+    ) -> list[str]:
+        hooks = result.verdict is Outcome.SOCKET_LB
+        drift = [] if hooks else nftables.drift(result, fam, objects, kernel)
+        if hooks or result.origin is not Origin.OUTSIDE:
+            drift += self._socket_drift(result)
+        return drift
+
+    def _socket_drift(self, result: Explanation) -> list[str]:
+        """The pinned map's entry for the frontend against the plan's (none expected
+        when the hooks leave the frontend to nftables)."""
+        key = socket_frontend(result)
+        if key is None:
+            return []
+        try:
+            have = pinned_entry(self.pin_dir, key)
+        except OSError as err:
+            return [f"cannot read the socket hooks' map under {self.pin_dir}: {err}"]
+        return socket_drift(result, have, unlinked_hooks(self.pin_dir))
+
+    def kernel_only(
+        self,
+        families: Sequence[tuple[FamilyPlan, Sequence[ServicePortPlan]]],
+        expected: Sequence[KernelObject],
+        kernel: LiveKernel,
+    ) -> list[str]:
+        return nftables.kernel_only(families, expected, kernel)
