@@ -104,6 +104,9 @@ class EbpfBackend(SyncDriver):
         self._lb: SocketLB | None = None
         # What the map holds, frontend -> endpoints (None: unknown, read it back).
         self._programmed: Entries | None = None
+        # Its slots (a count slot and one per endpoint, each entry), kept as it changes:
+        # counting them afresh walks every entry, 1-2 ms at 10,000 Services.
+        self._slots = 0
         self._wanted: dict[ServicePortName, Entries] = {}
         self._owner: dict[Frontend, ServicePortName] = {}
         # How long the last sync took to bring the map in line (its change-to-effect),
@@ -174,7 +177,7 @@ class EbpfBackend(SyncDriver):
         result = self.nftables.sync_plan(plan, changed)
         result.full = result.full or maps.full
         result.operations += maps.operations
-        result.elements += maps.elements
+        result.elements += self._slots
         result.partial_failures += maps.partial_failures
         result.apply_seconds += self.map_seconds
         return result
@@ -208,6 +211,7 @@ class EbpfBackend(SyncDriver):
         try:
             if self._programmed is None:
                 self._programmed = lb.services.dump()
+                self._slots = sum(_slots(b) for b in self._programmed.values())
             touched = self._want(plan, names)
             result.operations += self._write(
                 lb.services, self._programmed, touched, self._stale, self._written
@@ -216,7 +220,6 @@ class EbpfBackend(SyncDriver):
         except Exception:
             self._programmed = None
             raise
-        result.elements = sum(1 + len(b.targets) for b in self._programmed.values())
 
     def _want(self, plan: NodePlan, names: Iterable[ServicePortName] | None) -> set[Frontend]:
         """Update the wanted entries of ``names`` (all when None); the frontends touched."""
@@ -264,6 +267,7 @@ class EbpfBackend(SyncDriver):
             if want == have:
                 continue
             operations += table.write(frontend, want, before=have)
+            self._slots += _slots(want) - _slots(have)
             written[frontend] = want.targets
             if frontend.protocol is L4Protocol.UDP:  # TCP connections stay, as upstream's
                 kept = set(want.targets)
@@ -311,3 +315,8 @@ class EbpfBackend(SyncDriver):
             out["ebpf_socket_teardown_failures"] = stats.failures
             out["ebpf_socket_teardown_dropped"] = stats.dropped
         return out
+
+
+def _slots(entry: Backends) -> int:
+    """The map slots an entry takes (none without endpoints: no entry)."""
+    return 1 + len(entry.targets) if entry.targets else 0
