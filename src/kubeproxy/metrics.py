@@ -67,8 +67,10 @@ teardown after syncs, ``kubeproxy_ebpf_sockets_destroyed_total``,
 never looked at: see :mod:`kubeproxy.backends.ebpf.teardown`).
 
 The sync-failure counter is named per mode, as upstream (``..._nftables_sync_failures_total``
-in nftables mode, ``..._iptables_restore_failures_total`` in iptables and ipvs modes);
-the cleanup-failure counter exists in nftables mode only.
+in nftables mode, ``..._iptables_restore_failures_total`` in iptables and ipvs modes;
+ours in ebpf and kernelspace modes, ``..._ebpf_sync_failures_total`` and
+``..._kernelspace_sync_failures_total``: upstream's kernelspace mode registers no
+mode-specific metric); the cleanup-failure counter exists in nftables mode only.
 
 Ours (upstream's nftables mode has no count of what it programmed):
 ``kubeproxy_sync_proxy_rules_nftables_elements`` and ``..._nftables_chains`` (gauges,
