@@ -339,7 +339,8 @@ def proxy_config(cfg: KubeProxyConfiguration, args: argparse.Namespace) -> Proxy
         metrics_bind_address=cfg.metrics_bind_address,
         bind_address_hard_fail=cfg.bind_address_hard_fail,
         enable_profiling=cfg.enable_profiling,
-        ipvs=ipvs_settings(cfg.ipvs),
+        # Read (and validated) in ipvs mode only, as upstream's: any other mode ignores it.
+        ipvs=ipvs_settings(cfg.ipvs) if ms.mode == ProxyMode.IPVS else IpvsSettings(),
         ebpf_cgroup_path=getattr(args, "ebpf_cgroup_path", None) or "",
         ebpf_pin_path=getattr(args, "ebpf_pin_path", None) or ProxyConfig.ebpf_pin_path,
         ebpf_fallback=getattr(args, "ebpf_fallback", None) or ProxyConfig.ebpf_fallback,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 
 from tests.fuzz_objects import (
@@ -44,6 +45,17 @@ def test_bad_objects_cost_one_line_and_only_themselves(
 @given(config_document())
 def test_config_files_fail_only_with_a_config_error(text: str) -> None:
     check_config(text)
+
+
+@pytest.mark.parametrize(("mode", "outcome"), [("iptables", "accepted"), ("ipvs", "rejected")])
+def test_the_ipvs_section_is_read_in_ipvs_mode_only(mode: str, outcome: str) -> None:
+    # Found by the fuzzer: an empty excludeCIDRs entry crashed the start in iptables
+    # mode, where upstream neither validates nor reads the ipvs section.
+    text = (
+        "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n"
+        f"mode: {mode}\nipvs:\n  excludeCIDRs: ['']\n"
+    )
+    assert check_config(text) == outcome
 
 
 def test_one_bad_port_or_endpoint_rejects_only_its_big_object() -> None:
