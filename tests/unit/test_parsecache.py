@@ -3,6 +3,7 @@ cache never serves anything a fresh parse would not give."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -225,3 +226,27 @@ def _fresh(directory: Path) -> ManifestSource:
     fresh = ManifestSource(directory, raw=True)
     fresh.reload()
     return fresh
+
+
+def test_watch_writes_the_cache_after_the_first_batch(tmp_path: Path) -> None:
+    directory = tmp_path / "m"
+    populate(directory)
+    src = source(directory, tmp_path / "cache")
+    assert src.cache is not None
+    path = src.cache.path
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        batches = src.watch(stop)
+        first = await anext(batches)
+        assert first and not path.exists()  # not before the consumer had the first batch
+        (directory / "late.yaml").write_text(docs(service_obj("late")))
+        await asyncio.wait_for(anext(batches), 10)
+        assert path.exists()
+        stop.set()
+        await batches.aclose()
+
+    asyncio.run(main())
+    again = source(directory, tmp_path / "cache")
+    again.reload()
+    assert hits(again) == 5

@@ -26,6 +26,11 @@ compared; each object remembers which files define it, so the duplicate rule hol
 files come and go. A periodic full re-scan (stat calls only; a file is re-parsed only when
 its (mtime, ctime, size, inode, device) changed) is the safety net for lost events.
 
+With a :class:`~kubeproxy.sources.parsecache.ParseCache` (raw mode: ``run --manifests``),
+a file whose stamp is the one the cache has is not parsed at all: a restart parses only
+what changed. The cache is written after the first batch was consumed (never delaying
+the first sync) and then at most every ``cache_interval`` seconds, from a thread.
+
 The directory itself disappearing (deleted, renamed away, an unmounted volume) is the
 source being unavailable, not a cluster without Services: like an unreachable API server,
 it keeps the last known state, with one log line, until the directory is back (seen by
