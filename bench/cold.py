@@ -125,10 +125,15 @@ def main() -> int:
     source = timed(
         results,
         "parse cache: load",
-        lambda: StandaloneSource(directory, persist=False, cache_dir=args.cache_dir),
+        # Not passed without --cache-dir: the code before the cache has no such argument.
+        lambda: StandaloneSource(
+            directory,
+            persist=False,
+            **({"cache_dir": args.cache_dir} if args.cache_dir else {}),
+        ),
     )
     events = timed(results, "manifests: read, YAML, parse", source.reload)
-    cache = source.manifests.cache
+    cache = getattr(source.manifests, "cache", None)  # None: the code before it
     if cache is not None:
         results["parse cache: files served"] = cache.hits
         timed(results, "parse cache: write", source.manifests.save_cache)
