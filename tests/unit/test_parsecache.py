@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from kubeproxy import cli
 from kubeproxy.model.events import RawObject
 from kubeproxy.sources import manifests, parsecache
 from kubeproxy.sources.manifests import ManifestSource
 from kubeproxy.sources.parsecache import MAGIC, ParseCache
+from kubeproxy.sources.standalone import StandaloneSource
 from tests.unit.conftest import node_obj, service_obj, slice_obj
 
 LOGGER = "kubeproxy.sources.parsecache"
@@ -203,9 +205,10 @@ def test_concurrent_writers_leave_one_whole_version(tmp_path: Path) -> None:
 
     def write(i: int) -> None:
         try:
+            cache = writers[i].cache
+            assert cache is not None
             for _ in range(30):
-                assert writers[i].cache is not None
-                assert writers[i].cache.save(snapshots[i])
+                assert cache.save(snapshots[i])
         except BaseException as err:  # reported below, not lost in the thread
             errors.append(err)
 
@@ -250,3 +253,29 @@ def test_watch_writes_the_cache_after_the_first_batch(tmp_path: Path) -> None:
     again = source(directory, tmp_path / "cache")
     again.reload()
     assert hits(again) == 5
+
+
+def cli_source(*argv: str) -> StandaloneSource:
+    parsed = cli.build_parser().parse_args(list(argv))
+    cfg = cli.load_configuration(parsed)
+    made = cli.make_source(cfg, cli.proxy_config(cfg, parsed), parsed)
+    assert isinstance(made, StandaloneSource)
+    return made
+
+
+@pytest.mark.parametrize(
+    ("argv", "cached"),
+    [
+        (("run", "--manifests-cache-dir", "CACHE"), True),
+        (("run", "--manifests-cache-dir", ""), False),  # '' is none, not "."
+        (("render", "--manifests-cache-dir", "CACHE"), False),  # one-shot: writes nothing
+    ],
+)
+def test_the_flag_gives_run_its_cache(tmp_path: Path, argv: tuple[str, ...], cached: bool) -> None:
+    populate(tmp_path / "m")
+    command, *rest = (a.replace("CACHE", str(tmp_path / "cache")) for a in argv)
+    made = cli_source(
+        command, "--manifests", str(tmp_path / "m"), "--hostname-override", "n", *rest
+    )
+    assert (made.manifests.cache is not None) == cached
+    assert (tmp_path / "cache").exists() == cached
