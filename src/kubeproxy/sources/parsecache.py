@@ -50,7 +50,8 @@ from kubeproxy.model.types import NamespacedName
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DIR = Path("/var/cache/kubeproxy")
+# Beside the eBPF object cache (bpf/) and the lab's upstream builds (upstream/).
+DEFAULT_DIR = Path("/var/cache/kubeproxy/manifests")
 # Bump when what the source makes of a file changes (the loader, the unpacking of Lists).
 FORMAT = 1
 MAGIC = b"KUBEPROXY-MANIFEST-CACHE\n"
