@@ -343,7 +343,7 @@ class ManifestSource:
         """Re-scan the directory (re-parsing only changed files); the full desired state."""
         self._rescan(self._scan())
         merged: dict[ObjectKey, Model] = {}
-        for key in sorted(self._owners):
+        for key in sorted(self._owners, key=_order):
             obj = self._winner(key)
             if obj is not None:
                 merged[key] = obj
@@ -489,9 +489,9 @@ class _Stop:
 def diff(old: Mapping[ObjectKey, Model], new: Mapping[ObjectKey, Model]) -> list[Event]:
     """Watch-style events turning ``old`` into ``new``: deletes first, then adds/updates."""
     events: list[Event] = []
-    for key in sorted(old.keys() - new.keys()):
+    for key in sorted(old.keys() - new.keys(), key=_order):
         events.append(Event.deleted(old[key]))
-    for key in sorted(new.keys()):
+    for key in sorted(new.keys(), key=_order):
         before = old.get(key)
         after = new[key]
         if before is None:
@@ -499,6 +499,12 @@ def diff(old: Mapping[ObjectKey, Model], new: Mapping[ObjectKey, Model]) -> list
         elif before != after:
             events.append(Event.modified(before, after))
     return events
+
+
+def _order(key: ObjectKey) -> tuple[str, str, str]:
+    """The keys' own order (kind, namespace, name), as plain strings: NamespacedName's
+    generated comparison runs in Python, and a start sorts 20,000 keys (0.07 s to 0.02 s)."""
+    return (key[0], key[1].namespace, key[1].name)
 
 
 def _parts(path: FilePath) -> tuple[str, ...]:
