@@ -279,3 +279,15 @@ def test_the_flag_gives_run_its_cache(tmp_path: Path, argv: tuple[str, ...], cac
     )
     assert (made.manifests.cache is not None) == cached
     assert (tmp_path / "cache").exists() == cached
+
+
+def test_a_malformed_entry_is_parsed_instead(tmp_path: Path) -> None:
+    directory = tmp_path / "m"
+    populate(directory)
+    cache = ParseCache(tmp_path, os.path.abspath(directory))
+    web = os.path.abspath(directory / "web.yaml")
+    stamp = manifests._stamp(web)
+    assert stamp is not None
+    for bad in (7, (), (stamp, 7), (stamp, (("Service", "default"),))):
+        cache._entries[web] = bad  # type: ignore[assignment]
+        assert cache.get(web, stamp) is None

@@ -130,17 +130,17 @@ class ParseCache:
 
     def get(self, path: str, stamp: Stamp) -> dict[tuple[str, NamespacedName], RawObject] | None:
         """The file's objects if the cache has them for exactly this stamp."""
-        entry = self._entries.get(path)
-        if entry is None or entry[0] != stamp:
-            return None
         try:
+            entry = self._entries.get(path)
+            if entry is None or entry[0] != stamp:
+                return None
             objects = {
                 (kind, NamespacedName(namespace, name)): RawObject.from_packed(
                     kind, NamespacedName(namespace, name), packed
                 )
                 for kind, namespace, name, packed in entry[1]
             }
-        except (TypeError, ValueError):  # a malformed entry: parse the file
+        except (TypeError, ValueError, IndexError):  # a malformed entry: parse the file
             return None
         self.hits += 1
         return objects
