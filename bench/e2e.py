@@ -2,6 +2,7 @@
 
     python -m bench.e2e [--sizes 100,10000] [--sources manifests,api] [--rounds 10]
                         [--src DIR] [--out FILE] [--profile DIR]
+                        [--manifests-dir DIR] [--cache-dir DIR]
 
 (as root, from the repository root.) For each source and size, in two network namespaces
 this module creates and deletes by their own names:
@@ -304,12 +305,19 @@ def _endpoints(first: int) -> set[str]:
 
 
 class Manifests:
-    """One YAML file per Service; every write is an atomic rename into the directory."""
+    """One YAML file per Service; every write is an atomic rename into the directory.
 
-    def __init__(self, services: int) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="kpe2e-manifests-"))
-        for i in range(services):
-            self.write(i, _objects(i))
+    ``directory``: use (and keep) this one, written only if empty; a second run over it
+    is a restart (with ``--cache-dir``, a restart with a warm parse cache). The rounds
+    leave it as they found it."""
+
+    def __init__(self, services: int, directory: Path | None = None) -> None:
+        self.keep = directory is not None
+        self.dir = directory or Path(tempfile.mkdtemp(prefix="kpe2e-manifests-"))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if not any(self.dir.glob("svc-*.yaml")):
+            for i in range(services):
+                self.write(i, _objects(i))
 
     def args(self) -> list[str]:
         return ["--manifests", str(self.dir)]
@@ -331,7 +339,8 @@ class Manifests:
         return (self.dir / f"svc-{i}.yaml").unlink
 
     def close(self) -> None:
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if not self.keep:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class Api:
@@ -382,7 +391,9 @@ def run(size: Size, source: str) -> dict[str, Any]:
         open(log_path or os.devnull, "w+") if log_path else tempfile.TemporaryFile("w+") as log,
     ):
         feed: Manifests | Api = (
-            Manifests(size.services) if source == "manifests" else Api(the_lab, size.services)
+            Manifests(size.services, size.manifests_dir)
+            if source == "manifests"
+            else Api(the_lab, size.services)
         )
         try:
             return _measure(the_lab, feed, size, log)
@@ -401,6 +412,8 @@ class Size:
     src: Path  # the checkout's src directory the proxy runs from
     # The proxy's log, and py-spy's collapsed stacks of the change rounds if py-spy is there.
     profile: Path | None = None
+    manifests_dir: Path | None = None  # see Manifests
+    cache_dir: Path | None = None  # the proxy's --manifests-cache-dir (None: not passed)
 
 
 def _py_spy(pid: int, out: Path | None) -> subprocess.Popen[str] | None:
@@ -449,6 +462,11 @@ def _measure(the_lab: Lab, feed: Manifests | Api, size: Size, log: IO[str]) -> d
         "127.0.0.1:10249",
         "--v=2",
         *feed.args(),
+        *(
+            ["--manifests-cache-dir", str(size.cache_dir)]
+            if size.cache_dir is not None and isinstance(feed, Manifests)
+            else []
+        ),
     ]
     services = size.services
     last = services - 1
@@ -564,6 +582,19 @@ def main() -> int:
         help="directory for the proxy's logs, and py-spy samples of the proxy during the "
         "changes if py-spy is installed beside this Python",
     )
+    parser.add_argument(
+        "--manifests-dir",
+        type=Path,
+        default=None,
+        help="manifests: read (and keep) this directory, written only if empty",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=None,
+        help="manifests: the proxy's --manifests-cache-dir (not passed without it: the "
+        "code before the parse cache has no such flag)",
+    )
     args = parser.parse_args()
     # The proxy starts as an installed package does, from compiled bytecode (pip compiles
     # at install, the image has it); otherwise, with PYTHONDONTWRITEBYTECODE set (as on
@@ -576,7 +607,9 @@ def main() -> int:
             if args.profile is not None:
                 args.profile.mkdir(parents=True, exist_ok=True)
                 profile = args.profile / f"{source}-{size}.txt"
-            spec = Size(size, args.rounds, args.src.resolve(), profile)
+            spec = Size(
+                size, args.rounds, args.src.resolve(), profile, args.manifests_dir, args.cache_dir
+            )
             row = {"source": source, **run(spec, source)}
             rows.append(row)
             print(table([row]).splitlines()[-1], file=sys.stderr, flush=True)

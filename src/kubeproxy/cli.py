@@ -74,6 +74,7 @@ from kubeproxy.oom import apply_oom_score_adj
 from kubeproxy.profiling import start_heap_tracing
 from kubeproxy.sources import Source, initial_state
 from kubeproxy.sources.oneshot import DEFAULT_TIMEOUT, Bounded, SourceError
+from kubeproxy.sources.parsecache import DEFAULT_DIR as DEFAULT_CACHE_DIR
 from kubeproxy.sources.standalone import StandaloneSource
 
 log = logging.getLogger("kubeproxy")
@@ -108,6 +109,14 @@ def _add_proxy_flags(p: argparse.ArgumentParser) -> None:
         "directory of YAML/JSON instead of the Kubernetes API; with Pods or Services "
         "without a clusterIP, kubeproxy allocates ClusterIPs and NodePorts and computes "
         "EndpointSlices (kept in DIR/.kubeproxy-state.json)",
+    )
+    p.add_argument(
+        "--manifests-cache-dir",
+        # A string: Path("") would be ".", and "" means no cache.
+        default=str(DEFAULT_CACHE_DIR),
+        help="run --manifests: keep each file's parsed objects here, so a restart "
+        "parses only the files that changed (default %(default)s; '' to keep none; "
+        "not used when it cannot be written)",
     )
     p.add_argument(
         "--service-cluster-ip-range",
@@ -416,6 +425,10 @@ def make_source(
             service_cidrs=config.service_cidrs,
             # render touches nothing, the state file included.
             persist=args.command == "run",
+            # One-shot commands read every file once anyway, and write nothing.
+            cache_dir=Path(args.manifests_cache_dir)
+            if args.command == "run" and args.manifests_cache_dir
+            else None,
         )
     from kubeproxy.sources.kube import KubeSource
 

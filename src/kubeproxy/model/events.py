@@ -41,6 +41,20 @@ class RawObject:
         # Raises RecursionError for a document nested too deeply to pickle.
         self._packed = pickle.dumps(doc, protocol=pickle.HIGHEST_PROTOCOL)
 
+    @classmethod
+    def from_packed(cls, kind: str, key: NamespacedName, packed: bytes) -> RawObject:
+        """A compact object from its pickled document (as :attr:`packed_doc` gave it)."""
+        if not isinstance(packed, bytes):
+            raise TypeError("a pickled document is bytes")
+        obj = object.__new__(cls)
+        obj.kind, obj.key, obj._doc, obj._packed = kind, key, None, packed
+        return obj
+
+    @property
+    def packed_doc(self) -> bytes:
+        """The pickled document."""
+        return self._packed
+
     @property
     def doc(self) -> Mapping[str, Any]:
         if self._doc is not None:

@@ -11,6 +11,7 @@ turns them into completed Service / EndpointSlice events (pure), and
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 from collections.abc import AsyncGenerator, Sequence
 from pathlib import Path
@@ -20,6 +21,7 @@ from kubeproxy.controlplane.standalone import StandaloneCluster
 from kubeproxy.controlplane.statefile import Allocation, StateFile
 from kubeproxy.model.events import Event
 from kubeproxy.sources.manifests import ManifestSource
+from kubeproxy.sources.parsecache import ParseCache
 
 
 class StandaloneSource:
@@ -30,9 +32,14 @@ class StandaloneSource:
         service_cidrs: Sequence[str] = (),
         persist: bool = True,
         poll_interval: float = 1.0,
+        cache_dir: Path | None = None,
     ) -> None:
         self.directory = directory
-        self.manifests = ManifestSource(directory, poll_interval=poll_interval, raw=True)
+        # Parsed files kept in cache_dir across restarts (None: none kept).
+        cache = ParseCache.open(cache_dir, os.path.abspath(directory)) if cache_dir else None
+        self.manifests = ManifestSource(
+            directory, poll_interval=poll_interval, raw=True, cache=cache
+        )
         self.state = StateFile.beside(directory)
         self.persist = persist
         self._saved: dict[str, Allocation] = self.state.load()
