@@ -15,7 +15,8 @@ per batch and mode, and at the end a summary: states, probes, differences groupe
 kind (known ones by their id in docs/differences-from-upstream.md). A batch the
 harness cannot finish (a wait that times out, a proxy that does not start) is written
 as ``{"seeds": [...], "error": ...}``, its objects deleted and the node reset, and the
-run goes on (three in a row stop it). Exits 1 if a difference is not known. CI runs a few fixed seeds (tests/realk8s/test_differential.py).
+run goes on (three in a row stop it). Exits 1 if a difference is not known. CI runs a
+few fixed seeds (tests/realk8s/test_differential.py).
 """
 
 from __future__ import annotations
@@ -133,8 +134,8 @@ def _recover(diff: Differential, states: list[st.State]) -> None:
                 api.delete(kind, name)
         with contextlib.suppress(TimeoutError):
             wait_for(
-                lambda ns=ns: not any(
-                    api.list_of(kind, ns) for kind in ("Service", "EndpointSlice", "Pod")
+                lambda ns=ns: (
+                    not any(api.list_of(kind, ns) for kind in ("Service", "EndpointSlice", "Pod"))
                 ),
                 timeout=RECOVER_TIMEOUT,
                 what=f"seed {state.seed}'s objects gone",
