@@ -10,7 +10,7 @@ no proxy on any), then for seeds ``first-seed ...`` in batches of ``--batch`` st
 applied side by side runs :class:`kubeproxy.lab.kube.differential.run.Differential` on
 node-a: upstream kube-proxy, then kubeproxy, in each mode, every probe of the matrix.
 Writes each batch's result as a JSON line to ``DIR/results.jsonl`` (the states to
-``DIR/states-SEED.json``, the proxies' logs beside them) as it goes, prints one line
+``DIR/from-FIRST/states-SEED.json``, the proxies' logs beside them) as it goes, prints one line
 per batch and mode, and at the end a summary: states, probes, differences grouped by
 kind (known ones by their id in docs/differences-from-upstream.md). A batch the
 harness cannot finish (a wait that times out, a proxy that does not start) is written
@@ -70,7 +70,10 @@ def main() -> int:
         try:
             lab.build(NODES)
             budget = CI_BUDGET if args.budget == "ci" else None
-            diff = Differential(lab, "node-a", "df", args.out, budget=budget)
+            # The proxies' logs are numbered from 001 in each run: a run resumed with
+            # --first-seed into the same DIR must not write over an earlier one's.
+            logs = args.out / f"from-{args.first_seed}"
+            diff = Differential(lab, "node-a", "df", logs, budget=budget)
             try:
                 diff.setup()
                 failed_in_a_row = 0
