@@ -15,8 +15,10 @@ per batch and mode, and at the end a summary: states, probes, differences groupe
 kind (known ones by their id in docs/differences-from-upstream.md). A batch the
 harness cannot finish (a wait that times out, a proxy that does not start) is written
 as ``{"seeds": [...], "error": ...}``, its objects deleted and the node reset, and the
-run goes on (three in a row stop it). Exits 1 if a difference is not known. CI runs a
-few fixed seeds (tests/realk8s/test_differential.py).
+run goes on (three in a row stop it). ``touch DIR/stop`` ends the run before the next
+batch; SIGTERM or SIGINT (even in the background) end it at once, the lab torn down.
+Exits 1 if a difference is not known. CI runs a few fixed seeds
+(tests/realk8s/test_differential.py).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -65,6 +68,9 @@ def main() -> int:
     failed: list[list[int]] = []
     started = time.monotonic()
     prefix = f"kpdf{os.getpid() % 10000}"
+    # Run in the background (SIGINT ignored), it still tears the lab down when told to stop.
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     with tempfile.TemporaryDirectory(prefix="kubeproxy-differential-") as tmp:
         lab = KubeLab(prefix, Path(tmp), find())
         try:
@@ -78,6 +84,9 @@ def main() -> int:
                 diff.setup()
                 failed_in_a_row = 0
                 for i in range(0, len(seeds), args.batch):
+                    if (args.out / "stop").exists():
+                        print(f"{args.out / 'stop'} found: stopped before seed {seeds[i]}")
+                        break
                     batch = seeds[i : i + args.batch]
                     states = diff.generate(batch)
                     try:
@@ -98,6 +107,10 @@ def main() -> int:
         finally:
             lab.close()
     return _summary(results, failed, time.monotonic() - started)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def _report(result: ModeResult, out: Path, elapsed: float) -> None:
