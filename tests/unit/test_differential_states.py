@@ -4,7 +4,7 @@ import ipaddress
 
 import pytest
 
-from kubeproxy.lab.kube.differential.states import cidr_ip, service_cidrs
+from kubeproxy.lab.kube.differential.states import Slot, cidr_ip, generate, service_cidrs
 
 
 @pytest.mark.parametrize("block", range(16))
@@ -19,3 +19,14 @@ def test_a_states_service_cidrs_are_spelled_as_the_api_server_wants(block: int) 
         assert any(
             ipaddress.ip_address(ip) in ipaddress.ip_network(c) for c in service_cidrs(block)
         )
+
+
+def test_a_services_port_names_are_unique_in_every_state() -> None:
+    # Seed 1035 named two ports "p2" (a port skipped, then the same port in the other
+    # protocol named after the count) and the API server refused the Service.
+    nodes = [("node-a", "zone-a"), ("node-b", "zone-b"), ("node-c", "zone-a")]
+    slots = [Slot(f"df-{n[-1]}{i}", n) for n, _ in nodes for i in range(3)]
+    for seed in [1035, *range(200)]:
+        for svc in generate(seed, nodes, slots, "node-a").services:
+            names = [p.name for p in svc.ports]
+            assert len(names) == len(set(names)), (seed, svc.name, names)

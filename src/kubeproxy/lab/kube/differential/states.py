@@ -280,7 +280,10 @@ def _ports(rng: random.Random) -> tuple[PortState, ...]:
         first = out[0]
         other = "UDP" if first.protocol == "TCP" else "TCP"
         if not any(p.port == first.port and p.protocol == other for p in out):
-            out.append(PortState(f"p{len(out)}", other, first.port, first.target))
+            # A port skipped above leaves a gap in the names: p0, p2 and not p2 again.
+            taken = {p.name for p in out}
+            name = next(f"p{k}" for k in range(len(out), 2 * len(out) + 2) if f"p{k}" not in taken)
+            out.append(PortState(name, other, first.port, first.target))
     return tuple(out)
 
 
