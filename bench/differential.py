@@ -10,31 +10,44 @@ no proxy on any), then for seeds ``first-seed ...`` in batches of ``--batch`` st
 applied side by side runs :class:`kubeproxy.lab.kube.differential.run.Differential` on
 node-a: upstream kube-proxy, then kubeproxy, in each mode, every probe of the matrix.
 Writes each batch's result as a JSON line to ``DIR/results.jsonl`` (the states to
-``DIR/states-SEED.json``, the proxies' logs beside them) as it goes, prints one line
+``DIR/from-FIRST/states-SEED.json``, the proxies' logs beside them) as it goes, prints one line
 per batch and mode, and at the end a summary: states, probes, differences grouped by
-kind (known ones by their id in docs/differences-from-upstream.md). Exits 1 if a
-difference is not known. CI runs a few fixed seeds (tests/realk8s/test_differential.py).
+kind (known ones by their id in docs/differences-from-upstream.md). A batch the
+harness cannot finish (a wait that times out, a proxy that does not start) is written
+as ``{"seeds": [...], "error": ...}``, its objects deleted and the node reset, and the
+run goes on (three in a row stop it). ``touch DIR/stop`` ends the run before the next
+batch; SIGTERM or SIGINT (even in the background) end it at once, the lab torn down.
+Exits 1 if a difference is not known. CI runs a few fixed seeds
+(tests/realk8s/test_differential.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
+import traceback
 from collections import Counter
 from pathlib import Path
 
 from kubeproxy.lab.kube.binaries import find
-from kubeproxy.lab.kube.cluster import KubeLab
+from kubeproxy.lab.kube.cluster import KubeLab, wait_for
+from kubeproxy.lab.kube.differential import states as st
 from kubeproxy.lab.kube.differential.compare import signature
 from kubeproxy.lab.kube.differential.probes import CI_BUDGET
 from kubeproxy.lab.kube.differential.run import Differential, ModeResult
 
 ROOT = Path(__file__).resolve().parents[1]
 NODES = (("node-a", "zone-a"), ("node-b", "zone-b"), ("node-c", "zone-a"))
+# A batch the harness could not finish (a wait timed out, a proxy did not start...) is
+# recorded and skipped; this many in a row stop the run (the lab itself is broken).
+MAX_FAILED_IN_A_ROW = 3
+RECOVER_TIMEOUT = 300.0
 
 
 def main() -> int:
@@ -52,26 +65,52 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     seeds = list(range(args.first_seed, args.first_seed + args.states))
     results: list[ModeResult] = []
+    failed: list[list[int]] = []
     started = time.monotonic()
     prefix = f"kpdf{os.getpid() % 10000}"
+    # Run in the background (SIGINT ignored), it still tears the lab down when told to stop.
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)
     with tempfile.TemporaryDirectory(prefix="kubeproxy-differential-") as tmp:
         lab = KubeLab(prefix, Path(tmp), find())
         try:
             lab.build(NODES)
             budget = CI_BUDGET if args.budget == "ci" else None
-            diff = Differential(lab, "node-a", "df", args.out, budget=budget)
+            # The proxies' logs are numbered from 001 in each run: a run resumed with
+            # --first-seed into the same DIR must not write over an earlier one's.
+            logs = args.out / f"from-{args.first_seed}"
+            diff = Differential(lab, "node-a", "df", logs, budget=budget)
             try:
                 diff.setup()
+                failed_in_a_row = 0
                 for i in range(0, len(seeds), args.batch):
+                    if (args.out / "stop").exists():
+                        print(f"{args.out / 'stop'} found: stopped before seed {seeds[i]}")
+                        break
                     batch = seeds[i : i + args.batch]
-                    for result in diff.run(diff.generate(batch), modes):
-                        results.append(result)
-                        _report(result, args.out, time.monotonic() - started)
+                    states = diff.generate(batch)
+                    try:
+                        for result in diff.run(states, modes):
+                            results.append(result)
+                            _report(result, args.out, time.monotonic() - started)
+                    except Exception as err:  # the harness's, not a difference: go on
+                        failed.append(batch)
+                        failed_in_a_row += 1
+                        _failed(batch, err, args.out, time.monotonic() - started)
+                        if failed_in_a_row >= MAX_FAILED_IN_A_ROW:
+                            raise
+                        _recover(diff, states)
+                    else:
+                        failed_in_a_row = 0
             finally:
                 diff.close()
         finally:
             lab.close()
-    return _summary(results, time.monotonic() - started)
+    return _summary(results, failed, time.monotonic() - started)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def _report(result: ModeResult, out: Path, elapsed: float) -> None:
@@ -89,7 +128,38 @@ def _report(result: ModeResult, out: Path, elapsed: float) -> None:
         print("  " + d.line().replace("\n", "\n  "), flush=True)
 
 
-def _summary(results: list[ModeResult], elapsed: float) -> int:
+def _failed(batch: list[int], err: Exception, out: Path, elapsed: float) -> None:
+    """A batch the harness did not finish: its seeds and the error, in the results."""
+    text = "".join(traceback.format_exception_only(type(err), err)).strip()
+    with open(out / "results.jsonl", "a") as f:
+        f.write(json.dumps({"seeds": batch, "error": text}) + "\n")
+    print(f"[{elapsed:6.0f}s] seeds {batch[0]}-{batch[-1]} FAILED (harness): {text}", flush=True)
+    traceback.print_exc()
+
+
+def _recover(diff: Differential, states: list[st.State]) -> None:
+    """After a failed batch: its namespaces and ServiceCIDRs deleted and gone (the next
+    batch uses the same address blocks), the node reset."""
+    api = diff.api
+    for state in states:
+        ns = diff.namespace(state.seed)
+        with contextlib.suppress(Exception):
+            diff.delete(state)
+        for kind, name in (("Namespace", ns), ("ServiceCIDR", f"{ns}-cidr")):
+            with contextlib.suppress(Exception):
+                api.delete(kind, name)
+        with contextlib.suppress(TimeoutError):
+            wait_for(
+                lambda ns=ns: (
+                    not any(api.list_of(kind, ns) for kind in ("Service", "EndpointSlice", "Pod"))
+                ),
+                timeout=RECOVER_TIMEOUT,
+                what=f"seed {state.seed}'s objects gone",
+            )
+    diff.node.reset()
+
+
+def _summary(results: list[ModeResult], failed: list[list[int]], elapsed: float) -> int:
     by_mode: Counter[str] = Counter()
     probes: Counter[str] = Counter()
     kinds: Counter[tuple[str, str, str]] = Counter()
@@ -103,6 +173,8 @@ def _summary(results: list[ModeResult], elapsed: float) -> int:
         print(f"{mode}: {by_mode[mode]} states, {probes[mode]} probes")
     for (mode, known, sig), n in sorted(kinds.items()):
         print(f"  {mode} {known}: {n} x {sig}")
+    for batch in failed:
+        print(f"seeds {batch[0]}-{batch[-1]}: not finished (the harness failed; see above)")
     unstable = sum(1 for r in results if r.unstable)
     if unstable:
         print(f"{unstable} batches saw the API objects change during the runs")

@@ -43,7 +43,7 @@ from kubeproxy.logs import V2
 from kubeproxy.metrics import Metrics, MetricsServer
 from kubeproxy.model.events import Event, dispatch
 from kubeproxy.model.state import Changes, ProxyState, Snapshot
-from kubeproxy.model.types import EndpointSlice, Service, ServicePortName
+from kubeproxy.model.types import EndpointSlice, Service, ServicePortName, TrafficPolicy
 from kubeproxy.runner import BoundedFrequencyRunner, Clock, SystemClock
 from kubeproxy.sources import Source, initial_state, source_problem
 
@@ -191,9 +191,16 @@ class Proxy:
         # Kept from the changes (so a sync does not scan every Service), and here rather
         # than after a successful sync: the changes are consumed now, whatever the kernel
         # says later.
+        # Upstream (NeedsHealthCheck) asks for a LoadBalancer with externalTrafficPolicy
+        # Local, not for an address that reaches it: one with ipMode Proxy IPs and no
+        # NodePorts still has its health check (the differential test found it).
         for name in changes.service_ports:
             svc = snapshot.services.get(name)
-            if svc is not None and svc.health_check_node_port and svc.external_policy_local:
+            if (
+                svc is not None
+                and svc.health_check_node_port
+                and svc.external_traffic_policy is TrafficPolicy.LOCAL
+            ):
                 self._health_checked.add(name)
             else:
                 self._health_checked.discard(name)

@@ -228,3 +228,34 @@ def test_an_nft_that_never_answers_fails_the_sync_without_fallbacks(partial: boo
     assert fake.dump() == before  # one attempt, which changed nothing
     assert backend.sync(snapshot(web, other), None).full
     assert fake.dump() == fresh_dump(snapshot(web, other))
+
+
+def test_a_health_check_does_not_need_an_address_that_reaches_the_service() -> None:
+    """Upstream opens the health check of every LoadBalancer with externalTrafficPolicy
+    Local (NeedsHealthCheck), whatever reaches it: with no NodePorts
+    (allocateLoadBalancerNodePorts: false) and only ipMode Proxy load-balancer IPs (not
+    programmed, so no external address at all) it still answers. The differential test
+    found ours refused (bench seeds 1055 and 1058)."""
+    health = free_port()
+    port = replace(local_lb("proxied", "10.96.0.3", health).ports[0], node_port=0)
+    assert not port.externally_accessible
+    svc = Service("default", "proxied", (port,))
+    local = slice_endpoint("10.244.1.5", node="node-a")
+    p = proxy(FakeNftables())
+
+    async def scenario() -> None:
+        await p.start_servers()
+        try:
+            p.on_events(
+                [
+                    Event.added(svc),
+                    Event.added(endpoint_slice("p-1", "proxied", endpoints=(local,))),
+                ]
+            )
+            assert await p.sync()
+            assert p.servers.services is not None
+            assert set(p.servers.services.ports.values()) == {health}
+        finally:
+            await p.stop_servers()
+
+    asyncio.run(scenario())

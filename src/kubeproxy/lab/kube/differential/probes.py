@@ -209,6 +209,10 @@ def sticky_counts(probe: Probe, budget: Budget) -> Counter[str]:
     return Counter({f"distinct={len(seen)}": seen.total()})
 
 
+def _sticky_one_by_one(probes: Sequence[Probe], budget: Budget) -> dict[str, Counter[str]]:
+    return {f"{p.key} sticky": sticky_counts(p, budget) for p in probes}
+
+
 def _one_by_one(
     probes: Sequence[Probe], budget: Budget, forget: Callable[[], None]
 ) -> dict[str, Counter[str]]:
@@ -224,9 +228,10 @@ class Prober:
     Probes run in parallel. Session affinity is remembered per Service port and client
     address, so probes of one Service port from one origin are the only ones that can
     see each other's affinity: they form a group. First every probe runs, those with
-    affinity only as ``... sticky`` (no one forgets anything yet, so what sticks shows);
-    then the groups run in parallel, each group's probes one after the other, forgetting
-    before every ask (another group's forgetting only makes choices fresher).
+    affinity only as ``... sticky`` (no one forgets anything yet, so what sticks shows),
+    a group's one after the other; then the groups run in parallel, each group's probes
+    one after the other, forgetting before every ask (another group's forgetting only
+    makes choices fresher).
     """
 
     # Most of a probe's time is a wait (for a timeout, or for the echo server): threads
@@ -245,13 +250,21 @@ class Prober:
         futures: dict[str, Future[Counter[str]]] = {}
         groups: dict[tuple[int, str, str, str], list[Probe]] = {}
         for p in probes:
-            executor = self._executors[p.origin]
             if p.affinity:
-                futures[f"{p.key} sticky"] = executor.submit(sticky_counts, p, budget)
                 groups.setdefault((p.seed, p.service, p.port, p.origin), []).append(p)
             else:
-                futures[p.key] = executor.submit(probe_counts, p, budget)
+                futures[p.key] = self._executors[p.origin].submit(probe_counts, p, budget)
+        # A group's sticky asks one probe after the other: its frontends share the
+        # affinity memory, and two first asks at once (a ClusterIP's and an
+        # externalTrafficPolicy: Local load-balancer IP's) put the client in two
+        # endpoints' sets, so the ClusterIP's next asks went to the other one.
+        sticky = [
+            self._executors[origin].submit(_sticky_one_by_one, group, budget)
+            for (_, _, _, origin), group in sorted(groups.items())
+        ]
         record: Record = {key: future.result(timeout=900) for key, future in futures.items()}
+        for future in sticky:
+            record.update(future.result(timeout=900))
         if groups:
             assert forget_affinity is not None, "affinity probes need a way to forget"
             forget_affinity()

@@ -22,6 +22,7 @@ from its ``block`` (0-15), so states applied side by side never collide.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import random
 from collections.abc import Sequence
@@ -173,11 +174,15 @@ def lb_ip(block: int, i: int, family: str) -> str:
 
 
 def service_cidrs(block: int) -> tuple[str, str]:
-    return f"10.97.{block}.0/24", f"fd00:10:97:{block:x}::/112"
+    # Canonical: the API server refuses a ServiceCIDR spelled otherwise (block 0's
+    # "fd00:10:97:0::/112" stopped a bench run).
+    return f"10.97.{block}.0/24", str(ipaddress.ip_network(f"fd00:10:97:{block:x}::/112"))
 
 
 def cidr_ip(block: int, i: int, family: str) -> str:
-    return f"10.97.{block}.{i}" if family == "IPv4" else f"fd00:10:97:{block:x}::{i:x}"
+    if family == "IPv4":
+        return f"10.97.{block}.{i}"
+    return str(ipaddress.ip_address(f"fd00:10:97:{block:x}::{i:x}"))
 
 
 def generate(
@@ -275,7 +280,10 @@ def _ports(rng: random.Random) -> tuple[PortState, ...]:
         first = out[0]
         other = "UDP" if first.protocol == "TCP" else "TCP"
         if not any(p.port == first.port and p.protocol == other for p in out):
-            out.append(PortState(f"p{len(out)}", other, first.port, first.target))
+            # A port skipped above leaves a gap in the names: p0, p2 and not p2 again.
+            taken = {p.name for p in out}
+            name = next(f"p{k}" for k in range(len(out), 2 * len(out) + 2) if f"p{k}" not in taken)
+            out.append(PortState(name, other, first.port, first.target))
     return tuple(out)
 
 

@@ -1,0 +1,57 @@
+"""The differential test's prober: which asks may run at once (no namespaces needed)."""
+
+import threading
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from kubeproxy.lab.kube.differential import probes
+from kubeproxy.lab.kube.differential.probes import Budget, Origin, Probe, Prober
+
+
+class _Executor(ThreadPoolExecutor):
+    """A NetnsExecutor's interface, threads in this namespace."""
+
+    def __init__(self, name: str, workers: int = 4) -> None:
+        super().__init__(workers)
+
+
+def test_sticky_asks_of_one_service_port_from_one_origin_never_overlap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Its frontends share the affinity memory: two first asks at once (a ClusterIP's and
+    # an externalTrafficPolicy: Local load-balancer IP's) put the client in two
+    # endpoints' sets, and the ClusterIP's next asks went to the other endpoint.
+    events: list[tuple[str, str, Probe]] = []
+    lock = threading.Lock()
+
+    def sticky(probe: Probe, budget: Budget) -> Counter[str]:
+        with lock:
+            events.append(("enter", probe.origin, probe))
+        time.sleep(0.01)  # room for another thread to start, were it allowed to
+        with lock:
+            events.append(("exit", probe.origin, probe))
+        return Counter({"distinct=1": 3})
+
+    monkeypatch.setattr(probes, "NetnsExecutor", _Executor)
+    monkeypatch.setattr(probes, "sticky_counts", sticky)
+    monkeypatch.setattr(probes, "probe_counts", lambda p, b, forget=None: Counter({"a@x": 1}))
+    frontends = [("cluster-ip", "10.96.0.10"), ("lb-ip", "198.51.100.1"), ("node-port", "n")]
+    asked = [
+        Probe(1, "svc", "p", kind, origin, "UDP", ip, 53, affinity=True)
+        for kind, ip in frontends
+        for origin in ("outside", "node")
+    ] + [Probe(1, "other", "p", "cluster-ip", "outside", "TCP", "10.96.0.11", 80)]
+    prober = Prober([Origin(o, o, ("", "")) for o in ("outside", "node")], workers=8)
+    try:
+        record = prober.run(asked, Budget(), lambda: None)
+    finally:
+        prober.close()
+    assert {f"{p.key} sticky" for p in asked if p.affinity} <= set(record)
+    for origin in ("outside", "node"):
+        mine = [(what, p) for what, o, p in events if o == origin]
+        # enter A, exit A, enter B, exit B...: one at a time.
+        assert [w for w, _ in mine] == ["enter", "exit"] * 3
+        assert all(mine[i][1] == mine[i + 1][1] for i in range(0, len(mine), 2))
