@@ -26,7 +26,10 @@ def test_a_services_port_names_are_unique_in_every_state() -> None:
     # protocol named after the count) and the API server refused the Service.
     nodes = [("node-a", "zone-a"), ("node-b", "zone-b"), ("node-c", "zone-a")]
     slots = [Slot(f"df-{n[-1]}{i}", n) for n, _ in nodes for i in range(3)]
+    checked = 0
     for seed in [1035, *range(200)]:
         for svc in generate(seed, nodes, slots, "node-a").services:
             names = [p.name for p in svc.ports]
             assert len(names) == len(set(names)), (seed, svc.name, names)
+            checked += 1
+    assert checked > 200
