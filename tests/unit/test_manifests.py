@@ -631,6 +631,50 @@ def test_watch_configmap_volume_swap_is_seen(tmp_path: Path) -> None:
     watching(tmp_path, scenario)
 
 
+def test_watch_directory_back_during_a_rescan_deletes_nothing(tmp_path: Path) -> None:
+    """Found by a flaky test under load: a re-scan ran while the directory was away and
+    found nothing; the directory came back before the source looked again, so it took
+    the empty scan for the directory's and deleted every Service once (then added them
+    back at the next round). Here the directory comes back inside the scan itself."""
+    root = tmp_path / "manifests"
+    replace(root / "web.yaml", docs(service_obj(), slice_obj()))
+    replace(root / "db.yaml", docs(service_obj("db")))
+    staged = tmp_path / "staged"
+    replace(staged / "web.yaml", docs(service_obj(), slice_obj()))
+    replace(staged / "db.yaml", docs(service_obj("db", ports=[{"port": 81}])))
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        batches: list[list[tuple[str, str, str]]] = []
+        source = ManifestSource(root, poll_interval=0.1)
+        scan = source._scan
+
+        def scan_then_return() -> dict[str, tuple[int, ...]]:
+            stamps = scan()
+            if not root.exists():
+                staged.rename(root)  # back, after this scan found nothing
+            return stamps
+
+        async def consume() -> None:
+            async for batch in source.watch(stop):
+                batches.append(summary(batch))
+
+        consumer = asyncio.create_task(consume())
+        try:
+            await eventually(lambda: len(batches) == 1)
+            root.rename(tmp_path / "away")
+            await asyncio.sleep(0.5)  # gone, and known to be
+            source._scan = scan_then_return  # type: ignore[method-assign]
+            await eventually(lambda: len(batches) == 2)
+            await asyncio.sleep(0.3)
+            assert batches[1:] == [[("MODIFIED", "Service", "default/db")]]
+        finally:
+            stop.set()
+            await consumer
+
+    asyncio.run(main())
+
+
 @pytest.mark.parametrize("how", ["deleted", "renamed-away"])
 def test_watch_directory_gone_keeps_the_state_until_it_is_back(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, how: str

@@ -439,6 +439,13 @@ class ManifestSource:
                             self.poll_interval,
                         )
                     continue
+                if gone:
+                    # Back only since this round's check above, so what this round read
+                    # may be of the empty path (a re-scan while it was away): flushing
+                    # now would delete every Service. The next round, at once, reads the
+                    # directory whole first.
+                    next_scan = loop.time()
+                    continue
                 events = self._flush()
                 if events:
                     yield events
