@@ -14,7 +14,7 @@ import yaml
 
 from kubeproxy import cli
 from kubeproxy.model.events import RawObject
-from kubeproxy.sources import manifests, parsecache
+from kubeproxy.sources import manifestfile, manifests, parsecache
 from kubeproxy.sources.manifests import ManifestSource
 from kubeproxy.sources.parsecache import MAGIC, ParseCache
 from kubeproxy.sources.standalone import StandaloneSource
@@ -26,7 +26,7 @@ LOGGER = "kubeproxy.sources.parsecache"
 @pytest.fixture(autouse=True)
 def settled(monkeypatch: pytest.MonkeyPatch) -> None:
     """Files written by a test are a moment old: let the cache keep them."""
-    monkeypatch.setattr(manifests, "SETTLE_NS", 0)
+    monkeypatch.setattr(manifestfile, "SETTLE_NS", 0)
 
 
 def docs(*objs: object) -> str:
@@ -115,7 +115,7 @@ def test_a_changed_file_is_parsed_again(tmp_path: Path, change: str) -> None:
 def test_a_file_changed_just_before_it_was_read_is_not_kept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(manifests, "SETTLE_NS", parsecache.SETTLE_NS)
+    monkeypatch.setattr(manifestfile, "SETTLE_NS", parsecache.SETTLE_NS)
     populate(tmp_path / "m")
     again = restart(tmp_path / "m", tmp_path / "cache")
     assert hits(again) == 0

@@ -20,6 +20,10 @@ With ``raw=True`` Pods are read too and every object is passed on undecoded, as 
 Those are kept (and passed on) compact, pickled: a directory's documents as Python objects
 would be most of a manifest proxy's memory, and are never all needed at once.
 
+Reading a file (YAML, JSON, ``kind: List``, the per-file checks) is
+:mod:`kubeproxy.sources.manifestfile`'s, which spreads a first start's thousands of files
+over helper processes; what it finds wrong comes back as lines logged here, in path order.
+
 A change costs O(change), not O(directory): the file watcher (inotify, through watchfiles)
 reports the paths that changed, and only those files are re-read and only their objects
 compared; each object remembers which files define it, so the duplicate rule holds as
@@ -43,51 +47,29 @@ are deleted (inotify reports a quick ``rm -rf`` in one batch, which is then igno
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import stat
-import time
 from collections.abc import AsyncGenerator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import msgspec
-import yaml
 from watchfiles import awatch
 
-from kubeproxy.model.events import Event, Model, RawObject
-from kubeproxy.model.parse import (
-    InvalidObjectError,
-    object_key,
-    parse_endpoint_slice,
-    parse_node,
-    parse_service,
-    parse_service_cidr,
+from kubeproxy.model.events import Event, Model
+from kubeproxy.sources.manifestfile import (
+    FileEntry,
+    ObjectKey,
+    ReadResult,
+    Stamp,
+    escape,
+    read_files,
 )
-from kubeproxy.model.types import NamespacedName
-from kubeproxy.sources.parsecache import SETTLE_NS, ParseCache
-from kubeproxy.sources.yamlload import load_all
+from kubeproxy.sources.parsecache import ParseCache
 
 log = logging.getLogger(__name__)
 
 _SUFFIXES = (".yaml", ".yml", ".json")
-_KINDS = ("Service", "EndpointSlice", "Node", "ServiceCIDR")
-_RAW_KINDS = (*_KINDS, "Pod")
-
-ObjectKey = tuple[str, NamespacedName]  # (kind, namespace/name)
-
-
-@dataclass(slots=True)
-class _FileEntry:
-    stamp: tuple[int, ...]
-    objects: dict[ObjectKey, Model | None]  # None: present in the file but invalid/ignored
-    # What the parse cache may keep (see kubeproxy.sources.parsecache).
-    cacheable: bool = False
-
-
-Stamp = tuple[int, ...]
 # A file's absolute path as a string: the index holds ten thousands of them, and strings
 # hash and compare several times faster than Path objects.
 FilePath = str
@@ -111,7 +93,7 @@ class ManifestSource:
     # Seconds between two writes of the cache after the first (files keep changing).
     cache_interval: float = 60.0
     _cache_dirty: bool = False
-    _files: dict[FilePath, _FileEntry] = field(default_factory=dict)
+    _files: dict[FilePath, FileEntry] = field(default_factory=dict)
     # Every file defining each object (the first in sorted order wins); the one path
     # itself when there is one, as nearly always (a set per object: ~4 MB at 10,000 files).
     _owners: dict[ObjectKey, FilePath | set[FilePath]] = field(default_factory=dict)
@@ -145,71 +127,9 @@ class ManifestSource:
                 stamps[path] = stamp
         return stamps
 
-    def _read(self, path: Path, stamp: tuple[int, ...]) -> _FileEntry | None:
-        """Parse one file; None if it cannot be read or decoded."""
-        # Changed just before this read: a change to come could keep the same stamp.
-        settled = max(stamp[0], stamp[1]) < time.time_ns() - SETTLE_NS
-        clean = True
-        try:
-            text = path.read_text(encoding="utf-8")
-            if path.suffix == ".json":
-                docs: list[Any] = [_json(text)]
-            else:
-                docs = load_all(text)
-                # An alias can only form a cycle if the text has one ("*name").
-                if "*" in text and _cyclic(docs):
-                    raise ValueError("a YAML alias makes an object contain itself")
-        # ValueError covers JSONDecodeError and UnicodeDecodeError, and also what YAML's
-        # constructors raise for well-formed but impossible scalars ("date: 2024-13-45",
-        # "!!int x"); RecursionError comes from deeply nested JSON. Any of these must only
-        # cost this file, never abort the whole reload.
-        except (OSError, ValueError, RecursionError, yaml.YAMLError) as err:
-            log.error(
-                "Cannot read manifest file %s: %s (keeping the objects it held before)",
-                path,
-                _one_line(err),
-            )
-            return None
-        objects: dict[ObjectKey, Model | None] = {}
-        for doc in _documents(docs):
-            kind = doc.get("kind")
-            if not isinstance(kind, str) or kind not in (_RAW_KINDS if self.raw else _KINDS):
-                continue
-            key = object_key(kind, doc)
-            if self.raw and key is not None:
-                try:
-                    raw = RawObject(kind, key, doc)
-                except RecursionError:
-                    log.error(
-                        "Cannot read manifest file %s: %s %s is nested too deeply "
-                        "(keeping the objects it held before)",
-                        path,
-                        kind,
-                        _escape(str(key)),
-                    )
-                    return None
-                # Compact at once: decoded again by the consumer one at a time, so the
-                # documents of a whole directory are never all in memory together.
-                parsed: Model | None = raw.compact()
-            else:
-                parsed = _parse(kind, doc) if kind in _KINDS else None
-            if key is None:
-                continue
-            if (kind, key) in objects:
-                clean = False  # logged: not cached, so the next start logs it too
-                # Same rule as across files: the first definition wins.
-                log.error(
-                    "Skipping duplicate %s %s in %s (defined earlier in the same file)",
-                    kind,
-                    _escape(str(key)),
-                    path,
-                )
-                continue
-            objects[(kind, key)] = parsed
-        return _FileEntry(stamp, objects, cacheable=self.raw and settled and clean)
-
-    def _refresh(self, path: FilePath, stamp: Stamp | None) -> None:
-        """Bring one file's entry up to date (stamp None: the file is gone)."""
+    def _refresh(self, path: FilePath, stamp: Stamp | None, read: ReadResult | None = None) -> None:
+        """Bring one file's entry up to date (stamp None: the file is gone); ``read``: the
+        file already read at ``stamp`` (see :meth:`_rescan`)."""
         entry = self._files.get(path)
         if stamp is None:
             if entry is not None:
@@ -224,16 +144,13 @@ class ManifestSource:
             return
         if entry is not None and entry.stamp == stamp:
             return
-        cached = self.cache.get(path, stamp) if self.cache is not None and self.raw else None
-        if cached is not None:
-            fresh: _FileEntry | None = _FileEntry(stamp, dict(cached), cacheable=True)
-        else:
-            self._cache_dirty = self.cache is not None  # a file the cache lacks
-            fresh = self._read(Path(path), stamp)
+        fresh, messages = read or self._load([path], {path: stamp})[path]
+        for message in messages:
+            log.error("%s", message)
         if fresh is None:
             # Keep what the file held at its last good read, under the new stamp so the
             # broken version is read (and logged) once, not on every re-scan.
-            fresh = _FileEntry(stamp, entry.objects if entry is not None else {})
+            fresh = FileEntry(stamp, entry.objects if entry is not None else {})
         self._files[path] = fresh
         if entry is None:
             self._by_dir.setdefault(os.path.dirname(path), set()).add(path)
@@ -269,7 +186,7 @@ class ManifestSource:
         if others:
             # key[1] is the raw (unvalidated) name: escape it to keep one line.
             messages = {
-                f"Skipping duplicate {key[0]} {_escape(str(key[1]))} in {path} "
+                f"Skipping duplicate {key[0]} {escape(str(key[1]))} in {path} "
                 f"(already defined in {first})"
                 for path in others
             }
@@ -304,8 +221,31 @@ class ManifestSource:
             if (entry := self._files.get(path)) is None or entry.stamp != stamp
         ]
         # Sorted, so duplicates within one file are read (and logged) in a stable order.
-        for path in sorted(changed, key=_parts):
-            self._refresh(path, stamps[path])
+        changed.sort(key=_parts)
+        # Read together (across processes, for a first start's thousands of files), then
+        # taken in one by one in this order, as if each had been read on its own.
+        reads = self._load(changed, stamps)
+        for path in changed:
+            self._refresh(path, stamps[path], reads[path])
+
+    def _load(
+        self, paths: Iterable[FilePath], stamps: Mapping[FilePath, Stamp]
+    ) -> dict[FilePath, ReadResult]:
+        """The files' objects at these stamps: from the parse cache, or read."""
+        loaded: dict[FilePath, ReadResult] = {}
+        unread: list[FilePath] = []
+        for path in paths:
+            stamp = stamps[path]
+            cached = self.cache.get(path, stamp) if self.cache is not None and self.raw else None
+            if cached is None:
+                unread.append(path)
+            else:
+                loaded[path] = (FileEntry(stamp, dict(cached), cacheable=True), [])
+        if unread:
+            self._cache_dirty = self.cache is not None  # files the cache lacks
+            results = read_files([(path, stamps[path]) for path in unread], self.raw)
+            loaded.update(zip(unread, results, strict=True))
+        return loaded
 
     def _changed(self, reported: Iterable[FilePath]) -> bool:
         """Apply the paths the watcher reported (files, or directories moved in or out).
@@ -529,78 +469,3 @@ def _stamp(path: FilePath) -> Stamp | None:
     # ctime too: a chmod that makes an unreadable file readable changes only ctime.
     # The device too: the parse cache outlives mounts, and inodes are per device.
     return (st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_ino, st.st_dev)
-
-
-def _json(text: str) -> Any:
-    """``json.loads`` as the standard library has it; msgspec's decoder (several times
-    faster) for the text both read the same way."""
-    try:
-        return msgspec.json.decode(text)
-    except msgspec.DecodeError:
-        return json.loads(text)  # json's error message, or what only json accepts
-
-
-def _cyclic(root: Any) -> bool:
-    """Whether a list or mapping contains itself (YAML aliases can say so, JSON cannot,
-    and no Kubernetes object does): walking one, as unpacking ``kind: List`` does, would
-    never end. Iterative, and each node is walked once, so alias-heavy files stay linear."""
-    done: set[int] = set()
-    on_path = {id(root)}
-    stack: list[tuple[int, Iterator[Any]]] = [(id(root), _children(root))]
-    while stack:
-        node, children = stack[-1]
-        child = next(children, _END)
-        if child is _END:
-            stack.pop()
-            on_path.discard(node)
-            done.add(node)
-        elif isinstance(child, (list, dict)):
-            if id(child) in on_path:
-                return True
-            if id(child) not in done:
-                on_path.add(id(child))
-                stack.append((id(child), _children(child)))
-    return False
-
-
-_END = object()
-
-
-def _children(node: Any) -> Iterator[Any]:
-    if isinstance(node, dict):
-        return iter(node.values())
-    return iter(node if isinstance(node, list) else ())
-
-
-def _documents(docs: list[Any]) -> Iterator[Mapping[str, Any]]:
-    for doc in docs:
-        if not isinstance(doc, Mapping):
-            continue
-        kind = doc.get("kind")
-        if isinstance(kind, str) and kind.endswith("List") and isinstance(doc.get("items"), list):
-            yield from _documents(doc["items"])
-        else:
-            yield doc
-
-
-def _parse(kind: str, doc: Mapping[str, Any]) -> Model | None:
-    try:
-        if kind == "Service":
-            return parse_service(doc)
-        if kind == "EndpointSlice":
-            return parse_endpoint_slice(doc)
-        if kind == "ServiceCIDR":
-            return parse_service_cidr(doc)
-        return parse_node(doc)
-    except InvalidObjectError as err:
-        log.error("%s", err)
-        return None
-
-
-def _one_line(err: Exception) -> str:
-    return " ".join(str(err).split())
-
-
-def _escape(text: str) -> str:
-    """Escape non-printable characters (newlines, escapes) so a name cannot forge log lines."""
-    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")

@@ -1,0 +1,142 @@
+"""Reading many manifest files across processes gives exactly what reading them here gives:
+the same objects, the same lines to log in the same order, the same cacheability; and a
+helper process that cannot start or dies costs only a log line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from kubeproxy.sources import manifestfile
+from kubeproxy.sources.manifestfile import read_file, read_files
+from kubeproxy.sources.manifests import ManifestSource, _stamp
+from tests.unit.conftest import service_obj, slice_obj
+
+LOGGER = "kubeproxy.sources.manifestfile"
+
+
+def write_directory(directory: Path, files: int) -> list[tuple[str, tuple[int, ...]]]:
+    """``files`` manifests, with a broken one, a duplicate, JSON and a List among them."""
+    directory.mkdir()
+    for i in range(files):
+        objs = [service_obj(f"svc-{i}"), slice_obj(f"svc-{i}-a", f"svc-{i}")]
+        (directory / f"f{i:03}.yaml").write_text(yaml.safe_dump_all(objs))
+    (directory / "f003.yaml").write_text("kind: Service\nmetadata: {name: [unclosed\n")
+    (directory / "f005.yaml").write_text(yaml.safe_dump_all([service_obj("d"), service_obj("d")]))
+    (directory / "f007.yaml").write_text(json.dumps(service_obj("json-one")))
+    items = {"kind": "List", "items": [service_obj("l1"), service_obj("l2")]}
+    (directory / "f009.yaml").write_text(yaml.safe_dump(items))
+    paths = sorted(str(p) for p in directory.iterdir())
+    return [(path, stamp) for path in paths if (stamp := _stamp(path)) is not None]
+
+
+@pytest.fixture
+def parallel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every list is long enough, and there is one helper, whatever this machine's CPUs."""
+    monkeypatch.setattr(manifestfile, "_helper_count", lambda files: 1)
+
+
+@pytest.fixture
+def settled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every file has settled, however recently written (cacheable if clean)."""
+    monkeypatch.setattr(manifestfile, "SETTLE_NS", -(2**62))
+
+
+def serial(jobs: list[tuple[str, tuple[int, ...]]]) -> list[manifestfile.ReadResult]:
+    return [read_file(path, stamp, True, 2**62) for path, stamp in jobs]
+
+
+def test_helpers_read_exactly_what_this_process_reads(
+    tmp_path: Path, parallel: None, settled: None
+) -> None:
+    jobs = write_directory(tmp_path / "m", 60)
+    assert read_files(jobs, raw=True) == serial(jobs)
+    results = read_files(jobs, raw=True)
+    assert results[3][0] is None and "Cannot read manifest file" in results[3][1][0]
+    assert "Skipping duplicate Service default/d" in results[5][1][0]
+    assert results[5][0] is not None and not results[5][0].cacheable
+    assert all(entry.cacheable for entry, _ in results[10:] if entry is not None)
+
+
+def test_a_file_still_changing_is_not_cacheable_whoever_read_it(
+    tmp_path: Path, parallel: None
+) -> None:
+    jobs = write_directory(tmp_path / "m", 40)
+    assert not any(entry.cacheable for entry, _ in read_files(jobs, raw=True) if entry)
+
+
+def test_a_helper_that_dies_costs_a_log_line_not_a_file(
+    tmp_path: Path,
+    parallel: None,
+    settled: None,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    jobs = write_directory(tmp_path / "m", 60)
+
+    def dying() -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [sys.executable, "-c", "import sys; sys.stdin.buffer.read(8); sys.exit(3)"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+
+    monkeypatch.setattr(manifestfile, "_start_helper", dying)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        results = read_files(jobs, raw=True)
+    assert results == serial(jobs)
+    assert [r.getMessage() for r in caplog.records] == [
+        "A manifest reading process failed: the other process closed the pipe "
+        "(reading its files here)"
+    ]
+
+
+def test_a_helper_that_cannot_start_costs_a_log_line(
+    tmp_path: Path,
+    parallel: None,
+    settled: None,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    jobs = write_directory(tmp_path / "m", 20)
+
+    def refused() -> subprocess.Popen[bytes]:
+        raise OSError("no more processes")
+
+    monkeypatch.setattr(manifestfile, "_start_helper", refused)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        assert read_files(jobs, raw=True) == serial(jobs)
+    assert "Cannot start a manifest reading process: no more processes" in caplog.text
+
+
+def test_short_lists_and_one_cpu_stay_in_this_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3, 4, 5})
+    assert manifestfile._helper_count(manifestfile.PARALLEL_MIN_FILES - 1) == 0
+    assert manifestfile._helper_count(10_000) == manifestfile.MAX_HELPERS
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    assert manifestfile._helper_count(10_000) == 0
+
+
+def test_the_source_logs_in_path_order_whoever_read_the_file(
+    tmp_path: Path, parallel: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The manifest source's lines (and events) do not depend on who read which file."""
+    write_directory(tmp_path / "m", 60)
+    with caplog.at_level(logging.ERROR):
+        events = ManifestSource(tmp_path / "m", raw=True).reload()
+    parallel_lines = [r.getMessage() for r in caplog.records]
+    caplog.clear()
+    with caplog.at_level(logging.ERROR):
+        # Not raw: models, read here whatever the count.
+        ManifestSource(tmp_path / "m").reload()
+    assert parallel_lines == [r.getMessage() for r in caplog.records]
+    assert parallel_lines[0].startswith("Cannot read manifest file")
+    # 2 a file; f003 broken: none, f005: one Service, f007 (JSON): one, f009: two.
+    assert len(events) == 2 * 60 - 2 - 1 - 1
