@@ -60,6 +60,16 @@ CLUSTER_CIDRS = ("10.244.0.0/16", "fd00:10:244::/56")
 SERVICE_CIDRS = ("10.96.0.0/16", "fd00:10:96::/112")
 
 
+# No rate limit on the ICMP errors a namespace sends: no limit per peer, and no type in
+# the rate masks, so the host-wide bucket (icmp_msgs_per_sec) is not consulted either.
+NO_ICMP_RATE_LIMIT = {
+    "net.ipv4.icmp_ratelimit": "0",
+    "net.ipv6.icmp.ratelimit": "0",
+    "net.ipv4.icmp_ratemask": "0",
+    "net.ipv6.icmp.ratemask": "2",  # packet too big only (a bitmap cannot be empty here)
+}
+
+
 @dataclass
 class KubeNode:
     name: str
@@ -128,6 +138,11 @@ class KubeLab:
     def _add(self, name: str) -> str:
         self._namespaces.append(name)
         add_netns(name)
+        # Every ICMP error a lab namespace sends (REJECT's unreachables, a Pod's closed
+        # port) goes out: the kernel's limits (per peer, and a bucket of 50 shared by
+        # all namespaces) dropped some under the probes' bursts, and a probe that was
+        # refused then timed out now and then, more where it was asked more.
+        sysctls(name, NO_ICMP_RATE_LIMIT)
         return name
 
     def _attach(self, ns: str, ip: str, ip6: str) -> None:
@@ -157,8 +172,6 @@ class KubeLab:
                 {
                     "net.ipv4.ip_forward": "1",
                     "net.ipv6.conf.all.forwarding": "1",
-                    "net.ipv4.icmp_ratelimit": "0",
-                    "net.ipv6.icmp.ratelimit": "0",
                 },
             )
         for node in self.nodes.values():
