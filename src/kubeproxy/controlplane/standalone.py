@@ -64,6 +64,7 @@ from kubeproxy.controlplane.ipallocator import (
     parse_ip,
     service_parent_ref,
 )
+from kubeproxy.controlplane.labelindex import LabelIndex, labels_of
 from kubeproxy.controlplane.portallocator import (
     NodePortAllocator,
     allocate_service_node_ports,
@@ -135,7 +136,7 @@ class StandaloneCluster:
         self._allocations: dict[NamespacedName, Allocation] = {}
         self._errors: dict[NamespacedName, str] = {}
         self._incomplete: set[NamespacedName] = set()
-        self._labels = _LabelIndex()
+        self._labels = LabelIndex()
         self._nodes: dict[str, Mapping[str, Any]] = {}
         self._service_cidrs: dict[str, Mapping[str, Any]] = {}
         self._explicit: dict[NamespacedName, RawObject] = {}
@@ -248,7 +249,7 @@ class StandaloneCluster:
         touched: set[NamespacedName] = set()
         for doc in (old, new):
             if doc is not None:
-                touched |= self._labels.services_selecting(key.namespace, _labels(doc))
+                touched |= self._labels.services_selecting(key.namespace, labels_of(doc))
         return touched
 
     def _on_explicit_slice(
@@ -258,7 +259,7 @@ class StandaloneCluster:
             self._explicit.pop(key, None)
         touched: set[NamespacedName] = set()
         for doc, add in ((old, False), (new, True)):
-            service = _labels(doc).get(LABEL_SERVICE_NAME) if doc is not None else None
+            service = labels_of(doc).get(LABEL_SERVICE_NAME) if doc is not None else None
             if not isinstance(service, str) or not service:
                 continue
             owner = NamespacedName(key.namespace, service)
@@ -659,74 +660,6 @@ class StandaloneCluster:
         return [*services, *(dict(s) for _, s in sorted(slices, key=lambda item: item[0]))]
 
 
-_Label = tuple[str, str, Any]  # namespace, label key, label value
-
-
-class _LabelIndex:
-    """Pods and Service selectors by (namespace, label key, value): a change looks only at
-    the objects sharing a label with it, not at every Pod or Service of the namespace."""
-
-    def __init__(self) -> None:
-        self.pods: dict[NamespacedName, Mapping[str, Any]] = {}
-        self.selectors: dict[NamespacedName, Mapping[str, Any]] = {}
-        self._pods_by_label: dict[_Label, set[NamespacedName]] = {}
-        # Each selector under one of its labels (the first): a Pod it selects has it.
-        self._selectors_by_label: dict[_Label, set[NamespacedName]] = {}
-
-    def set_pod(self, key: NamespacedName, pod: Mapping[str, Any] | None) -> None:
-        old = self.pods.pop(key, None)
-        if old is not None:
-            for label in _index_labels(key.namespace, _labels(old)):
-                _discard(self._pods_by_label, label, key)
-        if pod is not None:
-            self.pods[key] = pod
-            for label in _index_labels(key.namespace, _labels(pod)):
-                self._pods_by_label.setdefault(label, set()).add(key)
-
-    def set_selector(self, key: NamespacedName, selector: Mapping[str, Any] | None) -> None:
-        old = self.selectors.pop(key, None)
-        if old is not None:
-            for label in _index_labels(key.namespace, old)[:1]:
-                _discard(self._selectors_by_label, label, key)
-        if selector:
-            self.selectors[key] = selector
-            for label in _index_labels(key.namespace, selector)[:1]:
-                self._selectors_by_label.setdefault(label, set()).add(key)
-
-    def services_selecting(self, namespace: str, labels: Mapping[str, Any]) -> set[NamespacedName]:
-        return {
-            service
-            for label in _index_labels(namespace, labels)
-            for service in self._selectors_by_label.get(label, ())
-            if _matches(self.selectors[service], labels)
-        }
-
-    def pods_selected(self, namespace: str, selector: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-        """Candidates (the Pods with the selector's rarest label); the caller matches."""
-        labels = _index_labels(namespace, selector)
-        if not labels or len(labels) != len(selector):
-            return []
-        rarest = min((self._pods_by_label.get(label, set()) for label in labels), key=len)
-        return [self.pods[key] for key in sorted(rarest)]
-
-
-def _index_labels(namespace: str, labels: Mapping[str, Any]) -> list[_Label]:
-    """Sorted; values that cannot be label values (lists, maps) are left out."""
-    return sorted(
-        (namespace, str(k), v)
-        for k, v in labels.items()
-        if isinstance(v, str | int | float | bool) or v is None
-    )
-
-
-def _discard(index: dict[_Label, set[NamespacedName]], label: _Label, key: NamespacedName) -> None:
-    members = index.get(label)
-    if members is not None:
-        members.discard(key)
-        if not members:
-            del index[label]
-
-
 _PARSERS: dict[str, Any] = {
     "Node": parse_node,
     "ServiceCIDR": parse_service_cidr,
@@ -763,12 +696,6 @@ def _name(obj: Mapping[str, Any]) -> str:
     return str(meta.get("name") or "") if isinstance(meta, Mapping) else ""
 
 
-def _labels(doc: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = doc.get("metadata")
-    labels = meta.get("labels") if isinstance(meta, Mapping) else None
-    return labels if isinstance(labels, Mapping) else {}
-
-
 def _namespaced(doc: Mapping[str, Any], namespace: str) -> Mapping[str, Any]:
     """The Pod with its namespace filled in (the controller matches Pods by namespace)."""
     meta = doc.get("metadata")
@@ -778,10 +705,6 @@ def _namespaced(doc: Mapping[str, Any], namespace: str) -> Mapping[str, Any]:
         **doc,
         "metadata": {**(meta if isinstance(meta, Mapping) else {}), "namespace": namespace},
     }
-
-
-def _matches(selector: Mapping[str, Any], labels: Mapping[str, Any]) -> bool:
-    return all(labels.get(k) == v for k, v in selector.items())
 
 
 def _other(family: str) -> str:
