@@ -14,10 +14,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kubeproxy.sources import manifestfile
+from kubeproxy.model.events import Event
+from kubeproxy.sources import manifestfile, manifests
 from kubeproxy.sources.manifestfile import read_file, read_files
 from kubeproxy.sources.manifests import ManifestSource, _stamp
+from kubeproxy.sources.standalone import StandaloneSource
 from tests.unit.conftest import service_obj, slice_obj
+from tests.unit.controlplane_objects import node, pod, service
 
 LOGGER = "kubeproxy.sources.manifestfile"
 
@@ -140,3 +143,68 @@ def test_the_source_logs_in_path_order_whoever_read_the_file(
     assert parallel_lines[0].startswith("Cannot read manifest file")
     # 2 a file; f003 broken: none, f005: one Service, f007 (JSON): one, f009: two.
     assert len(events) == 2 * 60 - 2 - 1 - 1
+
+
+def cluster_directory(directory: Path, files: int) -> None:
+    """A directory the control plane completes: Pods, Services with and without a
+    ClusterIP, Nodes, a duplicate across files, one broken file."""
+    directory.mkdir()
+    for i in range(files):
+        objs: list[dict[str, object]] = [
+            svc_without_ip(f"svc-{i}", app=f"app-{i % 7}"),
+            pod(f"pod-{i}", f"10.244.1.{i % 250 + 1}", node="node-a", app=f"app-{i % 7}"),
+        ]
+        if i % 5 == 0:
+            objs.append(service_obj(f"fixed-{i}", clusterIP=f"10.96.100.{i % 250 + 1}"))
+        (directory / f"f{i:03}.yaml").write_text(yaml.safe_dump_all(objs))
+    (directory / "a-nodes.yaml").write_text(
+        yaml.safe_dump_all([node("node-a", "zone-a"), node("node-b", "zone-b")])
+    )
+    (directory / "f001.yaml").write_text("kind: Service\nmetadata: {name: [unclosed\n")
+    (directory / "z-dup.yaml").write_text(yaml.safe_dump(svc_without_ip("svc-7", app="other")))
+
+
+def svc_without_ip(name: str, app: str) -> dict[str, object]:
+    doc = service(name, cluster_ip="", families=(), selector={"app": app})
+    del doc["metadata"]["uid"], doc["spec"]["clusterIP"], doc["spec"]["ipFamilies"]
+    return doc
+
+
+def first_load(directory: Path, stream: bool) -> tuple[list[str], list[dict[str, object]]]:
+    source = StandaloneSource(directory, persist=False)
+    folds: list[int] = []
+
+    def fold(batch: list[Event]) -> None:
+        folds.append(len(batch))
+        source.cluster.fold(batch)
+
+    if stream:
+        source.manifests.on_first_load = fold
+    else:
+        source.manifests.on_first_load = None
+    events = source.reload()
+    assert (len(folds) > 5) == stream  # in runs of FIRST_LOAD_STEP objects
+    return sorted(f"{e.type} {e.old!r} {e.new!r}" for e in events), source.cluster.objects()
+
+
+def test_a_streamed_first_load_gives_what_one_batch_gives(
+    tmp_path: Path,
+    parallel: None,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The control plane folds a first load's files in as they are read (beside the
+    helpers): the proxy's events, the completed objects and the log are the same as when
+    it takes the whole directory in one batch."""
+    monkeypatch.setattr(manifests, "FIRST_LOAD_STEP", 7)
+    cluster_directory(tmp_path / "m", 80)
+    with caplog.at_level(logging.INFO):
+        streamed = first_load(tmp_path / "m", stream=True)
+    streamed_log = [r.getMessage() for r in caplog.records if "Read " not in r.getMessage()]
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        batch = first_load(tmp_path / "m", stream=False)
+    assert streamed == batch
+    assert len(streamed[0]) > 80 + 16  # Services, slices, Nodes
+    assert streamed_log == [r.getMessage() for r in caplog.records if "Read " not in r.getMessage()]
+    assert any("Skipping duplicate Service default/svc-7" in line for line in streamed_log)

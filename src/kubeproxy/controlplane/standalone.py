@@ -112,6 +112,17 @@ class _Generated:
     errors: tuple[str, ...] = ()
 
 
+@dataclass
+class _Batch:
+    """What the events folded in since the last :meth:`StandaloneCluster.finish` left to do."""
+
+    out: list[Event] = field(default_factory=list)
+    dirty: set[NamespacedName] = field(default_factory=set)  # Services
+    slices_dirty: set[NamespacedName] = field(default_factory=set)
+    nodes_changed: bool = False
+    cidrs_changed: bool = False
+
+
 class StandaloneCluster:
     """Raw manifest events in, completed Service / EndpointSlice events out."""
 
@@ -146,6 +157,7 @@ class StandaloneCluster:
         self._emitted: dict[_EmitKey, Model] = {}
         self._active = False
         self._started = False
+        self._batch = _Batch()  # what fold() took in, for finish()
 
     # ----------------------------------------------------------------------- events
 
@@ -157,10 +169,15 @@ class StandaloneCluster:
 
     def apply(self, events: Iterable[Event]) -> list[Event]:
         """Fold one batch of raw events in; the model events the proxy should see."""
-        out: list[Event] = []
-        dirty: set[NamespacedName] = set()
-        slices_dirty: set[NamespacedName] = set()
-        nodes_changed = cidrs_changed = False
+        self.fold(events)
+        return self.finish()
+
+    def fold(self, events: Iterable[Event]) -> None:
+        """Take in part of a batch: what each event needs by itself (checks, parsing the
+        EndpointSlices, the indexes) is done now, the rest at :meth:`finish`. A first
+        load folds files in as they are read, beside the processes still reading."""
+        batch = self._batch
+        out, dirty, slices_dirty = batch.out, batch.dirty, batch.slices_dirty
         for event in events:
             obj = event.new if event.new is not None else event.old
             if not isinstance(obj, RawObject):
@@ -185,11 +202,11 @@ class StandaloneCluster:
                 slices_dirty |= self._on_pod(obj.key, old, new)
             elif obj.kind == "Node":
                 _store(self._nodes, obj.key.name, new)
-                nodes_changed = True
+                batch.nodes_changed = True
                 out += self._pass_through("Node", obj.key, new)
             elif obj.kind == "ServiceCIDR":
                 _store(self._service_cidrs, obj.key.name, new)
-                cidrs_changed = True
+                batch.cidrs_changed = True
                 out += self._pass_through("ServiceCIDR", obj.key, new)
             elif obj.kind == "EndpointSlice":
                 slices_dirty |= self._on_explicit_slice(obj.key, old, new)
@@ -197,6 +214,11 @@ class StandaloneCluster:
                     self._explicit[obj.key] = event.new.compact()
                 out += self._emit("EndpointSlice", obj.key, slice_model)
 
+    def finish(self) -> list[Event]:
+        """End the batch :meth:`fold` began: complete the Services, compute the
+        EndpointSlices; every model event of the batch."""
+        batch, self._batch = self._batch, _Batch()
+        out, dirty, slices_dirty = batch.out, batch.dirty, batch.slices_dirty
         active = bool(self._labels.pods) or bool(self._incomplete)
         if active != self._active:
             self._active = active
@@ -206,9 +228,9 @@ class StandaloneCluster:
                     "The manifests hold Pods or Services without a clusterIP: kubeproxy "
                     "allocates ClusterIPs and NodePorts and computes EndpointSlices"
                 )
-        if cidrs_changed or not self._started:
+        if batch.cidrs_changed or not self._started:
             self._ips.sync_service_cidrs(self.service_cidr_objects())
-        if nodes_changed:
+        if batch.nodes_changed:
             self._topology.set_nodes(self._nodes.values())
             slices_dirty |= self._labels.selectors.keys()
         # A Service that failed may succeed now (its address was released, a CIDR added).

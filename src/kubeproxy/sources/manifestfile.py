@@ -136,37 +136,87 @@ def read_file(path: str, stamp: Stamp, raw: bool, settled_before: int) -> ReadRe
 
 def read_files(jobs: Sequence[tuple[str, Stamp]], raw: bool) -> list[ReadResult]:
     """:func:`read_file` for each job, in order; across processes when it pays."""
+    return list(iter_read_files(jobs, raw))
+
+
+def iter_read_files(jobs: Sequence[tuple[str, Stamp]], raw: bool) -> Iterator[ReadResult]:
+    """:func:`read_file` for each job, in order, each as soon as it and those before it
+    are read: what the caller does with early files between two results runs while the
+    helpers read later ones."""
     settled_before = time.time_ns() - SETTLE_NS
     helpers = _helper_count(len(jobs)) if raw else 0
     if helpers == 0:
-        return [read_file(path, stamp, raw, settled_before) for path, stamp in jobs]
+        for path, stamp in jobs:
+            yield read_file(path, stamp, raw, settled_before)
+        return
     started = time.monotonic()
-    results: list[ReadResult | None] = [None] * len(jobs)
+    shared = _Shared(len(jobs), helpers)
     chunks = _Chunks(len(jobs), helpers + 1)
     threads = [
-        threading.Thread(target=_feed, args=(chunks, jobs, settled_before, results), daemon=True)
+        threading.Thread(target=_feed, args=(chunks, jobs, settled_before, shared), daemon=True)
         for _ in range(helpers)
     ]
     for thread in threads:
         thread.start()
-    while (chunk := chunks.take()) is not None:
-        for i in chunk:
-            path, stamp = jobs[i]
-            results[i] = read_file(path, stamp, raw, settled_before)
-    for thread in threads:
-        thread.join()
-    # A helper that failed mid-chunk left its chunk to whoever was still taking: here.
-    for i, result in enumerate(results):
-        if result is None:
-            path, stamp = jobs[i]
-            results[i] = read_file(path, stamp, raw, settled_before)
+    try:
+        for i in range(len(jobs)):
+            while (result := shared.results[i]) is None:
+                # Not read yet: read a chunk here, or wait for the helper reading it.
+                chunk = chunks.take()
+                if chunk is not None:
+                    for j in chunk:
+                        path, stamp = jobs[j]
+                        shared.results[j] = read_file(path, stamp, raw, settled_before)
+                elif not shared.wait_for(i):
+                    path, stamp = jobs[i]  # its helper failed: read here
+                    shared.results[i] = read_file(path, stamp, raw, settled_before)
+            shared.results[i] = None  # the caller's from here
+            yield result
+    finally:
+        chunks.close()
+        for thread in threads:
+            thread.join()
     log.info(
         "Read %d manifest files in %.2fs with %d helper process(es)",
         len(jobs),
         time.monotonic() - started,
         helpers,
     )
-    return [r for r in results if r is not None]
+
+
+class _Shared:
+    """The results slots the helpers' feeder threads fill, and who is still feeding."""
+
+    def __init__(self, jobs: int, feeders: int) -> None:
+        self.results: list[ReadResult | None] = [None] * jobs
+        self.orphans: set[int] = set()  # taken by a helper that failed
+        self.feeders = feeders
+        self.changed = threading.Condition()
+
+    def wait_for(self, i: int) -> bool:
+        """Wait until job ``i`` is read; False if nobody will (its helper failed)."""
+        with self.changed:
+            while self.results[i] is None:
+                if i in self.orphans or self.feeders == 0:
+                    return False
+                self.changed.wait()
+        return True
+
+    def store(self, chunk: range, answer: Sequence[ReadResult]) -> None:
+        with self.changed:
+            for i, result in zip(chunk, answer, strict=True):
+                self.results[i] = result
+            self.changed.notify_all()
+
+    def orphan(self, chunk: range) -> None:
+        with self.changed:
+            self.orphans.update(chunk)
+            self.changed.notify_all()
+
+    def done(self) -> None:
+        with self.changed:
+            self.feeders -= 1
+            self.changed.notify_all()
 
 
 def _helper_count(files: int) -> int:
@@ -189,6 +239,11 @@ class _Chunks:
         self._takers = takers
         self._lock = threading.Lock()
 
+    def close(self) -> None:
+        """Hand out nothing more (the caller stopped early)."""
+        with self._lock:
+            self._next = self._total
+
     def take(self) -> range | None:
         with self._lock:
             left = self._total - self._next
@@ -204,38 +259,39 @@ def _feed(
     chunks: _Chunks,
     jobs: Sequence[tuple[str, Stamp]],
     settled_before: int,
-    results: list[ReadResult | None],
+    shared: _Shared,
 ) -> None:
     """Keep one helper process busy with chunks until none are left."""
     try:
-        helper = _start_helper()
-    except OSError as err:
-        log.warning("Cannot start a manifest reading process: %s (reading here)", err)
-        return
-    assert helper.stdin is not None and helper.stdout is not None
-    try:
-        while (chunk := chunks.take()) is not None:
-            try:
-                _send(helper.stdin, (settled_before, [jobs[i] for i in chunk]))
-                answer: list[ReadResult] = _receive(helper.stdout)
-            except (OSError, EOFError, pickle.UnpicklingError, struct.error) as err:
-                log.warning(
-                    "A manifest reading process failed: %s (reading its files here)",
-                    _one_line(err) or type(err).__name__,
-                )
-                for i in chunk:  # not taken by anyone else: read by read_files' last pass
-                    results[i] = None
-                return
-            for i, result in zip(chunk, answer, strict=True):
-                results[i] = result
-    finally:
-        helper.stdin.close()
-        helper.stdout.close()
         try:
-            helper.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            helper.kill()
-            helper.wait()
+            helper = _start_helper()
+        except OSError as err:
+            log.warning("Cannot start a manifest reading process: %s (reading here)", err)
+            return
+        assert helper.stdin is not None and helper.stdout is not None
+        try:
+            while (chunk := chunks.take()) is not None:
+                try:
+                    _send(helper.stdin, (settled_before, [jobs[i] for i in chunk]))
+                    answer: list[ReadResult] = _receive(helper.stdout)
+                except (OSError, EOFError, pickle.UnpicklingError, struct.error) as err:
+                    log.warning(
+                        "A manifest reading process failed: %s (reading its files here)",
+                        _one_line(err) or type(err).__name__,
+                    )
+                    shared.orphan(chunk)
+                    return
+                shared.store(chunk, answer)
+        finally:
+            helper.stdin.close()
+            helper.stdout.close()
+            try:
+                helper.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                helper.kill()
+                helper.wait()
+    finally:
+        shared.done()
 
 
 def _start_helper() -> subprocess.Popen[bytes]:

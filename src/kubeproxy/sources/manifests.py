@@ -50,7 +50,7 @@ import asyncio
 import logging
 import os
 import stat
-from collections.abc import AsyncGenerator, Iterable, Iterator, Mapping
+from collections.abc import AsyncGenerator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,13 +63,15 @@ from kubeproxy.sources.manifestfile import (
     ReadResult,
     Stamp,
     escape,
-    read_files,
+    iter_read_files,
 )
 from kubeproxy.sources.parsecache import ParseCache
 
 log = logging.getLogger(__name__)
 
 _SUFFIXES = (".yaml", ".yml", ".json")
+# A first load's objects go to on_first_load this many at a time (at least).
+FIRST_LOAD_STEP = 256
 # A file's absolute path as a string: the index holds ten thousands of them, and strings
 # hash and compare several times faster than Path objects.
 FilePath = str
@@ -92,6 +94,9 @@ class ManifestSource:
     cache: ParseCache | None = None
     # Seconds between two writes of the cache after the first (files keep changing).
     cache_interval: float = 60.0
+    # Where a first load's objects go as their files are read (see reload), so that a
+    # consumer's work on them runs beside the reading of the rest.
+    on_first_load: Callable[[list[Event]], None] | None = None
     _cache_dirty: bool = False
     _files: dict[FilePath, FileEntry] = field(default_factory=dict)
     # Every file defining each object (the first in sorted order wins); the one path
@@ -144,7 +149,7 @@ class ManifestSource:
             return
         if entry is not None and entry.stamp == stamp:
             return
-        fresh, messages = read or self._load([path], {path: stamp})[path]
+        fresh, messages = read or next(self._loaded([path], {path: stamp}))[1]
         for message in messages:
             log.error("%s", message)
         if fresh is None:
@@ -211,8 +216,13 @@ class ManifestSource:
                 after[key] = self._current[key] = obj
         return diff(before, after)
 
-    def _rescan(self, stamps: Mapping[FilePath, Stamp]) -> None:
-        """Apply a full scan: files gone, new or changed since their last read."""
+    def _rescan(
+        self,
+        stamps: Mapping[FilePath, Stamp],
+        taken: Callable[[FilePath], None] | None = None,
+    ) -> None:
+        """Apply a full scan: files gone, new or changed since their last read; ``taken``
+        is called with each changed file once it is in."""
         for path in self._files.keys() - stamps.keys():
             self._refresh(path, None)
         changed = [
@@ -222,30 +232,31 @@ class ManifestSource:
         ]
         # Sorted, so duplicates within one file are read (and logged) in a stable order.
         changed.sort(key=_parts)
-        # Read together (across processes, for a first start's thousands of files), then
+        # Read together (across processes, for a first start's thousands of files), and
         # taken in one by one in this order, as if each had been read on its own.
-        reads = self._load(changed, stamps)
-        for path in changed:
-            self._refresh(path, stamps[path], reads[path])
+        for path, read in self._loaded(changed, stamps):
+            self._refresh(path, stamps[path], read)
+            if taken is not None:
+                taken(path)
 
-    def _load(
-        self, paths: Iterable[FilePath], stamps: Mapping[FilePath, Stamp]
-    ) -> dict[FilePath, ReadResult]:
-        """The files' objects at these stamps: from the parse cache, or read."""
-        loaded: dict[FilePath, ReadResult] = {}
+    def _loaded(
+        self, paths: Sequence[FilePath], stamps: Mapping[FilePath, Stamp]
+    ) -> Iterator[tuple[FilePath, ReadResult]]:
+        """The files' objects at these stamps, in order: from the parse cache, or read."""
+        cached: dict[FilePath, ReadResult] = {}
         unread: list[FilePath] = []
         for path in paths:
             stamp = stamps[path]
-            cached = self.cache.get(path, stamp) if self.cache is not None and self.raw else None
-            if cached is None:
+            hit = self.cache.get(path, stamp) if self.cache is not None and self.raw else None
+            if hit is None:
                 unread.append(path)
             else:
-                loaded[path] = (FileEntry(stamp, dict(cached), cacheable=True), [])
+                cached[path] = (FileEntry(stamp, dict(hit), cacheable=True), [])
         if unread:
             self._cache_dirty = self.cache is not None  # files the cache lacks
-            results = read_files([(path, stamps[path]) for path in unread], self.raw)
-            loaded.update(zip(unread, results, strict=True))
-        return loaded
+        reads = iter_read_files([(path, stamps[path]) for path in unread], self.raw)
+        for path in paths:
+            yield path, (cached.pop(path) if path in cached else next(reads))
 
     def _changed(self, reported: Iterable[FilePath]) -> bool:
         """Apply the paths the watcher reported (files, or directories moved in or out).
@@ -290,8 +301,31 @@ class ManifestSource:
         return merged
 
     def reload(self) -> list[Event]:
-        """Re-scan the whole directory: the watch-style events since the last call."""
-        self._rescan(self._scan())
+        """Re-scan the whole directory: the watch-style events since the last call.
+
+        The first load, with :attr:`on_first_load` set, hands the new objects to it as
+        their files come in (a run of ``ADDED`` events at a time, in path order) and
+        returns what is left to say (nothing, unless a duplicate changes a winner: it
+        cannot, the first path wins and comes first). The source's state is the same.
+        """
+        sink = self.on_first_load if not self._files and not self._current else None
+        if sink is None:
+            self._rescan(self._scan())
+            return self._flush()
+        added: list[Event] = []
+
+        def take(path: FilePath) -> None:
+            for key, obj in self._files[path].objects.items():
+                if obj is not None and key not in self._current and self._owners[key] == path:
+                    self._current[key] = obj
+                    added.append(Event.added(obj))
+            if len(added) >= FIRST_LOAD_STEP:
+                sink(added[:])
+                added.clear()
+
+        self._rescan(self._scan(), take)
+        if added:
+            sink(added)
         return self._flush()
 
     def save_cache(self) -> None:

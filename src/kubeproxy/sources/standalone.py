@@ -49,6 +49,9 @@ class StandaloneSource:
         self.cluster = StandaloneCluster(
             service_cidrs=service_cidrs, remembered=self._saved, rng=random.Random(0)
         )
+        # A first load's files are folded in as they are read: the control plane's work
+        # on them overlaps the helper processes' reading of the rest.
+        self.manifests.on_first_load = self.cluster.fold
 
     def reload(self) -> list[Event]:
         """Re-read the directory: the proxy's events for what changed."""
