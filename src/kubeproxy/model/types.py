@@ -201,9 +201,13 @@ class EndpointConditions:
     terminating: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class SliceEndpoint:
-    """One ``endpoints[]`` entry of an EndpointSlice (all its addresses are one endpoint)."""
+class SliceEndpoint(NamedTuple):
+    """One ``endpoints[]`` entry of an EndpointSlice (all its addresses are one endpoint).
+
+    A NamedTuple, as :class:`Endpoint`: a cold start parses one per endpoint of the
+    cluster (100,000 at 10,000 Services x 10), and a frozen dataclass's ``__init__``
+    costs three times as much (1.8 against 0.65 us).
+    """
 
     addresses: tuple[str, ...]
     conditions: EndpointConditions = EndpointConditions()
