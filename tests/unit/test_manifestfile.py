@@ -208,3 +208,13 @@ def test_a_streamed_first_load_gives_what_one_batch_gives(
     assert len(streamed[0]) > 80 + 16  # Services, slices, Nodes
     assert streamed_log == [r.getMessage() for r in caplog.records if "Read " not in r.getMessage()]
     assert any("Skipping duplicate Service default/svc-7" in line for line in streamed_log)
+
+
+def test_a_first_load_with_helpers_says_so_once_they_are_done(
+    tmp_path: Path, parallel: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    write_directory(tmp_path / "m", 30)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        StandaloneSource(tmp_path / "m", persist=False).reload()
+    read = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Read ")]
+    assert len(read) == 1 and "with 1 helper process(es)" in read[0]

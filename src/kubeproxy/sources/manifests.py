@@ -257,6 +257,7 @@ class ManifestSource:
         reads = iter_read_files([(path, stamps[path]) for path in unread], self.raw)
         for path in paths:
             yield path, (cached.pop(path) if path in cached else next(reads))
+        next(reads, None)  # the reader's end: its helpers joined, its log line
 
     def _changed(self, reported: Iterable[FilePath]) -> bool:
         """Apply the paths the watcher reported (files, or directories moved in or out).
