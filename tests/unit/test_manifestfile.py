@@ -60,8 +60,8 @@ def test_helpers_read_exactly_what_this_process_reads(
     tmp_path: Path, parallel: None, settled: None
 ) -> None:
     jobs = write_directory(tmp_path / "m", 60)
-    assert read_files(jobs, raw=True) == serial(jobs)
-    results = read_files(jobs, raw=True)
+    assert list(read_files(jobs, raw=True)) == serial(jobs)
+    results = list(read_files(jobs, raw=True))
     assert results[3][0] is None and "Cannot read manifest file" in results[3][1][0]
     assert "Skipping duplicate Service default/d" in results[5][1][0]
     assert results[5][0] is not None and not results[5][0].cacheable
@@ -72,7 +72,7 @@ def test_a_file_still_changing_is_not_cacheable_whoever_read_it(
     tmp_path: Path, parallel: None
 ) -> None:
     jobs = write_directory(tmp_path / "m", 40)
-    assert not any(entry.cacheable for entry, _ in read_files(jobs, raw=True) if entry)
+    assert not any(entry.cacheable for entry, _ in list(read_files(jobs, raw=True)) if entry)
 
 
 def test_a_helper_that_dies_costs_a_log_line_not_a_file(
@@ -93,7 +93,7 @@ def test_a_helper_that_dies_costs_a_log_line_not_a_file(
 
     monkeypatch.setattr(manifestfile, "_start_helper", dying)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        results = read_files(jobs, raw=True)
+        results = list(read_files(jobs, raw=True))
     assert results == serial(jobs)
     assert [r.getMessage() for r in caplog.records] == [
         "A manifest reading process failed: the other process closed the pipe "
@@ -115,7 +115,7 @@ def test_a_helper_that_cannot_start_costs_a_log_line(
 
     monkeypatch.setattr(manifestfile, "_start_helper", refused)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        assert read_files(jobs, raw=True) == serial(jobs)
+        assert list(read_files(jobs, raw=True)) == serial(jobs)
     assert "Cannot start a manifest reading process: no more processes" in caplog.text
 
 

@@ -26,41 +26,41 @@ class LabelIndex:
     def set_pod(self, key: NamespacedName, pod: Mapping[str, Any] | None) -> None:
         old = self.pods.pop(key, None)
         if old is not None:
-            for label in _indexlabels_of(key.namespace, labels_of(old)):
+            for label in _index_labels(key.namespace, labels_of(old)):
                 _discard(self._pods_by_label, label, key)
         if pod is not None:
             self.pods[key] = pod
-            for label in _indexlabels_of(key.namespace, labels_of(pod)):
+            for label in _index_labels(key.namespace, labels_of(pod)):
                 self._pods_by_label.setdefault(label, set()).add(key)
 
     def set_selector(self, key: NamespacedName, selector: Mapping[str, Any] | None) -> None:
         old = self.selectors.pop(key, None)
         if old is not None:
-            for label in _indexlabels_of(key.namespace, old)[:1]:
+            for label in _index_labels(key.namespace, old)[:1]:
                 _discard(self._selectors_by_label, label, key)
         if selector:
             self.selectors[key] = selector
-            for label in _indexlabels_of(key.namespace, selector)[:1]:
+            for label in _index_labels(key.namespace, selector)[:1]:
                 self._selectors_by_label.setdefault(label, set()).add(key)
 
     def services_selecting(self, namespace: str, labels: Mapping[str, Any]) -> set[NamespacedName]:
         return {
             service
-            for label in _indexlabels_of(namespace, labels)
+            for label in _index_labels(namespace, labels)
             for service in self._selectors_by_label.get(label, ())
             if matches(self.selectors[service], labels)
         }
 
     def pods_selected(self, namespace: str, selector: Mapping[str, Any]) -> list[Mapping[str, Any]]:
         """Candidates (the Pods with the selector's rarest label); the caller matches."""
-        labels = _indexlabels_of(namespace, selector)
+        labels = _index_labels(namespace, selector)
         if not labels or len(labels) != len(selector):
             return []
         rarest = min((self._pods_by_label.get(label, set()) for label in labels), key=len)
         return [self.pods[key] for key in sorted(rarest)]
 
 
-def _indexlabels_of(namespace: str, labels: Mapping[str, Any]) -> list[_Label]:
+def _index_labels(namespace: str, labels: Mapping[str, Any]) -> list[_Label]:
     """Sorted; values that cannot be label values (lists, maps) are left out."""
     return sorted(
         (namespace, str(k), v)

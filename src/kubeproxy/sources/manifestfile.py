@@ -134,15 +134,11 @@ def read_file(path: str, stamp: Stamp, raw: bool, settled_before: int) -> ReadRe
     return FileEntry(stamp, objects, cacheable=raw and settled and clean), messages
 
 
-def read_files(jobs: Sequence[tuple[str, Stamp]], raw: bool) -> list[ReadResult]:
-    """:func:`read_file` for each job, in order; across processes when it pays."""
-    return list(iter_read_files(jobs, raw))
-
-
-def iter_read_files(jobs: Sequence[tuple[str, Stamp]], raw: bool) -> Iterator[ReadResult]:
+def read_files(jobs: Sequence[tuple[str, Stamp]], raw: bool) -> Iterator[ReadResult]:
     """:func:`read_file` for each job, in order, each as soon as it and those before it
-    are read: what the caller does with early files between two results runs while the
-    helpers read later ones."""
+    are read (across processes when it pays): what the caller does with early files
+    between two results runs while the helpers read later ones. Run it to its end: the
+    helpers are joined, and the read logged, only then."""
     settled_before = time.time_ns() - SETTLE_NS
     helpers = _helper_count(len(jobs)) if raw else 0
     if helpers == 0:

@@ -63,7 +63,7 @@ from kubeproxy.sources.manifestfile import (
     ReadResult,
     Stamp,
     escape,
-    iter_read_files,
+    read_files,
 )
 from kubeproxy.sources.parsecache import ParseCache
 
@@ -149,7 +149,7 @@ class ManifestSource:
             return
         if entry is not None and entry.stamp == stamp:
             return
-        fresh, messages = read or next(self._loaded([path], {path: stamp}))[1]
+        fresh, messages = read or dict(self._loaded([path], {path: stamp}))[path]
         for message in messages:
             log.error("%s", message)
         if fresh is None:
@@ -254,7 +254,7 @@ class ManifestSource:
                 cached[path] = (FileEntry(stamp, dict(hit), cacheable=True), [])
         if unread:
             self._cache_dirty = self.cache is not None  # files the cache lacks
-        reads = iter_read_files([(path, stamps[path]) for path in unread], self.raw)
+        reads = read_files([(path, stamps[path]) for path in unread], self.raw)
         for path in paths:
             yield path, (cached.pop(path) if path in cached else next(reads))
         next(reads, None)  # the reader's end: its helpers joined, its log line
@@ -305,9 +305,10 @@ class ManifestSource:
         """Re-scan the whole directory: the watch-style events since the last call.
 
         The first load, with :attr:`on_first_load` set, hands the new objects to it as
-        their files come in (a run of ``ADDED`` events at a time, in path order) and
-        returns what is left to say (nothing, unless a duplicate changes a winner: it
-        cannot, the first path wins and comes first). The source's state is the same.
+        their files come in (a run of ``ADDED`` events at a time). Files come in path
+        order and the first path wins, so no later file changes what was handed over:
+        the flush at the end only logs duplicates and returns no events. The source's
+        state ends the same either way.
         """
         sink = self.on_first_load if not self._files and not self._current else None
         if sink is None:
