@@ -63,20 +63,22 @@ import contextlib
 import errno
 import itertools
 import json
+import math
 import os
 import selectors
 import socket
 import statistics
 import struct
+import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import yaml
 
@@ -345,15 +347,21 @@ def cpu_seconds(pid: int) -> float:
     return total / ticks
 
 
-def scrape(lab: KubeLab, node: str) -> dict[str, tuple[float, float]]:
-    """(count, sum) of each sync histogram in :data:`SYNC_METRICS`, from the proxy's
-    own /metrics (summed over label sets, if any)."""
+def metrics_text(lab: KubeLab, node: str) -> str:
+    """The proxy's own /metrics, from inside ``node``'s namespace."""
 
     def get() -> str:
         with urllib.request.urlopen(METRICS, timeout=10) as response:
             return str(response.read().decode())
 
     text: str = lab.executor(lab.nodes[node].netns).call(get)
+    return text
+
+
+def scrape(lab: KubeLab, node: str) -> dict[str, tuple[float, float]]:
+    """(count, sum) of each sync histogram in :data:`SYNC_METRICS`, from the proxy's
+    own /metrics (summed over label sets, if any)."""
+    text = metrics_text(lab, node)
     out: dict[str, tuple[float, float]] = {}
     for kind, name in SYNC_METRICS.items():
         count = total = 0.0
@@ -389,7 +397,7 @@ class ProxyRun:
     hwm_mb: float = 0.0
 
 
-def _delta(
+def sync_delta(
     before: Mapping[str, tuple[float, float]], after: Mapping[str, tuple[float, float]]
 ) -> dict[str, tuple[float, float]]:
     out = {}
@@ -400,38 +408,36 @@ def _delta(
     return out
 
 
-def measure(
-    lab: KubeLab, impl: str, mode: str, *, config: str, run: int, probed: Sequence[str], rounds: int
-) -> ProxyRun:
-    """One proxy from a clean node: cold start, ``rounds`` of add/change/delete, metrics."""
+@dataclass
+class Running:
+    """A proxy started by :func:`running`."""
+
+    proc: subprocess.Popen[str]
+    started: float  # perf_counter() just before the spawn
+    executor: Any  # a thread in the proxy's node namespace
+    rss: TreeRss
+
+    def cold_start(self, ips: Mapping[str, Callable[[str | None], bool]]) -> float:
+        """Seconds from the spawn until every one of ``ips`` answered as wanted."""
+        cold: dict[str, float] = self.executor.submit(
+            probe, ips, self.started, deadline=COLD_DEADLINE
+        ).result(COLD_DEADLINE + 30)
+        return max(cold.values())
+
+
+@contextlib.contextmanager
+def running(lab: KubeLab, impl: str, mode: str, config: str, tag: str) -> Iterator[Running]:
+    """``impl`` in ``mode`` on its node, reset to no rules first; stopped on the way out,
+    its log's tail on stderr if anything failed (or it exited on its own)."""
     node = PROXY_NODE[impl]
-    netns = lab.nodes[node].netns
     Node(lab, node).reset()
-    api = lab.api()
-    result = ProxyRun(impl, mode, config, run)
-    ips = {cluster_ip(api, name): from_pool("a") for name in probed}
-    executor = lab.executor(netns)
-    log = lab.workdir / f"sidebyside-{impl}-{mode}-{config}-{run}.log"
+    log = lab.workdir / f"sidebyside-{impl}-{mode}-{config}-{tag}.log"
     argv = command(lab, impl, mode, config)
     started = time.perf_counter()
     proc = lab.spawn(argv, log)
     rss = TreeRss(proc.pid)
     try:
-        cold = executor.submit(probe, ips, started, deadline=COLD_DEADLINE).result(
-            COLD_DEADLINE + 30
-        )
-        result.cold_seconds = max(cold.values())
-        result.cpu_cold = cpu_seconds(proc.pid)
-        # Let the cold start's syncs end before reading their metrics.
-        time.sleep(GAP)
-        after_cold = scrape(lab, node)
-        result.syncs_cold = _delta({}, after_cold)
-        for r in range(rounds):
-            name = f"r{run}-{impl[0]}-{mode[0]}-{config}-{r}"
-            _round(lab, api, executor, name, result)
-        result.syncs_rounds = _delta(after_cold, scrape(lab, node))
-        result.cpu_total = cpu_seconds(proc.pid)
-        result.hwm_mb = status_kb(proc.pid, "VmHWM:") / 1024
+        yield Running(proc, started, lab.executor(lab.nodes[node].netns), rss)
         if proc.poll() is not None:
             raise RuntimeError(f"{impl} exited: {log.read_text(errors='replace')[-3000:]}")
     except BaseException:
@@ -440,7 +446,30 @@ def measure(
     finally:
         rss.close()
         stop_process(proc)
-    result.tree_peak_mb = rss.peak_kb / 1024
+
+
+def measure(
+    lab: KubeLab, impl: str, mode: str, *, config: str, run: int, probed: Sequence[str], rounds: int
+) -> ProxyRun:
+    """One proxy from a clean node: cold start, ``rounds`` of add/change/delete, metrics."""
+    node = PROXY_NODE[impl]
+    api = lab.api()
+    result = ProxyRun(impl, mode, config, run)
+    ips = {cluster_ip(api, name): from_pool("a") for name in probed}
+    with running(lab, impl, mode, config, str(run)) as proxy:
+        result.cold_seconds = proxy.cold_start(ips)
+        result.cpu_cold = cpu_seconds(proxy.proc.pid)
+        # Let the cold start's syncs end before reading their metrics.
+        time.sleep(GAP)
+        after_cold = scrape(lab, node)
+        result.syncs_cold = sync_delta({}, after_cold)
+        for r in range(rounds):
+            name = f"r{run}-{impl[0]}-{mode[0]}-{config}-{r}"
+            _round(lab, api, proxy.executor, name, result)
+        result.syncs_rounds = sync_delta(after_cold, scrape(lab, node))
+        result.cpu_total = cpu_seconds(proxy.proc.pid)
+        result.hwm_mb = status_kb(proxy.proc.pid, "VmHWM:") / 1024
+    result.tree_peak_mb = proxy.rss.peak_kb / 1024
     return result
 
 
@@ -481,7 +510,7 @@ def ms(seconds: float) -> str:
     return f"{seconds * 1000:.1f}" if seconds < 10 else f"{seconds * 1000:.0f}"
 
 
-def _spread(values: Sequence[float], fmt: Callable[[float], str]) -> str:
+def spread(values: Sequence[float], fmt: Callable[[float], str]) -> str:
     if len(values) == 1:
         return fmt(values[0])
     return f"{fmt(statistics.median(values))} ({fmt(min(values))}-{fmt(max(values))})"
@@ -491,7 +520,7 @@ def _syncs(runs: Sequence[ProxyRun], phase: str, kind: str, *, total: bool) -> s
     """Each run's mean (or ``total``) sync seconds from /metrics, [the counts]."""
     pairs = [getattr(r, phase)[kind] for r in runs]
     counts = "/".join(f"{c:.0f}" for c, _ in pairs)
-    return f"{_spread([c * m if total else m for c, m in pairs], ms)} [{counts}]"
+    return f"{spread([c * m if total else m for c, m in pairs], ms)} [{counts}]"
 
 
 def _cold_syncs(r: ProxyRun) -> float:
@@ -502,71 +531,98 @@ def _cold_syncs(r: ProxyRun) -> float:
     return count * mean
 
 
-def table(results: Sequence[ProxyRun]) -> str:
-    """Per mode, config and proxy: medians over the runs (range in brackets), and the
-    kubeproxy/upstream ratio of each run's figures."""
+class _Run(Protocol):
+    impl: str
+    mode: str
+    config: str
+    run: int
+
+
+RunT = TypeVar("RunT", bound=_Run)
+# kubeproxy/upstream of one figure, per run: median (range) over the runs, as a cell
+Ratio = Callable[[Callable[[RunT], float]], str]
+
+
+def render(
+    header: Sequence[str],
+    results: Sequence[RunT],
+    cells: Callable[[Sequence[RunT]], Sequence[str]],
+    ratios: Callable[[Ratio[RunT]], Sequence[str]],
+) -> str:
+    """A Markdown table: per mode, config and proxy, ``cells`` of its runs after the
+    first three columns ``header`` names, then a row of ``ratios``, each cell made with
+    the ratio function it is given (each run's kubeproxy/upstream figure, paired by run)."""
     lines = [
-        "| mode | config | proxy | cold start s | add ms median / max | change ms median / max "
-        "| delete ms median / max | API request ms | full syncs ms at cold start, total [count] "
-        "| partial sync ms in rounds, mean [count] | CPU s cold / total "
-        "| peak RSS tree MB (VmHWM) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| mode | config | proxy | " + " | ".join(header) + " |",
+        "|---" * (3 + len(header)) + "|",
     ]
-    groups: dict[tuple[str, str], dict[str, list[ProxyRun]]] = {}
+    groups: dict[tuple[str, str], dict[str, list[RunT]]] = {}
     for r in results:
         groups.setdefault((r.mode, r.config), {}).setdefault(r.impl, []).append(r)
     for (mode, config), by_impl in groups.items():
         for impl in (UPSTREAM, OURS):
-            runs = by_impl.get(impl, [])
-            if not runs:
-                continue
-            lat = [
-                f"{ms(statistics.median(x))} / {ms(max(x))}"
-                for x in (
-                    [v for r in runs for v in getattr(r, kind)]
-                    for kind in ("add", "change", "delete")
-                )
-            ]
-            lines.append(
-                f"| {mode} | {config} | {impl} "
-                f"| {_spread([r.cold_seconds for r in runs], lambda v: f'{v:.2f}')} "
-                f"| {' | '.join(lat)} "
-                f"| {ms(statistics.median([w for r in runs for w in r.writes]))} "
-                f"| {_syncs(runs, 'syncs_cold', 'full', total=True)} "
-                f"| {_syncs(runs, 'syncs_rounds', 'partial', total=False)} "
-                f"| {_spread([r.cpu_cold for r in runs], lambda v: f'{v:.2f}')} / "
-                f"{_spread([r.cpu_total for r in runs], lambda v: f'{v:.2f}')} "
-                f"| {_spread([r.tree_peak_mb for r in runs], lambda v: f'{v:.0f}')} "
-                f"({_spread([r.hwm_mb for r in runs], lambda v: f'{v:.0f}')}) |"
+            if runs := by_impl.get(impl, []):
+                lines.append(f"| {mode} | {config} | {impl} | {' | '.join(cells(runs))} |")
+        pairs = list(
+            zip(
+                sorted(by_impl.get(UPSTREAM, []), key=lambda r: r.run),
+                sorted(by_impl.get(OURS, []), key=lambda r: r.run),
+                strict=False,
             )
-        ratios = ratio_row(by_impl.get(UPSTREAM, []), by_impl.get(OURS, []))
-        if ratios:
-            lines.append(f"| {mode} | {config} | **kubeproxy / upstream** | {ratios} |")
+        )
+        if not pairs:
+            continue
+
+        def ratio(get: Callable[[RunT], float], pairs: list[tuple[RunT, RunT]] = pairs) -> str:
+            values = [get(o) / get(u) for u, o in pairs if get(u) > 0 and not math.isnan(get(o))]
+            return spread(values, lambda v: f"{v:.2f}x") if values else "-"
+
+        row = " | ".join(ratios(ratio))
+        lines.append(f"| {mode} | {config} | **kubeproxy / upstream** | {row} |")
     return "\n".join(lines)
 
 
-def ratio_row(upstream: Sequence[ProxyRun], ours: Sequence[ProxyRun]) -> str:
-    """Each run's kubeproxy/upstream ratio (medians of its rounds), as median (range)."""
-    pairs = list(
-        zip(sorted(upstream, key=lambda r: r.run), sorted(ours, key=lambda r: r.run), strict=False)
-    )
-    if not pairs:
-        return ""
+def table(results: Sequence[ProxyRun]) -> str:
+    """Per mode, config and proxy: medians over the runs (range in brackets), and the
+    kubeproxy/upstream ratio of each run's figures."""
+    header = (
+        "cold start s", "add ms median / max", "change ms median / max",
+        "delete ms median / max", "API request ms", "full syncs ms at cold start, total [count]",
+        "partial sync ms in rounds, mean [count]", "CPU s cold / total",
+        "peak RSS tree MB (VmHWM)",
+    )  # fmt: skip
 
-    def ratio(get: Callable[[ProxyRun], float]) -> str:
-        values = [get(o) / get(u) for u, o in pairs if get(u) > 0]
-        return _spread(values, lambda v: f"{v:.2f}x") if values else "-"
+    def cells(runs: Sequence[ProxyRun]) -> list[str]:
+        lat = [
+            f"{ms(statistics.median(x))} / {ms(max(x))}"
+            for x in (
+                [v for r in runs for v in getattr(r, kind)] for kind in ("add", "change", "delete")
+            )
+        ]
+        return [
+            spread([r.cold_seconds for r in runs], lambda v: f"{v:.2f}"),
+            *lat,
+            ms(statistics.median([w for r in runs for w in r.writes])),
+            _syncs(runs, "syncs_cold", "full", total=True),
+            _syncs(runs, "syncs_rounds", "partial", total=False),
+            f"{spread([r.cpu_cold for r in runs], lambda v: f'{v:.2f}')} / "
+            f"{spread([r.cpu_total for r in runs], lambda v: f'{v:.2f}')}",
+            f"{spread([r.tree_peak_mb for r in runs], lambda v: f'{v:.0f}')} "
+            f"({spread([r.hwm_mb for r in runs], lambda v: f'{v:.0f}')})",
+        ]
 
-    cells = [
-        ratio(lambda r: r.cold_seconds),
-        *(ratio(_median_of(kind)) for kind in ("add", "change", "delete")),
-        "",
-        ratio(_cold_syncs),
-        ratio(lambda r: r.syncs_rounds["partial"][1]),
-        f"{ratio(lambda r: r.cpu_cold)} / {ratio(lambda r: r.cpu_total)}",
-        ratio(lambda r: r.tree_peak_mb),
-    ]
-    return " | ".join(cells)
+    def ratios(ratio: Ratio[ProxyRun]) -> list[str]:
+        return [
+            ratio(lambda r: r.cold_seconds),
+            *(ratio(_median_of(kind)) for kind in ("add", "change", "delete")),
+            "",
+            ratio(_cold_syncs),
+            ratio(lambda r: r.syncs_rounds["partial"][1]),
+            f"{ratio(lambda r: r.cpu_cold)} / {ratio(lambda r: r.cpu_total)}",
+            ratio(lambda r: r.tree_peak_mb),
+        ]
+
+    return render(header, results, cells, ratios)
 
 
 def _median_of(kind: str) -> Callable[[ProxyRun], float]:
@@ -587,17 +643,32 @@ class Spec:
     probed: int
 
 
-def run_bench(spec: Spec, workdir: Path, prefix: str | None = None) -> list[ProxyRun]:
-    """Build the lab, populate it, run every proxy run; the lab is gone afterwards."""
+@contextlib.contextmanager
+def populated_lab(
+    workdir: Path, prefix: str, services: int, endpoints: int, probed: int
+) -> Iterator[tuple[KubeLab, list[str]]]:
+    r"""The lab, built and :func:`populate`\ d: the lab and the probed Services' names.
+    Every namespace is gone on the way out."""
     # The proxy starts as an installed package does, from compiled bytecode (see bench.e2e).
     compileall.compile_dir(ROOT / "src", quiet=1)
-    lab = KubeLab(prefix or f"kpsb{os.getpid() % 10000}", workdir, find())
-    results: list[ProxyRun] = []
+    lab = KubeLab(prefix, workdir, find())
     try:
         lab.build(NODES)
         began = time.monotonic()
-        probed = populate(lab, spec.services, spec.endpoints, spec.probed)
+        names = populate(lab, services, endpoints, probed)
         print(f"populated in {time.monotonic() - began:.0f}s", file=sys.stderr, flush=True)
+        yield lab, names
+    finally:
+        lab.close()
+
+
+def run_bench(spec: Spec, workdir: Path, prefix: str | None = None) -> list[ProxyRun]:
+    """Build the lab, populate it, run every proxy run; the lab is gone afterwards."""
+    results: list[ProxyRun] = []
+    with populated_lab(
+        workdir, prefix or f"kpsb{os.getpid() % 10000}", spec.services, spec.endpoints,
+        spec.probed,
+    ) as (lab, probed):  # fmt: skip
         for run in range(spec.runs):
             for mode in spec.modes:
                 for config in spec.configs:
@@ -619,8 +690,6 @@ def run_bench(spec: Spec, workdir: Path, prefix: str | None = None) -> list[Prox
                             file=sys.stderr,
                             flush=True,
                         )
-    finally:
-        lab.close()
     return results
 
 
@@ -628,38 +697,57 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.sidebyside", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--services", type=int, default=1000)
-    parser.add_argument("--endpoints", type=int, default=10)
-    parser.add_argument("--modes", default="nftables,iptables")
+    common_arguments(parser, endpoints=10, modes="nftables,iptables", probed=20)
     parser.add_argument("--configs", default=",".join(CONFIGS))
-    parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--probed", type=int, default=20)
+    args = parser.parse_args(argv)
+    spec = Spec(
+        args.services, args.endpoints, tuple(args.modes.split(",")),
+        tuple(args.configs.split(",")), args.runs, args.rounds, args.probed,
+    )  # fmt: skip
+    report(args, ProxyRun, lambda workdir: run_bench(spec, workdir), table)
+    return 0
+
+
+def common_arguments(
+    parser: argparse.ArgumentParser, *, endpoints: int, modes: str, probed: int
+) -> None:
+    """The options every side-by-side bench has."""
+    parser.add_argument("--services", type=int, default=1000)
+    parser.add_argument("--endpoints", type=int, default=endpoints)
+    parser.add_argument("--modes", default=modes)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--probed", type=int, default=probed)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--logs", type=Path, default=None, help="keep the lab's logs here")
     parser.add_argument(
         "--table", type=Path, default=None, help="only print the table of an --out file"
     )
-    args = parser.parse_args(argv)
+
+
+def report(
+    args: argparse.Namespace,
+    kind: Callable[..., RunT],
+    bench: Callable[[Path], list[RunT]],
+    render_table: Callable[[Sequence[RunT]], str],
+) -> None:
+    """What a side-by-side bench's main does with ``--table``, ``--logs`` and ``--out``:
+    only the table of an earlier run, or a new run (in ``--logs`` or a scratch directory)
+    with the load before and after on stderr, its table on stdout, its runs as JSON."""
     if args.table is not None:
-        print(table([ProxyRun(**r) for r in json.loads(args.table.read_text())]))
-        return 0
-    spec = Spec(
-        args.services, args.endpoints, tuple(args.modes.split(",")),
-        tuple(args.configs.split(",")), args.runs, args.rounds, args.probed,
-    )  # fmt: skip
+        print(render_table([kind(**r) for r in json.loads(args.table.read_text())]))
+        return
     print(f"load before: {os.getloadavg()}", file=sys.stderr, flush=True)
     if args.logs is not None:
         args.logs.mkdir(parents=True, exist_ok=True)
-        results = run_bench(spec, args.logs)
+        results = bench(args.logs)
     else:
         with tempfile.TemporaryDirectory(prefix="kubeproxy-sidebyside-") as tmp:
-            results = run_bench(spec, Path(tmp))
+            results = bench(Path(tmp))
     print(f"load after: {os.getloadavg()}", file=sys.stderr, flush=True)
-    print(table(results))
+    print(render_table(results))
     if args.out is not None:
-        args.out.write_text(json.dumps([asdict(r) for r in results], indent=1))
-    return 0
+        args.out.write_text(json.dumps([asdict(r) for r in results], indent=1))  # type: ignore[call-overload]
 
 
 if __name__ == "__main__":

@@ -266,9 +266,13 @@ def slope(samples: list[tuple[float, float]]) -> float:
 
 
 def histogram(text: str, name: str = METRIC) -> list[tuple[float, float]]:
-    """(upper bound, cumulative count) of a Prometheus histogram in /metrics text."""
-    pattern = re.compile(rf'^{name}_bucket\{{le="([^"]+)"\}} (\S+)$', re.M)
-    return [(float(le), float(count)) for le, count in pattern.findall(text)]
+    """(upper bound, cumulative count) of a Prometheus histogram in /metrics text, summed
+    over its label sets (upstream's carry ``ip_family``)."""
+    pattern = re.compile(rf'^{name}_bucket\{{(?:[^}}]*,)?le="([^"]+)"[^}}]*\}} (\S+)$', re.M)
+    buckets: dict[float, float] = {}
+    for le, count in pattern.findall(text):
+        buckets[float(le)] = buckets.get(float(le), 0.0) + float(count)
+    return sorted(buckets.items())
 
 
 def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
