@@ -114,7 +114,8 @@ class Fleet:
         return min(len(self.churnable), max(1, round(wanted / max(1, self.endpoints // 2))))
 
     def churn(self, i: int) -> dict[str, Any]:
-        """Move half of Service ``i``'s endpoints; the merge patch of its slice."""
+        """Move half of Service ``i``'s endpoints; the merge patch of its slice (without
+        the trigger time: :func:`write` stamps it as the request goes out)."""
         parity = self.churns[i] % 2
         self.churns[i] += 1
         for j in range(parity, self.endpoints, 2):
@@ -128,11 +129,15 @@ class Fleet:
         body = endpoint_slice(
             f"s{i:05d}", eps, ({"name": "http", "port": TARGET_PORT},), namespace=NAMESPACE
         )
-        trigger = datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
-        return {
-            "metadata": {"annotations": {TRIGGER_TIME: trigger}},
-            "endpoints": body["endpoints"],
-        }
+        return {"endpoints": body["endpoints"]}
+
+
+def write(api: Api, i: int, patch: dict[str, Any]) -> None:
+    """Send Service ``i``'s slice patch, stamped with the moment it goes out: a writer
+    that waited its turn must not count its wait against the proxy."""
+    trigger = datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    stamped = {"metadata": {"annotations": {TRIGGER_TIME: trigger}}, **patch}
+    api.patch("EndpointSlice", f"s{i:05d}-ipv4", stamped, NAMESPACE)
 
 
 @dataclass
@@ -228,12 +233,7 @@ class Driver:
         their other pool meanwhile, each move timed to its first packet."""
         t0 = time.perf_counter()
         chosen = self.rng.sample(self.fleet.churnable, result.slices_per_tick)
-        writes = [
-            self.writers.submit(
-                self.api.patch, "EndpointSlice", f"s{i:05d}-ipv4", self.fleet.churn(i), NAMESPACE
-            )
-            for i in chosen
-        ]
+        writes = [self.writers.submit(write, self.api, i, self.fleet.churn(i)) for i in chosen]
         offsets: dict[str, float] = {}
         for name, pool in list(self.pools.items()):
             self.pools[name] = "b" if pool == "a" else "a"
