@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.e2e import process_tree
+from bench.soak import gauge
 from kubeproxy.lab.cluster import NODE, NODE_IP, NODE_IP6, REMOTE_NODE, Lab
 from kubeproxy.lab.flow import LongFlow, StreamEcho
 from kubeproxy.lab.objects import Ep, endpoint_slice, node, service
@@ -227,10 +228,8 @@ class Proxy:
 
         def scrape() -> float:
             with urllib.request.urlopen("http://127.0.0.1:10249/metrics", timeout=2) as resp:
-                for line in resp.read().decode().splitlines():
-                    if line.startswith("kubeproxy_sync_proxy_rules_last_timestamp_seconds "):
-                        return float(line.split()[1])
-            return 0.0
+                text = resp.read().decode()
+            return gauge(text, "kubeproxy_sync_proxy_rules_last_timestamp_seconds")
 
         try:
             return self.lab.executor(self.lab.node_ns).call(scrape)

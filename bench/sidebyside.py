@@ -358,21 +358,29 @@ def metrics_text(lab: KubeLab, node: str) -> str:
     return text
 
 
-def scrape(lab: KubeLab, node: str) -> dict[str, tuple[float, float]]:
-    """(count, sum) of each sync histogram in :data:`SYNC_METRICS`, from the proxy's
-    own /metrics (summed over label sets, if any)."""
-    text = metrics_text(lab, node)
+def scrape(lab: KubeLab, impl: str) -> dict[str, tuple[float, float]]:
+    """(count, sum) of each sync histogram in :data:`SYNC_METRICS`, from ``impl``'s own
+    /metrics. Both label them ``ip_family``: upstream's two per-family proxiers sync
+    apart (their series are added up), kubeproxy's one sync programs every family and
+    is recorded under each (one family's series is taken: the one with most syncs)."""
+    text = metrics_text(lab, PROXY_NODE[impl])
     out: dict[str, tuple[float, float]] = {}
     for kind, name in SYNC_METRICS.items():
-        count = total = 0.0
+        per_family: dict[str, list[float]] = {}
         for line in text.splitlines():
             metric, _, value = line.rpartition(" ")
-            base = metric.split("{", 1)[0]
-            if base == f"{name}_count":
-                count += float(value)
-            elif base == f"{name}_sum":
-                total += float(value)
-        out[kind] = (count, total)
+            base, _, labels = metric.partition("{")
+            if base in (f"{name}_count", f"{name}_sum"):
+                pair = per_family.setdefault(labels, [0.0, 0.0])
+                pair[base.endswith("_sum")] = float(value)
+        if impl == UPSTREAM:
+            out[kind] = (
+                sum(c for c, _ in per_family.values()),
+                sum(t for _, t in per_family.values()),
+            )
+        else:
+            count, total = max(per_family.values(), default=[0.0, 0.0])
+            out[kind] = (count, total)
     return out
 
 
@@ -452,7 +460,6 @@ def measure(
     lab: KubeLab, impl: str, mode: str, *, config: str, run: int, probed: Sequence[str], rounds: int
 ) -> ProxyRun:
     """One proxy from a clean node: cold start, ``rounds`` of add/change/delete, metrics."""
-    node = PROXY_NODE[impl]
     api = lab.api()
     result = ProxyRun(impl, mode, config, run)
     ips = {cluster_ip(api, name): from_pool("a") for name in probed}
@@ -461,12 +468,12 @@ def measure(
         result.cpu_cold = cpu_seconds(proxy.proc.pid)
         # Let the cold start's syncs end before reading their metrics.
         time.sleep(GAP)
-        after_cold = scrape(lab, node)
+        after_cold = scrape(lab, impl)
         result.syncs_cold = sync_delta({}, after_cold)
         for r in range(rounds):
             name = f"r{run}-{impl[0]}-{mode[0]}-{config}-{r}"
             _round(lab, api, proxy.executor, name, result)
-        result.syncs_rounds = sync_delta(after_cold, scrape(lab, node))
+        result.syncs_rounds = sync_delta(after_cold, scrape(lab, impl))
         result.cpu_total = cpu_seconds(proxy.proc.pid)
         result.hwm_mb = status_kb(proxy.proc.pid, "VmHWM:") / 1024
     result.tree_peak_mb = proxy.rss.peak_kb / 1024

@@ -115,7 +115,7 @@ class Fleet:
 
     def churn(self, i: int) -> dict[str, Any]:
         """Move half of Service ``i``'s endpoints; the merge patch of its slice (without
-        the trigger time: :func:`write` stamps it as the request goes out)."""
+        the trigger time: :func:`write_slice` stamps it as the request goes out)."""
         parity = self.churns[i] % 2
         self.churns[i] += 1
         for j in range(parity, self.endpoints, 2):
@@ -132,7 +132,7 @@ class Fleet:
         return {"endpoints": body["endpoints"]}
 
 
-def write(api: Api, i: int, patch: dict[str, Any]) -> None:
+def write_slice(api: Api, i: int, patch: dict[str, Any]) -> None:
     """Send Service ``i``'s slice patch, stamped with the moment it goes out: a writer
     that waited its turn must not count its wait against the proxy."""
     trigger = datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
@@ -194,7 +194,7 @@ def measure(
         result.cold_seconds = proxy.cold_start({ips[n]: from_pool(p) for n, p in pools.items()})
         time.sleep(tick)  # the cold start's syncs end; the churn meets an idle proxy
         text = metrics_text(lab, node)
-        syncs_before, programmed_before = scrape(lab, node), histogram(text, PROGRAMMING)
+        syncs_before, programmed_before = scrape(lab, impl), histogram(text, PROGRAMMING)
         cpu_before = cpu_seconds(proxy.proc.pid)
         began = time.perf_counter()
         with ThreadPoolExecutor(WRITERS) as writers:
@@ -204,7 +204,7 @@ def measure(
                 driver.tick(result, tick)
         time.sleep(max(0.0, began + (ticks + 1) * tick - time.perf_counter()))
         result.cpu_per_tick = (cpu_seconds(proxy.proc.pid) - cpu_before) / ticks
-        result.syncs = sync_delta(syncs_before, scrape(lab, node))
+        result.syncs = sync_delta(syncs_before, scrape(lab, impl))
         programmed = _buckets_delta(
             programmed_before, histogram(metrics_text(lab, node), PROGRAMMING)
         )
@@ -233,7 +233,9 @@ class Driver:
         their other pool meanwhile, each move timed to its first packet."""
         t0 = time.perf_counter()
         chosen = self.rng.sample(self.fleet.churnable, result.slices_per_tick)
-        writes = [self.writers.submit(write, self.api, i, self.fleet.churn(i)) for i in chosen]
+        writes = [
+            self.writers.submit(write_slice, self.api, i, self.fleet.churn(i)) for i in chosen
+        ]
         offsets: dict[str, float] = {}
         for name, pool in list(self.pools.items()):
             self.pools[name] = "b" if pool == "a" else "a"

@@ -265,14 +265,19 @@ def slope(samples: list[tuple[float, float]]) -> float:
     return 60 * sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var if var else 0.0
 
 
-def histogram(text: str, name: str = METRIC) -> list[tuple[float, float]]:
-    """(upper bound, cumulative count) of a Prometheus histogram in /metrics text, summed
-    over its label sets (upstream's carry ``ip_family``)."""
+def histogram(
+    text: str, name: str = METRIC, combine: Callable[[list[float]], float] = sum
+) -> list[tuple[float, float]]:
+    """(upper bound, cumulative count) of a Prometheus histogram in /metrics text, its
+    label sets (``ip_family``) put together by ``combine``: ``sum`` where each family
+    records samples of its own (network programming: one per slice, in the slice's
+    family), ``max`` for kubeproxy's sync durations (each sync is recorded under every
+    family it programs)."""
     pattern = re.compile(rf'^{name}_bucket\{{(?:[^}}]*,)?le="([^"]+)"[^}}]*\}} (\S+)$', re.M)
-    buckets: dict[float, float] = {}
+    buckets: dict[float, list[float]] = {}
     for le, count in pattern.findall(text):
-        buckets[float(le)] = buckets.get(float(le), 0.0) + float(count)
-    return sorted(buckets.items())
+        buckets.setdefault(float(le), []).append(float(count))
+    return sorted((le, combine(counts)) for le, counts in buckets.items())
 
 
 def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float:
@@ -357,9 +362,10 @@ def _metrics(probes: Callable[..., Any], timeout: float = 5.0) -> str:
     return result
 
 
-def _gauge(text: str, name: str) -> float:
-    match = re.search(rf"^{name} (\S+)$", text, re.M)
-    return float(match.group(1)) if match else 0.0
+def gauge(text: str, name: str) -> float:
+    """``name``'s value; the largest over its label sets (``ip_family``), 0 if absent."""
+    values = [float(v) for v in re.findall(rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", text, re.M)]
+    return max(values, default=0.0)
 
 
 def _send_udp(ips: list[str]) -> None:
@@ -465,7 +471,7 @@ def soak(
             api.close()
     warm = [(s, mb) for s, mb in rss.samples if s >= seconds / 5]
     logged = logged_syncs(text)
-    buckets = histogram(metrics)
+    buckets = histogram(metrics, METRIC, max)
     programming = histogram(metrics, PROGRAMMING)
     figures |= {
         "services": services,
@@ -496,7 +502,7 @@ def soak(
         }
         | {"count": programming[-1][1] if programming else 0},
         "proxy_cpus": proxy_cpus,
-        "sync_failures": _gauge(metrics, "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"),
+        "sync_failures": gauge(metrics, "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"),
     }
     return figures
 
@@ -522,7 +528,7 @@ def _drive(
     seconds, tick, turnover = schedule.seconds, schedule.tick, schedule.turnover
     call = the_lab.probes.call
     began = time.monotonic()
-    while _gauge(_try_metrics(call), "kubeproxy_sync_proxy_rules_last_timestamp_seconds") == 0:
+    while gauge(_try_metrics(call), "kubeproxy_sync_proxy_rules_last_timestamp_seconds") == 0:
         if proxy.poll() is not None or time.monotonic() - began > SETTLE_SECONDS:
             raise SoakError("the proxy did not sync the initial state")
         time.sleep(0.5)

@@ -84,13 +84,17 @@ def _get(url: str) -> tuple[int, str]:
 
 
 def scrape(lab: Lab, port: int = METRICS_PORT) -> dict[str, float]:
-    """Every sample of node-a's ``/metrics``: ``name{label="v",...}`` -> value."""
+    """Every sample of node-a's ``/metrics``: ``name{label="v",...}`` -> value; and, for a
+    name with labels, ``name`` -> the largest value over its label sets (a sync is
+    recorded under each ``ip_family``: this is what one family saw)."""
     _, text = lab.executor(lab.node_ns).call(_get, f"http://127.0.0.1:{port}/metrics")
     samples: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             labels = ",".join(f'{k}="{v}"' for k, v in sorted(sample.labels.items()))
             samples[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+            if labels:
+                samples[sample.name] = max(samples.get(sample.name, sample.value), sample.value)
     return samples
 
 

@@ -161,7 +161,7 @@ class PartialVersusFull(RuleBasedStateMachine):
         result = self.under_test.sync(snap, changed if self.synced else None)
         # A partial sync must never need the full-sync fallback.
         assert result.full is not self.synced, _applied(self.under_test)
-        assert result.isolated == [] and result.partial_failures == 0
+        assert result.isolated == [] and result.partial_failures == {}
         self.synced = True
         fresh = self.backend("full")
         fresh.sync(snap, None)

@@ -129,7 +129,7 @@ class Proxy:
         self.clock = clock or SystemClock()
         self.wall = wall
         self.conntrack = conntrack
-        self.metrics = metrics or Metrics(config.mode)
+        self.metrics = metrics or Metrics(config.mode, families=config.families)
         self.metrics.counter_reader = backend.counters
         self.health = ProxyHealth(2 * config.sync_period, wall, families=config.families)
         self.state = ProxyState(config.hostname, config.bind_ip())
@@ -305,9 +305,9 @@ class Proxy:
         # Trigger times from before this process started measure the API server's
         # history, not our programming latency (upstream drops them too).
         triggers = [
-            t
+            (family, t)
             for times in changes.endpoints.trigger_times.values()
-            for t in times
+            for family, t in times
             if t >= self._started
         ]
         self.metrics.observe_sync(

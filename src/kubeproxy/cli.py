@@ -629,7 +629,7 @@ def main(argv: list[str] | None = None) -> int:
             log.info("Wrote the effective configuration to %s", args.write_config_to)
             return 0
         config = proxy_config(cfg, args)
-        metrics = Metrics(config.mode, features=feature_states(cfg))
+        metrics = Metrics(config.mode, features=feature_states(cfg), families=config.families)
         source = make_source(cfg, config, args, observe=metrics.api_request)
     except ConfigError as err:
         # As upstream: the error (every problem at once), no usage banner, exit 1.

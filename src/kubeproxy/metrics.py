@@ -18,10 +18,21 @@ sync_proxy_rules_service_changes_pending / _total          gauge/ctr  pending / 
 sync_proxy_rules_no_local_endpoints_total{traffic_policy}  gauge      observe_sync
 sync_proxy_rules_nftables_sync_failures_total              counter    sync_failed
 sync_proxy_rules_nftables_cleanup_failures_total           counter    cleanup_failed
-conntrack_reconciler_sync_duration_seconds{ip_family}      histogram  conntrack_cleaned
-conntrack_reconciler_deleted_entries_total{ip_family}      counter    conntrack_cleaned
+conntrack_reconciler_sync_duration_seconds                 histogram  conntrack_cleaned
+conntrack_reconciler_deleted_entries_total                 counter    conntrack_cleaned
 proxy_healthz_total{code} / proxy_livez_total{code}        counter    count_healthz/_livez
 =========================================================  =========  ======================
+
+Each of them but the four ``*_changes_*`` and the two probe counters also carries
+upstream's ``ip_family`` label (1.33+), whose metaproxier runs one proxier per family,
+each labelling what it does. kubeproxy programs every family it serves
+(``families``, detected from the node as upstream does) in one sync, so a sync's
+duration, timestamp and failure are recorded under each of them; a network-programming
+sample goes under its EndpointSlice's address family, and the no-local-endpoints counts
+and iptables rule counts under the family they were counted in. Labelled series appear
+on first use, as upstream's vectors (the failure counters start at 0 per family, so an
+alert has a series). Summed over ``ip_family``, a dual-stack node's sync counts are twice
+its syncs; upstream's are the syncs of its two proxiers.
 
 ``nftables_cleanup_failures_total`` counts what upstream's does: failures of the
 transaction that deletes stale nftables chains. kubeproxy deletes stale chains inside the
@@ -52,9 +63,9 @@ Process metrics, as upstream's Go registry has (``process_*``: CPU seconds, resi
 virtual memory, start time, open and max fds), from prometheus_client's ProcessCollector;
 the Go runtime collectors' analogue is ``python_info`` and ``python_gc_*``.
 
-In iptables mode also upstream's ``sync_proxy_rules_iptables_total{table}``,
-``..._iptables_last{table}`` (rules written by the last sync),
-``..._iptables_partial_restore_failures_total``, and the two read from nfacct counters
+In iptables mode also upstream's ``sync_proxy_rules_iptables_total{table,ip_family}``,
+``..._iptables_last{table,ip_family}`` (rules written by the last sync),
+``..._iptables_partial_restore_failures_total{ip_family}``, and the two read from nfacct counters
 when a scrape comes (:attr:`Metrics.counter_reader`, set to the backend's ``counters``):
 ``kubeproxy_iptables_localhost_nodeports_accepted_packets_total`` and
 ``kubeproxy_iptables_ct_state_invalid_dropped_packets_total``, absent (as upstream's) when
@@ -138,6 +149,9 @@ NETWORK_PROGRAMMING_BUCKETS = (
 )
 
 
+# Upstream's per-family proxiers label most of their metrics with the family they serve.
+FAMILY = ("ip_family",)
+
 # client-go's rest_client_request_duration_seconds buckets.
 REST_CLIENT_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0)
 
@@ -197,11 +211,17 @@ class Metrics:
     """The metrics of one proxy in ``mode`` (the mode decides a few names, as upstream)."""
 
     def __init__(
-        self, mode: str = "nftables", *, features: Iterable[tuple[str, str, bool]] = ()
+        self,
+        mode: str = "nftables",
+        *,
+        features: Iterable[tuple[str, str, bool]] = (),
+        families: Iterable[str] = ("IPv4",),
     ) -> None:
         """``features``: (name, stage, enabled) of every known feature gate
-        (:func:`kubeproxy.config.features.feature_states`)."""
+        (:func:`kubeproxy.config.features.feature_states`); ``families``: the IP families
+        this proxy serves ("IPv4", "IPv6"), the values of the ``ip_family`` label."""
         self.mode = mode
+        self.families = tuple(str(f) for f in families)
         self.registry = CollectorRegistry(auto_describe=True)
         # Upstream's registry carries the process and Go runtime collectors; these are
         # the Python equivalents, on this instance's registry (no global one).
@@ -227,8 +247,12 @@ class Metrics:
         for name, stage, enabled in features:
             self.features.labels(name, stage).set(1 if enabled else 0)
 
-        def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(f"kubeproxy_{name}", doc, buckets=buckets, registry=self.registry)
+        def histogram(
+            name: str, doc: str, buckets: tuple[float, ...], labels: tuple[str, ...] = FAMILY
+        ) -> Histogram:
+            return Histogram(
+                f"kubeproxy_{name}", doc, labels, buckets=buckets, registry=self.registry
+            )
 
         def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
             return Gauge(f"kubeproxy_{name}", doc, labels, registry=self.registry)
@@ -254,10 +278,12 @@ class Metrics:
         self.last_sync = gauge(
             "sync_proxy_rules_last_timestamp_seconds",
             "The last time proxy rules were successfully synced",
+            FAMILY,
         )
         self.last_queued = gauge(
             "sync_proxy_rules_last_queued_timestamp_seconds",
             "The last time a sync of proxy rules was queued",
+            FAMILY,
         )
         self.network_programming = histogram(
             "network_programming_duration_seconds",
@@ -279,40 +305,44 @@ class Metrics:
         self.no_local_endpoints = gauge(
             "sync_proxy_rules_no_local_endpoints_total",
             "Number of services with a Local traffic policy and no endpoints",
-            ("traffic_policy",),
+            ("traffic_policy", "ip_family"),
         )
         failures, what = SYNC_FAILURES.get(
             mode, (f"sync_proxy_rules_{mode}_sync_failures_total", f"{mode} sync failures")
         )
-        self.sync_failures = counter(failures, f"Cumulative proxy {what}")
+        self.sync_failures = counter(failures, f"Cumulative proxy {what}", FAMILY)
         self.cleanup_failures = (
             counter(
                 "sync_proxy_rules_nftables_cleanup_failures_total",
                 "Cumulative proxy nftables cleanup failures",
+                FAMILY,
             )
             if mode == ProxyMode.NFTABLES
             else None
         )
+        # Failure counters start at 0 for each family, so a rate or an alert has a series.
+        for family in self.families:
+            self.sync_failures.labels(family)
+            if self.cleanup_failures is not None:
+                self.cleanup_failures.labels(family)
         self.isolated = gauge(
             "sync_proxy_rules_isolated_service_ports",
             "Service ports left out of the rules because the kernel refused them",
         )
-        self.conntrack_duration = Histogram(
-            "kubeproxy_conntrack_reconciler_sync_duration_seconds",
+        self.conntrack_duration = histogram(
+            "conntrack_reconciler_sync_duration_seconds",
             "ReconcileConntrackFlowsLatency latency in seconds",
-            ("ip_family",),
-            buckets=SYNC_DURATION_BUCKETS,
-            registry=self.registry,
+            SYNC_DURATION_BUCKETS,
         )
         self.conntrack_deleted = counter(
             "conntrack_reconciler_deleted_entries_total",
             "Cumulative conntrack flows deleted by conntrack reconciler",
-            ("ip_family",),
+            FAMILY,
         )
         self.conntrack_failures = counter(
             "conntrack_cleanup_failures_total",
             "Stale conntrack deletions that failed (each is retried)",
-            ("ip_family",),
+            FAMILY,
         )
         self.healthz = counter(
             "proxy_healthz_total", "Cumulative proxy healthz HTTP status", ("code",)
@@ -327,17 +357,20 @@ class Metrics:
             self.iptables_rules = gauge(
                 "sync_proxy_rules_iptables_total",
                 "Total number of iptables rules owned by kube-proxy",
-                ("table",),
+                ("table", "ip_family"),
             )
             self.iptables_rules_last = gauge(
                 "sync_proxy_rules_iptables_last",
                 "Number of iptables rules written by kube-proxy in last sync",
-                ("table",),
+                ("table", "ip_family"),
             )
             self.iptables_partial_failures = counter(
                 "sync_proxy_rules_iptables_partial_restore_failures_total",
                 "Cumulative proxy iptables partial restore failures",
+                FAMILY,
             )
+            for family in self.families:
+                self.iptables_partial_failures.labels(family)
         # client-go's REST client metrics (k8s.io/client-go/tools/metrics, as registered by
         # component-base), for requests to the API server.
         self.api_requests = Counter(
@@ -375,7 +408,8 @@ class Metrics:
 
     def queued(self, now: float) -> None:
         """A sync was requested (wall-clock ``now``)."""
-        self.last_queued.set(now)
+        for family in self.families:
+            self.last_queued.labels(family).set(now)
 
     def changes_seen(self, services: int = 0, endpoints: int = 0) -> None:
         """Count Service / EndpointSlice events handed to the change trackers."""
@@ -389,7 +423,8 @@ class Metrics:
 
     def idle_sync(self, now: float) -> None:
         """A periodic run found no change and the rules intact (the canary check)."""
-        self.last_sync.set(now)
+        for family in self.families:
+            self.last_sync.labels(family).set(now)
 
     def observe_sync(
         self,
@@ -397,41 +432,47 @@ class Metrics:
         seconds: float,
         *,
         full: bool,
-        trigger_times: Iterable[float],
+        trigger_times: Iterable[tuple[str, float]],
         now: float,
     ) -> None:
         """A sync succeeded after ``seconds``, at wall-clock ``now``.
 
         ``trigger_times``: the EndpointSlices' last-change-trigger-time values (epoch
-        seconds) that this sync programmed; each one is one network-programming sample.
+        seconds) that this sync programmed, each with its slice's address family; each
+        one is one network-programming sample.
         """
         self._observe_duration(seconds, full=full)
-        self.last_sync.set(now)
-        for trigger_time in trigger_times:
-            self.network_programming.observe(now - trigger_time)
-        self.no_local_endpoints.labels("internal").set(result.no_local_internal)
-        self.no_local_endpoints.labels("external").set(result.no_local_external)
+        for family in self.families:
+            self.last_sync.labels(family).set(now)
+            internal, external = result.no_local.get(family, (0, 0))
+            self.no_local_endpoints.labels("internal", family).set(internal)
+            self.no_local_endpoints.labels("external", family).set(external)
+        for family, trigger_time in trigger_times:
+            self.network_programming.labels(family).observe(now - trigger_time)
         if self.nftables_elements is not None and self.nftables_chains is not None:
             self.nftables_elements.set(result.elements)
             self.nftables_chains.set(result.chains)
         self.isolated.set(len(result.isolated))
         if self.iptables_rules is not None and self.iptables_rules_last is not None:
-            for table, count in result.table_rules.items():
-                self.iptables_rules.labels(table).set(count)
-            for table, count in result.table_rules_written.items():
-                self.iptables_rules_last.labels(table).set(count)
-        if self.iptables_partial_failures is not None and result.partial_failures:
-            self.iptables_partial_failures.inc(result.partial_failures)
+            for (family, table), count in result.table_rules.items():
+                self.iptables_rules.labels(table, family).set(count)
+            for (family, table), count in result.table_rules_written.items():
+                self.iptables_rules_last.labels(table, family).set(count)
+        if self.iptables_partial_failures is not None:
+            for family, times in result.partial_failures.items():
+                self.iptables_partial_failures.labels(family).inc(times)
 
     def sync_failed(self, seconds: float, *, full: bool) -> None:
         """The kernel refused the transaction (or rendering failed) after ``seconds``."""
         self._observe_duration(seconds, full=full)
-        self.sync_failures.inc()
+        for family in self.families:
+            self.sync_failures.labels(family).inc()
 
     def cleanup_failed(self) -> None:
         """The transaction deleting stale nftables chains failed (not conntrack)."""
         assert self.cleanup_failures is not None, "nftables mode only"
-        self.cleanup_failures.inc()
+        for family in self.families:
+            self.cleanup_failures.labels(family).inc()
 
     def conntrack_cleaned(self, family: str, seconds: float, deleted: int, failed: int = 0) -> None:
         """Stale conntrack entries of ``family`` ("IPv4"/"IPv6") were cleared; ``failed``
@@ -441,8 +482,10 @@ class Metrics:
         self.conntrack_failures.labels(family).inc(failed)
 
     def _observe_duration(self, seconds: float, *, full: bool) -> None:
-        self.sync_duration.observe(seconds)
-        (self.sync_full_duration if full else self.sync_partial_duration).observe(seconds)
+        kind = self.sync_full_duration if full else self.sync_partial_duration
+        for family in self.families:
+            self.sync_duration.labels(family).observe(seconds)
+            kind.labels(family).observe(seconds)
 
     # ---------------------------------------------------------- API requests
 

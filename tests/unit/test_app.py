@@ -81,7 +81,10 @@ def test_a_failed_conntrack_cleanup_is_logged_not_counted_as_an_nftables_cleanup
     with caplog.at_level(logging.ERROR):
         proxy._program(snapshot, None)
     value = metrics.registry.get_sample_value
-    assert value("kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total") == 0
+    assert (
+        value("kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total", {"ip_family": "IPv4"})
+        == 0
+    )
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "10.96.0.10" in errors[0], errors
     # Upstream's conntrack metrics, per family.

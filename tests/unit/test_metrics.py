@@ -64,7 +64,8 @@ EXPECTED = {
     "kubernetes_feature_enabled": "gauge",
 }
 
-RESULT = SyncResult(full=True, elements=7, chains=3, no_local_internal=1, no_local_external=2)
+RESULT = SyncResult(full=True, elements=7, chains=3, no_local={"IPv4": (1, 2)})
+V4 = {"ip_family": "IPv4"}
 
 
 def test_mode_specific_names_follow_upstream() -> None:
@@ -81,8 +82,8 @@ def test_each_instance_has_its_own_registry() -> None:
     first, second = Metrics(), Metrics()
     first.cleanup_failed()
     value = "kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total"
-    assert first.registry.get_sample_value(value) == 1
-    assert second.registry.get_sample_value(value) == 0
+    assert first.registry.get_sample_value(value, V4) == 1
+    assert second.registry.get_sample_value(value, V4) == 0
 
 
 def test_process_metrics_are_on_each_instances_registry() -> None:
@@ -131,38 +132,42 @@ def test_buckets_are_upstreams() -> None:
 def test_a_successful_sync_records_durations_latency_and_what_was_programmed() -> None:
     metrics = Metrics()
     value = metrics.registry.get_sample_value
-    metrics.observe_sync(RESULT, 0.003, full=True, trigger_times=[T0 - 1.5, T0 - 0.2], now=T0)
-    assert value("kubeproxy_sync_proxy_rules_duration_seconds_count") == 1
-    assert value("kubeproxy_sync_full_proxy_rules_duration_seconds_count") == 1
-    assert value("kubeproxy_sync_partial_proxy_rules_duration_seconds_count") == 0
-    assert value("kubeproxy_sync_proxy_rules_duration_seconds_bucket", {"le": "0.002"}) == 0
-    assert value("kubeproxy_sync_proxy_rules_duration_seconds_bucket", {"le": "0.004"}) == 1
-    assert value("kubeproxy_sync_proxy_rules_last_timestamp_seconds") == T0
+    metrics.observe_sync(
+        RESULT, 0.003, full=True, trigger_times=[("IPv4", T0 - 1.5), ("IPv4", T0 - 0.2)], now=T0
+    )
+    assert value("kubeproxy_sync_proxy_rules_duration_seconds_count", V4) == 1
+    assert value("kubeproxy_sync_full_proxy_rules_duration_seconds_count", V4) == 1
+    # No partial sync yet: no series (upstream's HistogramVec has no child either).
+    assert value("kubeproxy_sync_partial_proxy_rules_duration_seconds_count", V4) is None
+    assert value("kubeproxy_sync_proxy_rules_duration_seconds_bucket", {**V4, "le": "0.002"}) == 0
+    assert value("kubeproxy_sync_proxy_rules_duration_seconds_bucket", {**V4, "le": "0.004"}) == 1
+    assert value("kubeproxy_sync_proxy_rules_last_timestamp_seconds", V4) == T0
     latency = "kubeproxy_network_programming_duration_seconds"
-    assert value(f"{latency}_count") == 2
-    assert value(f"{latency}_sum") == pytest.approx(1.7)
-    assert value(f"{latency}_bucket", {"le": "0.25"}) == 1
-    assert value(f"{latency}_bucket", {"le": "1.0"}) == 1
-    assert value(f"{latency}_bucket", {"le": "2.0"}) == 2
+    assert value(f"{latency}_count", V4) == 2
+    assert value(f"{latency}_sum", V4) == pytest.approx(1.7)
+    assert value(f"{latency}_bucket", {**V4, "le": "0.25"}) == 1
+    assert value(f"{latency}_bucket", {**V4, "le": "1.0"}) == 1
+    assert value(f"{latency}_bucket", {**V4, "le": "2.0"}) == 2
     no_local = "kubeproxy_sync_proxy_rules_no_local_endpoints_total"
-    assert value(no_local, {"traffic_policy": "internal"}) == 1
-    assert value(no_local, {"traffic_policy": "external"}) == 2
+    assert value(no_local, {**V4, "traffic_policy": "internal"}) == 1
+    assert value(no_local, {**V4, "traffic_policy": "external"}) == 2
     assert value("kubeproxy_sync_proxy_rules_nftables_elements") == 7
     assert value("kubeproxy_sync_proxy_rules_nftables_chains") == 3
 
     metrics.observe_sync(RESULT, 0.5, full=False, trigger_times=[], now=T0 + 1)
-    assert value("kubeproxy_sync_proxy_rules_duration_seconds_count") == 2
-    assert value("kubeproxy_sync_partial_proxy_rules_duration_seconds_count") == 1
-    assert value(f"{latency}_count") == 2
+    assert value("kubeproxy_sync_proxy_rules_duration_seconds_count", V4) == 2
+    assert value("kubeproxy_sync_partial_proxy_rules_duration_seconds_count", V4) == 1
+    assert value(f"{latency}_count", V4) == 2
 
 
 def test_a_failed_sync_is_counted_and_timed_but_not_a_success() -> None:
     metrics = Metrics()
     value = metrics.registry.get_sample_value
     metrics.sync_failed(0.01, full=False)
-    assert value("kubeproxy_sync_proxy_rules_nftables_sync_failures_total") == 1
-    assert value("kubeproxy_sync_partial_proxy_rules_duration_seconds_count") == 1
-    assert value("kubeproxy_sync_proxy_rules_last_timestamp_seconds") == 0
+    assert value("kubeproxy_sync_proxy_rules_nftables_sync_failures_total", V4) == 1
+    assert value("kubeproxy_sync_partial_proxy_rules_duration_seconds_count", V4) == 1
+    # Never synced: no series, as upstream's GaugeVec.
+    assert value("kubeproxy_sync_proxy_rules_last_timestamp_seconds", V4) is None
 
 
 def test_queued_changes_and_pending() -> None:
@@ -172,7 +177,7 @@ def test_queued_changes_and_pending() -> None:
     metrics.changes_seen(services=2, endpoints=5)
     metrics.changes_seen(endpoints=1)
     metrics.pending(services=1, endpoints=3)
-    assert value("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds") == T0
+    assert value("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds", V4) == T0
     assert value("kubeproxy_sync_proxy_rules_service_changes_total") == 2
     assert value("kubeproxy_sync_proxy_rules_endpoint_changes_total") == 6
     assert value("kubeproxy_sync_proxy_rules_service_changes_pending") == 1
@@ -183,7 +188,7 @@ def test_queued_changes_and_pending() -> None:
 
 def test_metrics_server_exposes_every_metric_with_its_type() -> None:
     metrics = Metrics()
-    metrics.observe_sync(RESULT, 0.01, full=True, trigger_times=[T0 - 1], now=T0)
+    metrics.observe_sync(RESULT, 0.01, full=True, trigger_times=[("IPv4", T0 - 1)], now=T0)
     health = ProxyHealth(60.0, FakeClock())
 
     async def scenario() -> str:
@@ -213,7 +218,10 @@ def test_metrics_server_exposes_every_metric_with_its_type() -> None:
     assert "_created" not in text
     assert 'kubeproxy_proxy_healthz_total{code="200"} 1.0' in text
     assert 'kubeproxy_proxy_livez_total{code="200"} 1.0' in text
-    assert 'kubeproxy_network_programming_duration_seconds_bucket{le="0.0"} 0.0' in text
+    assert (
+        'kubeproxy_network_programming_duration_seconds_bucket{ip_family="IPv4",le="0.0"} 0.0'
+        in text
+    )
 
 
 def test_profiling_endpoints_are_404_unless_enabled() -> None:
@@ -316,3 +324,34 @@ def test_feature_enabled_for_every_known_gate() -> None:
     assert set(FEATURE_GATE_STAGES) == set(KNOWN_FEATURE_GATES)
     text = metrics.exposition().decode()
     assert 'kubernetes_feature_enabled{name="LoadBalancerIPMode",stage=""} 1.0' in text
+
+
+def test_a_dual_stack_proxy_labels_each_family_as_upstreams_two_proxiers() -> None:
+    """Upstream runs one proxier per family, each labelling its metrics ``ip_family``;
+    kubeproxy's one sync programs both, so each family's series records it, while a
+    network-programming sample and the per-family counts go to their own family."""
+    metrics = Metrics("iptables", families=("IPv4", "IPv6"))
+    value = metrics.registry.get_sample_value
+    v6 = {"ip_family": "IPv6"}
+    result = SyncResult(
+        full=False,
+        no_local={"IPv4": (1, 0), "IPv6": (0, 3)},
+        table_rules={("IPv4", "nat"): 40, ("IPv6", "nat"): 12},
+        table_rules_written={("IPv4", "nat"): 4, ("IPv6", "nat"): 0},
+        partial_failures={"IPv6": 1},
+    )
+    metrics.observe_sync(result, 0.02, full=False, trigger_times=[("IPv6", T0 - 0.1)], now=T0)
+    for family in (V4, v6):
+        assert value("kubeproxy_sync_partial_proxy_rules_duration_seconds_count", family) == 1
+        assert value("kubeproxy_sync_proxy_rules_last_timestamp_seconds", family) == T0
+    latency = "kubeproxy_network_programming_duration_seconds_count"
+    assert (value(latency, V4), value(latency, v6)) == (None, 1)
+    no_local = "kubeproxy_sync_proxy_rules_no_local_endpoints_total"
+    assert value(no_local, {**V4, "traffic_policy": "internal"}) == 1
+    assert value(no_local, {**v6, "traffic_policy": "external"}) == 3
+    assert value("kubeproxy_sync_proxy_rules_iptables_total", {**v6, "table": "nat"}) == 12
+    assert value("kubeproxy_sync_proxy_rules_iptables_last", {**V4, "table": "nat"}) == 4
+    partial = "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total"
+    assert (value(partial, V4), value(partial, v6)) == (0, 1)
+    restore = "kubeproxy_sync_proxy_rules_iptables_restore_failures_total"
+    assert (value(restore, V4), value(restore, v6)) == (0, 0)

@@ -43,8 +43,12 @@ PROMQL = {
 def exposed(mode: str) -> set[str]:
     """Every sample name a proxy in ``mode`` exposes once it has synced and asked the API."""
     metrics = Metrics(mode)
-    metrics.observe_sync(SyncResult(full=True), 0.01, full=True, trigger_times=[0.0], now=1.0)
-    metrics.observe_sync(SyncResult(full=False), 0.01, full=False, trigger_times=[0.0], now=1.0)
+    metrics.observe_sync(
+        SyncResult(full=True), 0.01, full=True, trigger_times=[("IPv4", 0.0)], now=1.0
+    )
+    metrics.observe_sync(
+        SyncResult(full=False), 0.01, full=False, trigger_times=[("IPv4", 0.0)], now=1.0
+    )
     metrics.sync_failed(0.01, full=True)
     metrics.api_request("GET", "10.0.0.1:6443", "200", 0.01)
     text = generate_latest(metrics.registry).decode()

@@ -587,7 +587,7 @@ def test_trigger_times_reported_only_for_changed_services() -> None:
     )
     result = eps.apply(tracker)
     assert result.changed == {port_name()}
-    assert result.trigger_times == {WEB: [10.0, 11.0]}
+    assert result.trigger_times == {WEB: [(IPFamily.IPv4, 10.0), (IPFamily.IPv4, 11.0)]}
 
 
 def test_trigger_times_cleared_after_apply() -> None:
@@ -595,7 +595,7 @@ def test_trigger_times_cleared_after_apply() -> None:
     tracker.update(
         endpoint_slice("web-a", endpoints=(slice_endpoint("10.1.0.1"),), trigger_time=5.0)
     )
-    assert eps.apply(tracker).trigger_times == {WEB: [5.0]}
+    assert eps.apply(tracker).trigger_times == {WEB: [(IPFamily.IPv4, 5.0)]}
     tracker.update(endpoint_slice("web-a", endpoints=(slice_endpoint("10.1.0.2"),)))
     assert eps.apply(tracker).trigger_times == {}
 

@@ -24,6 +24,7 @@ The interface:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol, runtime_checkable
 
@@ -51,8 +52,9 @@ class SyncResult:
     elements: int = 0
     chains: int = 0
     operations: int = 0
-    no_local_internal: int = 0
-    no_local_external: int = 0
+    # Per IP family ("IPv4"/"IPv6"): ServicePorts with a Local traffic policy and no
+    # local endpoint, (internal, external).
+    no_local: dict[str, tuple[int, int]] = field(default_factory=dict)
     # Where the time went: building the change (render) and the kernel calls (apply).
     render_seconds: float = 0.0
     apply_seconds: float = 0.0
@@ -60,11 +62,23 @@ class SyncResult:
     conflicts: list[str] = field(default_factory=list)
     # ServicePorts whose rules the kernel refused: left out, everything else applied.
     isolated: list[str] = field(default_factory=list)
-    # A partial sync the kernel refused, repaired by a full sync in the same call.
-    partial_failures: int = 0
-    # Rules per table: all that are programmed, and those written by this sync (iptables).
-    table_rules: dict[str, int] = field(default_factory=dict)
-    table_rules_written: dict[str, int] = field(default_factory=dict)
+    # Partial syncs the kernel refused, repaired by a full sync in the same call, per IP
+    # family ("IPv4"/"IPv6").
+    partial_failures: dict[str, int] = field(default_factory=dict)
+    # Rules per (IP family, table): all that are programmed, and those written by this
+    # sync (iptables).
+    table_rules: dict[tuple[str, str], int] = field(default_factory=dict)
+    table_rules_written: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def partial_failed(self, families: Iterable[str], times: int = 1) -> None:
+        """A partial sync of ``families`` was refused ``times`` times."""
+        for family in families:
+            self.partial_failures[family] = self.partial_failures.get(family, 0) + times
+
+    def count_no_local(self, family: str, internal: int, external: int) -> None:
+        """Add one family's ServicePorts without a local endpoint."""
+        old_internal, old_external = self.no_local.get(family, (0, 0))
+        self.no_local[family] = (old_internal + internal, old_external + external)
 
 
 # What SyncResult's elements, chains and operations count in each mode, for the sync's

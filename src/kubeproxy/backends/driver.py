@@ -78,7 +78,7 @@ class SyncDriver(PlannedBackend):
                         if err.incomplete or isinstance(err, DataplaneInputError):
                             raise  # hung or missing, or our own bug: a full sync won't help
                         log.warning("Partial sync refused (%s); doing a full sync", first_line(err))
-                        result.partial_failures += 1
+                        result.partial_failed(fam.family for fam in unit)
                 self._full(plan, unit, result)
                 result.full = True
         except Exception:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from kubeproxy.model.types import (
     Endpoint,
     EndpointSlice,
+    IPFamily,
     L4Protocol,
     NamespacedName,
     Service,
@@ -158,7 +159,8 @@ class EndpointsChangeTracker:
         self._merged: dict[NamespacedName, dict[ServicePortName, tuple[Endpoint, ...]]] = {}
         # Slices changed since: name -> slice, or None when deleted.
         self._pending: dict[NamespacedName, dict[str, EndpointSlice | None]] = {}
-        self._trigger_times: dict[NamespacedName, list[float]] = {}
+        # Per Service: (the slice's address family, its last-change-trigger-time).
+        self._trigger_times: dict[NamespacedName, list[tuple[IPFamily, float]]] = {}
 
     def update(self, endpoint_slice: EndpointSlice, *, deleted: bool = False) -> bool:
         """Record an added/updated (or deleted) slice; True while changes are pending."""
@@ -173,7 +175,8 @@ class EndpointsChangeTracker:
         else:
             pending[endpoint_slice.name] = new
             if new is not None and new.trigger_time is not None:
-                self._trigger_times.setdefault(service, []).append(new.trigger_time)
+                stamp = (new.address_type, new.trigger_time)
+                self._trigger_times.setdefault(service, []).append(stamp)
         return bool(self._pending)
 
     def pending(self) -> int:
@@ -189,7 +192,7 @@ class EndpointsChangeTracker:
                 dict[ServicePortName, tuple[Endpoint, ...]],
             ],
         ],
-        dict[NamespacedName, list[float]],
+        dict[NamespacedName, list[tuple[IPFamily, float]]],
     ]:
         """Per changed Service: (endpoints before, endpoints after); and trigger times."""
         changes = {}
@@ -226,8 +229,9 @@ class EndpointsUpdate:
     deleted_udp_endpoints: set[tuple[ServicePortName, Endpoint]] = field(default_factory=set)
     # UDP ServicePorts that went from no usable endpoint to at least one.
     newly_active_udp: set[ServicePortName] = field(default_factory=set)
-    # endpoints.kubernetes.io/last-change-trigger-time values of the changes.
-    trigger_times: dict[NamespacedName, list[float]] = field(default_factory=dict)
+    # endpoints.kubernetes.io/last-change-trigger-time values of the changes, each with
+    # its slice's address family.
+    trigger_times: dict[NamespacedName, list[tuple[IPFamily, float]]] = field(default_factory=dict)
 
 
 class EndpointsMap(dict[ServicePortName, tuple[Endpoint, ...]]):

@@ -178,7 +178,8 @@ class EbpfBackend(SyncDriver):
         result.full = result.full or maps.full
         result.operations += maps.operations
         result.elements += self._slots
-        result.partial_failures += maps.partial_failures
+        for family, times in maps.partial_failures.items():
+            result.partial_failed((family,), times)
         result.apply_seconds += self.map_seconds
         return result
 

@@ -217,7 +217,7 @@ class IptablesBackend(PerFamilyDriver):
         self.proc = proc
         self._families: dict[IPFamily, _Family] = {}
         self.last_restore = ""
-        self._written: dict[str, int] = {}
+        self._written: dict[tuple[str, str], int] = {}
         # iptables-nft-restore keeps every chain name its input mentions in a sorted list
         # it walks from the smallest name for each command (quadratic in chains); one
         # command naming no chain (``-S``) makes it fetch the whole table instead and
@@ -301,7 +301,8 @@ class IptablesBackend(PerFamilyDriver):
 
     def _apply(self, runner: Iptables, restore: Restore) -> None:
         for table, part in restore:
-            self._written[table] = self._written.get(table, 0) + part.rule_count
+            key = (runner.family, table)
+            self._written[key] = self._written.get(key, 0) + part.rule_count
         declare_largest_first(restore)
         # For tests and debugging: what a sync applied, unless it is big (printing the
         # input of a large full sync twice would cost a second, and as much memory).
@@ -532,7 +533,9 @@ class IptablesBackend(PerFamilyDriver):
 
     def _begin(self, node_plan: NodePlan) -> None:
         self.last_restore = ""
-        self._written = {"filter": 0, "nat": 0}
+        self._written = {
+            (family, table): 0 for family in self.runners for table in ("filter", "nat")
+        }
 
     def _partial(
         self, node_plan: NodePlan, unit: Unit, changed: set[ServicePortName], result: SyncResult
@@ -549,13 +552,12 @@ class IptablesBackend(PerFamilyDriver):
         result.rendered += len(state.rules)
 
     def _report(self, node_plan: NodePlan, result: SyncResult) -> None:
-        for state in self._families.values():
+        for family, state in self._families.items():
             for table, count in state.rules_per_table.items():
-                result.table_rules[table] = result.table_rules.get(table, 0) + count
+                result.table_rules[family, table] = count
             result.elements += sum(state.rules_per_table.values())
             result.chains += sum(len(t.nodes) for t in state.trees.values())
-            result.no_local_internal += state.no_local_internal
-            result.no_local_external += state.no_local_external
+            result.count_no_local(family, state.no_local_internal, state.no_local_external)
         result.table_rules_written = dict(self._written)
 
     def check(self) -> str | None:

@@ -507,8 +507,7 @@ class IpvsBackend(PerFamilyDriver):
             desired = self._families[fam.family].desired
             result.elements += len(desired.services) + desired.dest_count
             result.conflicts.extend(desired.conflicts)
-            result.no_local_internal += desired.no_local_internal
-            result.no_local_external += desired.no_local_external
+            result.count_no_local(fam.family, desired.no_local_internal, desired.no_local_external)
         result.operations += self.flush_terminated()
 
     def check(self) -> str | None:

@@ -502,12 +502,13 @@ class NftablesBackend(SyncDriver):
         return str(self._full_tx(built, None))
 
     def _report(self, plan: NodePlan, result: SyncResult) -> None:
-        for state in self._families.values():
+        for family, state in self._families.items():
             if state.index is not None:
                 result.elements += state.index.elements
                 result.chains += state.index.chains
-                result.no_local_internal += state.index.no_local_internal
-                result.no_local_external += state.index.no_local_external
+                result.count_no_local(
+                    family, state.index.no_local_internal, state.index.no_local_external
+                )
 
 
 def _isolate(
