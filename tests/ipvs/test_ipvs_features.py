@@ -121,7 +121,7 @@ def test_local_policies_without_a_local_endpoint_use_the_cluster_wide_ones(
     )
     remote_ep = (Endpoint(remote, 8080, REMOTE_NODE),)
     result = backend.sync(snap((svc, remote_ep), (internal, remote_ep)), None)
-    assert (result.no_local_internal, result.no_local_external) == (2, 1)
+    assert result.no_local["IPv4"] == (2, 1)
     assert real_servers(backend) == {remote}
     assert real_servers(backend, ServiceKey(NODE_IP, "TCP", 30082)) == {remote}
     assert backend.ipvs.destinations(ServiceKey("10.96.0.12", "TCP", 80)) == []
