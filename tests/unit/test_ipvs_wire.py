@@ -11,6 +11,7 @@ import socket
 import struct
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from pyroute2.netlink.generic import ipvs as genl
@@ -188,6 +189,20 @@ def test_address_messages_read_back_by_pyroute2(add: bool, index: int, address: 
     assert same_ip(msg.get_attr("IFA_LOCAL"), address)
     assert wire.parse_address(packed(message)[16:]) == (index, address)
     assert wire.address_index(packed(message)[16:]) == index
+
+
+@pytest.mark.parametrize(
+    ("local", "peer"), [("10.244.1.1", "10.244.1.11"), ("fd00:10:244:1::1", "fd00:10:244:1::b")]
+)
+def test_a_point_to_point_address_is_its_local_end(local: str, peer: str) -> None:
+    """``ip addr add LOCAL peer PEER`` (a Pod's veth, as the lab and some network
+    plugins set it up): the node's address is IFA_LOCAL, IFA_ADDRESS is the Pod's."""
+    af = socket.AF_INET6 if ":" in local else socket.AF_INET
+    bits = 128 if af == socket.AF_INET6 else 32
+    body = struct.pack("=BBBBI", af, bits, 0, 0, 7)
+    body += wire._attr(wire.IFA_ADDRESS, socket.inet_pton(af, peer))
+    body += wire._attr(wire.IFA_LOCAL, socket.inet_pton(af, local))
+    assert wire.parse_address(body) == (7, local)
 
 
 class KernelStandIn:

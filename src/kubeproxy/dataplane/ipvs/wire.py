@@ -296,11 +296,16 @@ def address_index(payload: bytes | memoryview) -> int | None:
 
 
 def parse_address(payload: bytes | memoryview) -> tuple[int, str] | None:
-    """An ``RTM_NEWADDR`` dump answer: (interface index, address)."""
+    """An ``RTM_NEWADDR`` dump answer: (interface index, the local address).
+
+    A point-to-point address (``ip addr add LOCAL peer PEER``: a veth to a Pod, as some
+    network plugins set up) carries the peer in ``IFA_ADDRESS`` and the node's own
+    address in ``IFA_LOCAL``, as iproute2 and upstream's netlink library read it."""
     if len(payload) < 8:
         return None
     af, _, _, _, index = struct.unpack_from("=BBBBI", payload)
-    value = attributes(payload, 8).get(IFA_ADDRESS)
+    attrs = attributes(payload, 8)
+    value = attrs.get(IFA_LOCAL, attrs.get(IFA_ADDRESS))
     if af not in (socket.AF_INET, socket.AF_INET6):
         return None
     address = _address(value, af)
