@@ -2,7 +2,7 @@
 
     python -m bench.differential [--states 200] [--modes nftables,iptables]
                                  [--first-seed 1000] [--batch 4] [--budget full|ci]
-                                 [--out DIR]
+                                 [--out DIR] [--guest]
 
 (root; the upstream binaries: ``KUBEPROXY_UPSTREAM_BIN`` or scripts/build-upstream.)
 Builds the real-Kubernetes lab (:mod:`kubeproxy.lab.kube`: three nodes in two zones,
@@ -19,6 +19,13 @@ run goes on (three in a row stop it). ``touch DIR/stop`` ends the run before the
 batch; SIGTERM or SIGINT (even in the background) end it at once, the lab torn down.
 Exits 1 if a difference is not known. CI runs a few fixed seeds
 (tests/realk8s/test_differential.py).
+
+``--guest`` runs the whole of it (control plane, nodes, proxies, probes) inside the
+user-mode-Linux guest of :mod:`kubeproxy.lab.uml`: the kernel there has IPVS, which
+``--modes ipvs`` needs and the host lacks. The guest's nf_tables has no ip families, so
+there ``iptables`` is the legacy variant for both proxies, and nftables mode cannot
+run. Session affinity is compared by its sticky asks only in ipvs mode (see
+:meth:`~kubeproxy.lab.kube.differential.proxies.Node.affinity_forgetter`).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import traceback
 from collections import Counter
 from pathlib import Path
 
+from kubeproxy.lab import uml
 from kubeproxy.lab.kube.binaries import find
 from kubeproxy.lab.kube.cluster import KubeLab, wait_for
 from kubeproxy.lab.kube.differential import states as st
@@ -47,10 +55,13 @@ NODES = (("node-a", "zone-a"), ("node-b", "zone-b"), ("node-c", "zone-a"))
 # A batch the harness could not finish (a wait timed out, a proxy did not start...) is
 # recorded and skipped; this many in a row stop the run (the lab itself is broken).
 MAX_FAILED_IN_A_ROW = 3
+# The guest runs the control plane too (about 1 GB with the proxies and echo servers).
+GUEST_MEMORY = "3G"
 RECOVER_TIMEOUT = 300.0
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--states", type=int, default=200)
     parser.add_argument("--modes", default="nftables,iptables")
@@ -60,9 +71,15 @@ def main() -> int:
     # disagreement is still asked again, longer).
     parser.add_argument("--budget", choices=("full", "ci"), default="full")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "differential")
-    args = parser.parse_args()
+    parser.add_argument("--guest", action="store_true", help="inside the UML guest (ipvs)")
+    parser.add_argument("--guest-timeout", type=float, default=6 * 3600.0, help="seconds")
+    args = parser.parse_args(argv)
     modes = args.modes.split(",")
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.guest and not uml.in_guest():
+        return in_guest(argv, args.out, args.guest_timeout)
+    if uml.in_guest():
+        uml.legacy_iptables_first()
     seeds = list(range(args.first_seed, args.first_seed + args.states))
     results: list[ModeResult] = []
     failed: list[list[int]] = []
@@ -107,6 +124,19 @@ def main() -> int:
         finally:
             lab.close()
     return _summary(results, failed, time.monotonic() - started)
+
+
+def in_guest(argv: list[str], out: Path, timeout: float) -> int:
+    """This command again, inside the guest: this source tree, the upstream binaries
+    found (or built) here, ``out`` written through to the host."""
+    env = uml.guest_env(
+        {
+            "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}",
+            "KUBEPROXY_UPSTREAM_BIN": str(find().directory),
+        }
+    )
+    command = [sys.executable, "-m", "bench.differential", *argv]
+    return uml.run(command, cwd=ROOT, env=env, rw_dirs=[out], timeout=timeout, mem=GUEST_MEMORY)
 
 
 def _interrupt(signum: int, frame: object) -> None:

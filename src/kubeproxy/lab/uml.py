@@ -11,7 +11,8 @@ byte-exact, as it writes them; its exit status is :func:`run`'s result.
 
 * :func:`run` — boot, run, power off; a timeout kills the guest's whole process group,
   which is also killed whenever :func:`run` returns or raises.
-* :func:`in_guest` — whether this process runs inside such a guest.
+* :func:`in_guest` — whether this process runs inside such a guest;
+  :func:`legacy_iptables_first` — inside it, ``iptables`` is the legacy variant.
 * ``python -m kubeproxy.lab.uml [--rw DIR]... -- COMMAND...`` — the same, by hand.
 
 The guest side is ``uml_init.sh`` next to this file (PID 1). The guest has no network
@@ -72,6 +73,26 @@ class GuestTimeoutError(GuestError):
 
 def in_guest() -> bool:
     return os.environ.get(GUEST_MARKER) == "1"
+
+
+# The guest's nf_tables has no ip/ip6/inet families: ``iptables`` must be the legacy one
+# there, for every program that runs it by that name (upstream kube-proxy does).
+LEGACY_IPTABLES = {
+    f"{family}{tool}": f"{family}-legacy{tool}"
+    for family in ("iptables", "ip6tables")
+    for tool in ("", "-save", "-restore")
+}
+
+
+def legacy_iptables_first(directory: Path = Path("/run/kubeproxy-legacy")) -> None:
+    """In the guest: ``iptables`` and friends on this process's PATH (inherited by its
+    children) name the legacy variants."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name, target in LEGACY_IPTABLES.items():
+        link = directory / name
+        if not link.is_symlink():
+            link.symlink_to(shutil.which(target) or f"/usr/sbin/{target}")
+    os.environ["PATH"] = f"{directory}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
 def guest_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:

@@ -130,7 +130,25 @@ def _filter_trees_stay(diff: Difference) -> bool:
     return up_exit == our_exit and up_left <= our_left and our_left - up_left <= FILTER_TREES
 
 
-KNOWN: tuple[Known, ...] = (Known("filter-trees-outlive-upstream-cleanup", _filter_trees_stay),)
+def _ipv6_sets_stay(diff: Difference) -> bool:
+    """ipvs mode: kube-proxy --cleanup destroys its ipsets by their IPv4 names only, so
+    the ``KUBE-6-`` ones stay, whoever made them (upstream's own run's too: kubeproxy's
+    cleanup runs first there and removes them)."""
+    if diff.mode != "ipvs" or diff.where != "fact: the other's cleanup":
+        return False
+    (up_exit, up_left), (our_exit, our_left) = left_behind(diff.upstream), left_behind(diff.ours)
+    extra = our_left - up_left
+    return (
+        up_exit == our_exit
+        and up_left <= our_left
+        and all(name.startswith("ipset KUBE-6-") for name in extra)
+    )
+
+
+KNOWN: tuple[Known, ...] = (
+    Known("filter-trees-outlive-upstream-cleanup", _filter_trees_stay),
+    Known("ipv6-ipsets-outlive-upstream-cleanup", _ipv6_sets_stay),
+)
 
 
 def explain(diff: Difference) -> Difference:

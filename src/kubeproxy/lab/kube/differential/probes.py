@@ -265,8 +265,8 @@ class Prober:
         record: Record = {key: future.result(timeout=900) for key, future in futures.items()}
         for future in sticky:
             record.update(future.result(timeout=900))
-        if groups:
-            assert forget_affinity is not None, "affinity probes need a way to forget"
+        # Without a way to forget (ipvs mode), the sticky asks are the whole record.
+        if groups and forget_affinity is not None:
             forget_affinity()
             pending = [
                 self._executors[origin].submit(_one_by_one, group, budget, forget_affinity)

@@ -135,6 +135,7 @@ class Node:
         names = sorted(re.findall(r"= (\S+?);", nfacct))
         if names:
             state["nfacct"] = names
+        state.update(ipvs_state(self.netns))
         return state
 
     def rules(self) -> dict[str, Any]:
@@ -157,6 +158,12 @@ class Node:
         if any(k.startswith("legacy ") for k in self.footprint()):
             empty_rules(self.netns, "iptables-legacy")
         ns_exec(self.netns, "nfacct", "flush", check=False)
+        # ipvs mode's objects (the IPVS table exists only where the kernel has IPVS: in
+        # the user-mode-Linux guest): the virtual servers, then the sets the rules
+        # referred to, then the dummy link holding the Service addresses.
+        ns_exec(self.netns, "ipvsadm", "--clear", check=False)
+        ns_exec(self.netns, "ipset", "destroy", check=False)
+        ns_exec(self.netns, "ip", "link", "del", IPVS_LINK, check=False)
         for family in ("ipv4", "ipv6"):
             ns_exec(self.netns, "conntrack", "-F", "-f", family, check=False)
         if self.baseline_sysctls is None:
@@ -174,11 +181,16 @@ class Node:
                 executor.shutdown()
         return {k: v for k, v in values.items() if k not in LAB_SYSCTLS}
 
-    def affinity_forgetter(self) -> Callable[[], None]:
+    def affinity_forgetter(self) -> Callable[[], None] | None:
         """A function that empties every proxy's session-affinity memory (the timed
         nftables sets there are now, the xt_recent lists), so that the next connection
         chooses its endpoint afresh. In-process (libnftables from a thread in the node's
-        namespace): it runs before every ask of an affinity probe."""
+        namespace): it runs before every ask of an affinity probe.
+
+        None in ipvs mode: IPVS keeps the memory as persistence templates in its
+        connection table, which no interface deletes; there only the sticky asks run."""
+        if "ipvs" in self.footprint():
+            return None
         script = "".join(
             f"flush set {' '.join(key.split()[1:])}\n"
             for key, value in nft_state(self.netns).items()
@@ -195,6 +207,30 @@ def _forget(nft: LibNftables, script: str) -> None:
     # /proc/net is the process's namespace; /proc/thread-self/net this thread's.
     for path in Path("/proc/thread-self/net").glob("xt_recent/*"):
         path.write_text("/\n")
+
+
+IPVS_LINK = "kube-ipvs0"
+
+
+def ipvs_state(netns: str) -> dict[str, Any]:
+    """ipvs mode's kernel objects in ``netns``, where there are any: the IPVS virtual
+    and real servers (``ipvsadm-save -n``), each ipset (``ipset NAME``: its ``ipset
+    save`` lines) and the addresses of the ``kube-ipvs0`` link. Empty on a kernel
+    without IPVS (the host)."""
+    state: dict[str, Any] = {}
+    servers = ns_exec(netns, "ipvsadm-save", "-n", check=False)
+    if lines := sorted(line for line in servers.splitlines() if line.strip()):
+        state["ipvs"] = lines
+    for line in ns_exec(netns, "ipset", "save", check=False).splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[0] in ("create", "add"):
+            state.setdefault(f"ipset {words[1]}", []).append(line)
+    for key in [k for k in state if k.startswith("ipset ")]:
+        state[key] = sorted(state[key])
+    link = ns_exec(netns, "ip", "-o", "addr", "show", "dev", IPVS_LINK, check=False)
+    if addresses := sorted(re.findall(r"inet6? (\S+)", link)):
+        state[f"link {IPVS_LINK}"] = addresses
+    return state
 
 
 def leftovers(footprint: dict[str, Any]) -> list[str]:
@@ -222,7 +258,9 @@ class ProxyKind:
     name: str
 
     def command(self, lab: KubeLab, node: str, mode: str) -> list[str]:
-        flags = ["--proxy-mode", mode, "--conntrack-max-per-core=0", "--v=2"]
+        # Upstream's ipvs mode says its sync is done only at verbosity 4 (see synced).
+        verbosity = "4" if self.name == UPSTREAM and mode == "ipvs" else "2"
+        flags = ["--proxy-mode", mode, "--conntrack-max-per-core=0", f"--v={verbosity}"]
         if self.name == OURS:
             return lab.kubeproxy_command(node, *flags)
         return [
@@ -239,11 +277,12 @@ class ProxyKind:
                     "-m", "kubeproxy", "cleanup", "--ebpf-pin-path", NO_PINS]  # fmt: skip
         return ["ip", "netns", "exec", netns, lab.binaries.kube_proxy, "--cleanup"]
 
-    def synced(self, log: str) -> bool:
+    def synced(self, log: str, mode: str = "nftables") -> bool:
         """The first full sync is done (upstream: one per family)."""
         if self.name == OURS:
             return "Synced full rules" in log
-        return all(f'"SyncProxyRules complete" ipFamily="{f}"' in log for f in ("IPv4", "IPv6"))
+        done = "syncProxyRules complete" if mode == "ipvs" else "SyncProxyRules complete"
+        return all(f'"{done}" ipFamily="{f}"' in log for f in ("IPv4", "IPv6"))
 
     @contextlib.contextmanager
     def running(self, node: Node, mode: str, log: Path) -> Iterator[subprocess.Popen[str]]:
@@ -252,7 +291,9 @@ class ProxyKind:
         proc = node.lab.spawn(self.command(node.lab, node.name, mode), log)
         try:
             wait_for(
-                lambda: self._alive(proc, log) and self.synced(log.read_text(errors="replace")),
+                lambda: (
+                    self._alive(proc, log) and self.synced(log.read_text(errors="replace"), mode)
+                ),
                 timeout=START_TIMEOUT,
                 what=f"{self.name}'s first sync on {node.name}",
             )

@@ -1,0 +1,32 @@
+"""The differential comparison's known differences (docs/differences-from-upstream.md)
+match exactly what they document and nothing more."""
+
+from __future__ import annotations
+
+import pytest
+
+from kubeproxy.lab.kube.differential.compare import Difference, explain
+
+CLEANUP = "fact: the other's cleanup"
+
+
+@pytest.mark.parametrize(
+    ("upstream", "ours", "known"),
+    [
+        # kube-proxy --cleanup destroys its sets by IPv4 names only.
+        ("exit 1, left nothing", "exit 1, left ipset KUBE-6-CLUSTER-IP, ipset KUBE-6-LOOP-BACK",
+         "ipv6-ipsets-outlive-upstream-cleanup"),
+        # An IPv4 set left behind is not that.
+        ("exit 1, left nothing", "exit 1, left ipset KUBE-CLUSTER-IP", None),
+        # Nor is another exit status, or a rule left behind.
+        ("exit 0, left nothing", "exit 1, left ipset KUBE-6-CLUSTER-IP", None),
+        ("exit 1, left nothing", "exit 1, left ipset KUBE-6-CLUSTER-IP, legacy ip nat", None),
+    ],
+)  # fmt: skip
+def test_ipvs_cleanup_leftovers(upstream: str, ours: str, known: str | None) -> None:
+    assert explain(Difference("ipvs", CLEANUP, upstream, ours)).known == known
+
+
+def test_the_ipv6_sets_are_known_in_ipvs_mode_only() -> None:
+    diff = Difference("iptables", CLEANUP, "exit 0, left nothing", "exit 0, left ipset KUBE-6-X")
+    assert explain(diff).known is None
