@@ -47,6 +47,7 @@ from kubeproxy.lab.cluster import lab_env, stop_process
 from kubeproxy.lab.kube.cluster import CLUSTER_CIDRS, KubeLab, wait_for
 from kubeproxy.lab.netns import NetnsExecutor, ns_exec, temporary_netns
 from kubeproxy.lab.rulestate import empty_rules, iptables_state, nft_state
+from kubeproxy.lab.uml import in_guest
 
 UPSTREAM, OURS = "upstream", "kubeproxy"
 IMPLEMENTATIONS = (UPSTREAM, OURS)
@@ -72,6 +73,9 @@ ICMP_UNLIMITED = {"net/ipv4/icmp_ratelimit": "0", "net/ipv6/icmp/ratelimit": "0"
 LAB_SYSCTLS = ("net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding")
 START_TIMEOUT = 90.0
 STEADY_FOR = 1.0  # the rules must stay the same this long (twice, polled) to be "in"
+# In the user-mode-Linux guest a sync takes 10-15 s and changes the rules only near its
+# end, and upstream's ipvs mode starts a second one a few seconds after its first.
+GUEST_STEADY_FOR = 20.0
 # kubeproxy's cleanup also detaches ebpf mode's hooks pinned under this path: the host's
 # BPF filesystem is shared by every namespace, so point it where nothing is.
 NO_PINS = "/sys/fs/bpf/kubeproxy-differential-none"
@@ -261,6 +265,12 @@ class ProxyKind:
         # Upstream's ipvs mode says its sync is done only at verbosity 4 (see synced).
         verbosity = "4" if self.name == UPSTREAM and mode == "ipvs" else "2"
         flags = ["--proxy-mode", mode, "--conntrack-max-per-core=0", f"--v={verbosity}"]
+        if mode == "ipvs":
+            # No periodic resync while the probes run (they take minutes in the guest):
+            # upstream's rewrites KUBE-LOAD-BALANCER-SOURCE-CIDR's entries of a /32 source
+            # range on every sync (its entry text and the kernel's listing differ), and
+            # the rules read before and after the probes must be the same.
+            flags.append("--ipvs-sync-period=1h")
         if self.name == OURS:
             return lab.kubeproxy_command(node, *flags)
         return [
@@ -297,10 +307,19 @@ class ProxyKind:
                 timeout=START_TIMEOUT,
                 what=f"{self.name}'s first sync on {node.name}",
             )
-            steady(node)
+            steady(node, lambda: self.idle(log.read_text(errors="replace"), mode))
             yield proc
         finally:
             stop_process(proc)
+
+    def idle(self, log: str, mode: str) -> bool:
+        """No sync in progress, as far as the log tells (upstream's ipvs mode logs each
+        sync's start and end at -v=4; the others: assumed)."""
+        if self.name == UPSTREAM and mode == "ipvs":
+            return log.count('"Syncing ipvs proxier rules"') == log.count(
+                '"syncProxyRules complete"'
+            )
+        return True
 
     def _alive(self, proc: subprocess.Popen[str], log: Path) -> bool:
         if proc.poll() is not None:
@@ -317,18 +336,22 @@ class ProxyKind:
         )
 
 
-def steady(node: Node, timeout: float = 60.0) -> dict[str, Any]:
-    """Wait until the node's rules stay the same for :data:`STEADY_FOR` (a sync that a
-    late watch event starts shows itself); the rules."""
+def steady(
+    node: Node, idle: Callable[[], bool] = lambda: True, timeout: float = 120.0
+) -> dict[str, Any]:
+    """Wait until the node's rules stay the same for :data:`STEADY_FOR` (in the guest
+    :data:`GUEST_STEADY_FOR`; a sync that a late watch event starts shows itself) and the
+    proxy is ``idle``; the rules."""
+    window = GUEST_STEADY_FOR if in_guest() else STEADY_FOR
     deadline = time.monotonic() + timeout
     last = node.rules()
     since = time.monotonic()
     while time.monotonic() < deadline:
-        time.sleep(STEADY_FOR / 2)
+        time.sleep(min(window, STEADY_FOR) / 2)
         now = node.rules()
-        if now != last:
+        if now != last or not idle():
             last, since = now, time.monotonic()
-        elif time.monotonic() - since >= STEADY_FOR:
+        elif time.monotonic() - since >= window:
             return now
     raise TimeoutError(f"the rules on {node.name} kept changing for {timeout}s")
 
