@@ -183,16 +183,16 @@ def test_switching_modes_removes_what_the_other_mode_left(
 
 
 def test_readme_demo_shows_the_expected_pods() -> None:
-    before = set(list_netns())
-    result = subprocess.run(
+    with subprocess.Popen(
         [sys.executable, "-m", "kubeproxy.lab.demo", str(EXAMPLES)],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        check=False,
         cwd=ROOT,
         env=dict(os.environ, PYTHONPATH=str(ROOT / "src")),
-        timeout=120,
-    )
+    ) as demo:
+        stdout, stderr = demo.communicate(timeout=120)
+    result = subprocess.CompletedProcess(demo.args, demo.returncode, stdout, stderr)
     assert result.returncode == 0, result.stderr + result.stdout
     lines = {line.split(":")[0].strip(): line for line in result.stdout.splitlines()}
     out = result.stdout
@@ -204,8 +204,10 @@ def test_readme_demo_shows_the_expected_pods() -> None:
     web = [ln for ln in out.splitlines() if "demo/web:http" in ln]
     assert len(web) == 2 and all("web-1" in ln or "web-2" in ln or "web-3" in ln for ln in web)
     assert lines  # parsed
-    # Only the demo's own namespaces: other test runs may come and go meanwhile.
-    left = [ns for ns in list_netns() if ns.startswith("kpdemo") and ns not in before]
+    # Only this demo's own namespaces (named after its pid, as kubeproxy.lab.demo does):
+    # another test run's demo may come and go meanwhile.
+    mine = f"kpdemo{demo.pid % 100000}-"
+    left = [ns for ns in list_netns() if ns.startswith(mine)]
     assert not left, f"the demo left namespaces behind: {left}"
 
 

@@ -9,7 +9,9 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import IO, Any
 
 import pytest
 import yaml
@@ -91,7 +93,25 @@ def test_a_helper_that_dies_costs_a_log_line_not_a_file(
             stdout=subprocess.PIPE,
         )
 
+    # The helper must get a chunk before this process has read them all (on a loaded
+    # machine its start can take longer than reading 60 files here): this process
+    # reads nothing until the helper's chunk has gone out.
+    sent = threading.Event()
+    real_send, real_read = manifestfile._send, manifestfile.read_file
+
+    def send(stream: IO[bytes], value: Any) -> None:
+        try:
+            real_send(stream, value)
+        finally:
+            sent.set()
+
+    def read_after_the_helper(*args: Any) -> manifestfile.ReadResult:
+        sent.wait(30)
+        return real_read(*args)
+
     monkeypatch.setattr(manifestfile, "_start_helper", dying)
+    monkeypatch.setattr(manifestfile, "_send", send)
+    monkeypatch.setattr(manifestfile, "read_file", read_after_the_helper)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
         results = list(read_files(jobs, raw=True))
     assert results == serial(jobs)
