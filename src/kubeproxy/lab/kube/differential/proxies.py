@@ -193,7 +193,7 @@ class Node:
 
         None in ipvs mode: IPVS keeps the memory as persistence templates in its
         connection table, which no interface deletes; there only the sticky asks run."""
-        if "ipvs" in self.footprint():
+        if "ipvs" in ipvs_state(self.netns):
             return None
         script = "".join(
             f"flush set {' '.join(key.split()[1:])}\n"
