@@ -22,7 +22,9 @@ Map of the module:
   never at once, from a node :meth:`~kubeproxy.lab.kube.differential.proxies.Node.reset`
   to no rules; both get the same ``--config`` file (:func:`config_file`: upstream's
   ``KubeProxyConfiguration``, which kubeproxy reads too), with each one's defaults or
-  with ``minSyncPeriod: 1ms`` for iptables and nftables;
+  with ``minSyncPeriod: 1ms`` for iptables and nftables. iptables mode uses the host's
+  ``iptables`` (the nft flavour here); the mode ``iptables-legacy`` is iptables mode
+  with the legacy flavour in both (:func:`command`);
 * :func:`probe` is the clock: real TCP connects to ClusterIP:80 from a thread in the
   proxy's node namespace, one started every :data:`PACE` whatever the earlier ones are
   doing (non-blocking, each given up after :data:`PROBE_TIMEOUT`), so a dropped SYN
@@ -84,11 +86,13 @@ import yaml
 
 from bench.cluster import pod_ip
 from bench.e2e import TreeRss, process_tree, status_kb
+from kubeproxy.lab import uml
 from kubeproxy.lab.cluster import stop_process
 from kubeproxy.lab.kube.api import Api, Obj
 from kubeproxy.lab.kube.binaries import find
 from kubeproxy.lab.kube.cluster import CLUSTER_CIDRS, KubeLab, wait_for
 from kubeproxy.lab.kube.differential.proxies import OURS, PROXIES, UPSTREAM, Node
+from kubeproxy.lab.netns import ns_exec
 from kubeproxy.lab.objects import Ep, endpoint_slice, service
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -304,6 +308,16 @@ def cluster_ip(api: Api, name: str) -> str:
 # ---------------------------------------------------------------------------- proxies
 
 
+# The bench's name of iptables mode with the legacy flavour in both proxies: upstream's
+# ``iptables`` is whatever is first on its PATH, kubeproxy is told.
+IPTABLES_LEGACY = "iptables-legacy"
+
+
+def proxy_mode(mode: str) -> str:
+    """The proxy mode behind one of the bench's ``--modes``."""
+    return "iptables" if mode == IPTABLES_LEGACY else mode
+
+
 def config_file(lab: KubeLab, node: str, mode: str, config: str) -> Path:
     """Upstream's ``KubeProxyConfiguration`` for ``node``, with each proxy's defaults
     (``config`` "defaults") or ``minSyncPeriod: 1ms``; kubeproxy reads the same file.
@@ -313,7 +327,7 @@ def config_file(lab: KubeLab, node: str, mode: str, config: str) -> Path:
         "kind": "KubeProxyConfiguration",
         "clientConnection": {"kubeconfig": str(lab.node_kubeconfig(node))},
         "hostnameOverride": node,
-        "mode": mode,
+        "mode": proxy_mode(mode),
         "clusterCIDR": ",".join(CLUSTER_CIDRS),
         # nf_conntrack_max is the initial namespace's (see differential.proxies).
         "conntrack": {"maxPerCore": 0},
@@ -328,11 +342,30 @@ def config_file(lab: KubeLab, node: str, mode: str, config: str) -> Path:
 
 def command(lab: KubeLab, impl: str, mode: str, config: str) -> list[str]:
     node = PROXY_NODE[impl]
-    return [
-        *PROXIES[impl].command(lab, node, mode),
+    argv = [
+        *PROXIES[impl].command(lab, node, proxy_mode(mode)),
         "--config",
         str(config_file(lab, node, mode, config)),
     ]
+    if mode != IPTABLES_LEGACY:
+        return argv
+    # Flags win over kubeproxy's --config; upstream has no such flag (the image's
+    # iptables-wrapper picks the flavour behind plain ``iptables``), so its PATH does.
+    path = f"{uml.legacy_iptables_dir()}{os.pathsep}{os.environ.get('PATH', '')}"
+    extra = ["--iptables-backend", "legacy"] if impl == OURS else []
+    return ["env", f"PATH={path}", *argv, *extra]
+
+
+def iptables_flavours(lab: KubeLab, node: str) -> list[str]:
+    """The iptables flavours holding a ``KUBE-SERVICES`` chain in ``node``'s IPv4 nat
+    table: what a proxy in iptables mode really programmed."""
+    netns = lab.nodes[node].netns
+    held = []
+    if ns_exec(netns, "nft", "list", "chain", "ip", "nat", "KUBE-SERVICES", check=False):
+        held.append("nft")
+    if ns_exec(netns, "iptables-legacy", "-t", "nat", "-S", "KUBE-SERVICES", check=False):
+        held.append("legacy")
+    return held
 
 
 def cpu_seconds(pid: int) -> float:
@@ -466,12 +499,18 @@ def measure(
     with running(lab, impl, mode, config, str(run)) as proxy:
         result.cold_seconds = proxy.cold_start(ips)
         result.cpu_cold = cpu_seconds(proxy.proc.pid)
+        if proxy_mode(mode) == "iptables":
+            want = ["legacy"] if mode == IPTABLES_LEGACY else ["nft"]
+            held = iptables_flavours(lab, PROXY_NODE[impl])
+            if held != want:
+                raise RuntimeError(f"{impl} in {mode}: KUBE-SERVICES in {held}, not {want}")
         # Let the cold start's syncs end before reading their metrics.
         time.sleep(GAP)
         after_cold = scrape(lab, impl)
         result.syncs_cold = sync_delta({}, after_cold)
         for r in range(rounds):
-            name = f"r{run}-{impl[0]}-{mode[0]}-{config}-{r}"
+            short = "".join(word[0] for word in mode.split("-"))
+            name = f"r{run}-{impl[0]}-{short}-{config}-{r}"
             _round(lab, api, proxy.executor, name, result)
         result.syncs_rounds = sync_delta(after_cold, scrape(lab, impl))
         result.cpu_total = cpu_seconds(proxy.proc.pid)
@@ -722,7 +761,9 @@ def common_arguments(
     """The options every side-by-side bench has."""
     parser.add_argument("--services", type=int, default=1000)
     parser.add_argument("--endpoints", type=int, default=endpoints)
-    parser.add_argument("--modes", default=modes)
+    parser.add_argument(
+        "--modes", default=modes, help="nftables, iptables (nft flavour), iptables-legacy, ipvs"
+    )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--probed", type=int, default=probed)
     parser.add_argument("--out", type=Path, default=None)

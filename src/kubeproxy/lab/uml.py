@@ -12,7 +12,8 @@ byte-exact, as it writes them; its exit status is :func:`run`'s result.
 * :func:`run` — boot, run, power off; a timeout kills the guest's whole process group,
   which is also killed whenever :func:`run` returns or raises.
 * :func:`in_guest` — whether this process runs inside such a guest;
-  :func:`legacy_iptables_first` — inside it, ``iptables`` is the legacy variant.
+  :func:`legacy_iptables_first` — inside it, ``iptables`` is the legacy variant
+  (:func:`legacy_iptables_dir` the same for one command, on the host too).
 * ``python -m kubeproxy.lab.uml [--rw DIR]... -- COMMAND...`` — the same, by hand.
 
 The guest side is ``uml_init.sh`` next to this file (PID 1). The guest has no network
@@ -84,15 +85,22 @@ LEGACY_IPTABLES = {
 }
 
 
-def legacy_iptables_first(directory: Path = Path("/run/kubeproxy-legacy")) -> None:
-    """In the guest: ``iptables`` and friends on this process's PATH (inherited by its
-    children) name the legacy variants."""
+def legacy_iptables_dir(directory: Path = Path("/run/kubeproxy-legacy")) -> Path:
+    """``directory``, holding ``iptables`` and friends as links to their legacy variants:
+    first on a PATH, it makes a program that runs plain ``iptables`` (upstream
+    kube-proxy) use the legacy flavour."""
     directory.mkdir(parents=True, exist_ok=True)
     for name, target in LEGACY_IPTABLES.items():
         link = directory / name
         if not link.is_symlink():
             link.symlink_to(shutil.which(target) or f"/usr/sbin/{target}")
-    os.environ["PATH"] = f"{directory}{os.pathsep}{os.environ.get('PATH', '')}"
+    return directory
+
+
+def legacy_iptables_first() -> None:
+    """In the guest: ``iptables`` and friends on this process's PATH (inherited by its
+    children) name the legacy variants."""
+    os.environ["PATH"] = f"{legacy_iptables_dir()}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
 def guest_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
