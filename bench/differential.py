@@ -21,7 +21,7 @@ Exits 1 if a difference is not known. CI runs a few fixed seeds
 (tests/realk8s/test_differential.py).
 
 ``--guest`` runs the whole of it (control plane, nodes, proxies, probes) inside the
-user-mode-Linux guest of :mod:`kubeproxy.lab.uml`: the kernel there has IPVS, which
+user-mode-Linux guest (:mod:`bench.guest`): the kernel there has IPVS, which
 ``--modes ipvs`` needs and the host lacks. The guest's nf_tables has no ip families, so
 there ``iptables`` is the legacy variant for both proxies, and nftables mode cannot
 run. Session affinity is compared by its sticky asks only in ipvs mode (see
@@ -42,6 +42,7 @@ import traceback
 from collections import Counter
 from pathlib import Path
 
+from bench import guest
 from kubeproxy.lab import uml
 from kubeproxy.lab.kube.binaries import find
 from kubeproxy.lab.kube.cluster import KubeLab, wait_for
@@ -55,8 +56,6 @@ NODES = (("node-a", "zone-a"), ("node-b", "zone-b"), ("node-c", "zone-a"))
 # A batch the harness could not finish (a wait timed out, a proxy did not start...) is
 # recorded and skipped; this many in a row stop the run (the lab itself is broken).
 MAX_FAILED_IN_A_ROW = 3
-# The guest runs the control plane too (about 1 GB with the proxies and echo servers).
-GUEST_MEMORY = "3G"
 RECOVER_TIMEOUT = 300.0
 
 
@@ -72,14 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", choices=("full", "ci"), default="full")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "differential")
     parser.add_argument("--guest", action="store_true", help="inside the UML guest (ipvs)")
-    parser.add_argument("--guest-timeout", type=float, default=6 * 3600.0, help="seconds")
+    parser.add_argument("--guest-timeout", type=float, default=guest.TIMEOUT, help="seconds")
     args = parser.parse_args(argv)
     modes = args.modes.split(",")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.guest and not uml.in_guest():
-        return in_guest(argv, args.out, args.guest_timeout)
-    if uml.in_guest():
-        uml.legacy_iptables_first()
+        return guest.rerun("bench.differential", argv, [args.out], timeout=args.guest_timeout)
+    guest.inside()
     seeds = list(range(args.first_seed, args.first_seed + args.states))
     results: list[ModeResult] = []
     failed: list[list[int]] = []
@@ -124,19 +122,6 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             lab.close()
     return _summary(results, failed, time.monotonic() - started)
-
-
-def in_guest(argv: list[str], out: Path, timeout: float) -> int:
-    """This command again, inside the guest: this source tree, the upstream binaries
-    found (or built) here, ``out`` written through to the host."""
-    env = uml.guest_env(
-        {
-            "PYTHONPATH": f"{ROOT / 'src'}{os.pathsep}{ROOT}",
-            "KUBEPROXY_UPSTREAM_BIN": str(find().directory),
-        }
-    )
-    command = [sys.executable, "-m", "bench.differential", *argv]
-    return uml.run(command, cwd=ROOT, env=env, rw_dirs=[out], timeout=timeout, mem=GUEST_MEMORY)
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -2,7 +2,7 @@
 
     python -m bench.sidebyside [--services 1000] [--endpoints 10] [--modes nftables,iptables]
                                [--configs defaults,1ms] [--runs 3] [--rounds 5]
-                               [--probed 20] [--out FILE] [--logs DIR]
+                               [--probed 20] [--out FILE] [--logs DIR] [--guest]
     python -m bench.sidebyside --table FILE      # the table of an earlier --out
 
 (root; the upstream binaries: ``KUBEPROXY_UPSTREAM_BIN`` or scripts/build-upstream.)
@@ -53,6 +53,11 @@ Map of the module:
     plus what its reaped children used), at the end of the cold start and at the end;
     the peak of the tree's summed RSS (:class:`bench.e2e.TreeRss`) and the proxy's VmHWM.
 
+``--guest`` runs all of it inside the user-mode-Linux guest (:mod:`bench.guest`: the
+host kernel has no IPVS), for ``--modes ipvs``. There every sync of upstream is a full
+one and it has only the histogram of all syncs, so in ipvs mode the sync columns read
+that histogram in both (:func:`sync_kinds`).
+
 Runs alternate which proxy goes first. Results: Markdown on stdout (per proxy, and
 kubeproxy/upstream ratios with their spread over the runs), every run as JSON in ``--out``.
 """
@@ -84,6 +89,7 @@ from typing import Any, Protocol, TypeVar
 
 import yaml
 
+from bench import guest
 from bench.cluster import pod_ip
 from bench.e2e import TreeRss, process_tree, status_kb
 from kubeproxy.lab import uml
@@ -109,6 +115,8 @@ METRICS = "http://127.0.0.1:10249/metrics"
 SYNC_METRICS = {
     "full": "kubeproxy_sync_full_proxy_rules_duration_seconds",
     "partial": "kubeproxy_sync_partial_proxy_rules_duration_seconds",
+    # Every sync: upstream's ipvs mode has no full/partial split (every sync is full).
+    "all": "kubeproxy_sync_proxy_rules_duration_seconds",
 }
 # A probe starts this often: the resolution of a change's time (and, over the --probed
 # Services in turn, of the cold start). 500 connects a second from Python cost a share of
@@ -335,6 +343,7 @@ def config_file(lab: KubeLab, node: str, mode: str, config: str) -> Path:
     if config == "1ms":
         doc["iptables"] = {"minSyncPeriod": "1ms"}
         doc["nftables"] = {"minSyncPeriod": "1ms"}
+        doc["ipvs"] = {"minSyncPeriod": "1ms"}
     path = lab.workdir / f"sidebyside-{node}-{mode}-{config}.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
@@ -356,16 +365,20 @@ def command(lab: KubeLab, impl: str, mode: str, config: str) -> list[str]:
     return ["env", f"PATH={path}", *argv, *extra]
 
 
-def iptables_flavours(lab: KubeLab, node: str) -> list[str]:
-    """The iptables flavours holding a ``KUBE-SERVICES`` chain in ``node``'s IPv4 nat
-    table: what a proxy in iptables mode really programmed."""
-    netns = lab.nodes[node].netns
+def check_flavour(lab: KubeLab, impl: str, mode: str) -> None:
+    """In iptables mode, that ``impl`` programmed the flavour ``mode`` means: the one
+    holding a ``KUBE-SERVICES`` chain in its node's IPv4 nat table."""
+    if proxy_mode(mode) != "iptables":
+        return
+    netns = lab.nodes[PROXY_NODE[impl]].netns
     held = []
     if ns_exec(netns, "nft", "list", "chain", "ip", "nat", "KUBE-SERVICES", check=False):
         held.append("nft")
     if ns_exec(netns, "iptables-legacy", "-t", "nat", "-S", "KUBE-SERVICES", check=False):
         held.append("legacy")
-    return held
+    want = ["legacy"] if mode == IPTABLES_LEGACY else ["nft"]
+    if held != want:
+        raise RuntimeError(f"{impl} in {mode}: KUBE-SERVICES in {held}, not {want}")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -457,12 +470,15 @@ class Running:
     started: float  # perf_counter() just before the spawn
     executor: Any  # a thread in the proxy's node namespace
     rss: TreeRss
+    check: Callable[[], None]  # raises if the rules are not where the mode says
 
     def cold_start(self, ips: Mapping[str, Callable[[str | None], bool]]) -> float:
-        """Seconds from the spawn until every one of ``ips`` answered as wanted."""
+        """Seconds from the spawn until every one of ``ips`` answered as wanted (then
+        the rules' place is checked)."""
         cold: dict[str, float] = self.executor.submit(
             probe, ips, self.started, deadline=COLD_DEADLINE
         ).result(COLD_DEADLINE + 30)
+        self.check()
         return max(cold.values())
 
 
@@ -478,7 +494,10 @@ def running(lab: KubeLab, impl: str, mode: str, config: str, tag: str) -> Iterat
     proc = lab.spawn(argv, log)
     rss = TreeRss(proc.pid)
     try:
-        yield Running(proc, started, lab.executor(lab.nodes[node].netns), rss)
+        yield Running(
+            proc, started, lab.executor(lab.nodes[node].netns), rss,
+            lambda: check_flavour(lab, impl, mode),
+        )  # fmt: skip
         if proc.poll() is not None:
             raise RuntimeError(f"{impl} exited: {log.read_text(errors='replace')[-3000:]}")
     except BaseException:
@@ -499,12 +518,15 @@ def measure(
     with running(lab, impl, mode, config, str(run)) as proxy:
         result.cold_seconds = proxy.cold_start(ips)
         result.cpu_cold = cpu_seconds(proxy.proc.pid)
-        if proxy_mode(mode) == "iptables":
-            want = ["legacy"] if mode == IPTABLES_LEGACY else ["nft"]
-            held = iptables_flavours(lab, PROXY_NODE[impl])
-            if held != want:
-                raise RuntimeError(f"{impl} in {mode}: KUBE-SERVICES in {held}, not {want}")
-        # Let the cold start's syncs end before reading their metrics.
+        # Let the cold start's syncs end before reading their metrics: the rules can
+        # answer before the sync that wrote them is recorded (its after-apply work, which
+        # takes seconds in the guest).
+        cold_kind = sync_kinds(mode)[0]
+        wait_for(
+            lambda: scrape(lab, impl)[cold_kind][0] >= 1,
+            timeout=CHANGE_DEADLINE,
+            what=f"{impl}'s first sync in its metrics",
+        )
         time.sleep(GAP)
         after_cold = scrape(lab, impl)
         result.syncs_cold = sync_delta({}, after_cold)
@@ -562,8 +584,16 @@ def spread(values: Sequence[float], fmt: Callable[[float], str]) -> str:
     return f"{fmt(statistics.median(values))} ({fmt(min(values))}-{fmt(max(values))})"
 
 
-def _syncs(runs: Sequence[ProxyRun], phase: str, kind: str, *, total: bool) -> str:
+def sync_kinds(mode: str) -> tuple[str, str]:
+    """The sync histograms read at cold start and in the rounds: full and partial, or in
+    ipvs mode (upstream's syncs there are all full, and it has only the histogram of
+    all syncs) every sync in both."""
+    return ("all", "all") if mode == "ipvs" else ("full", "partial")
+
+
+def _syncs(runs: Sequence[ProxyRun], phase: str, *, total: bool) -> str:
     """Each run's mean (or ``total``) sync seconds from /metrics, [the counts]."""
+    kind = sync_kinds(runs[0].mode)[phase == "syncs_rounds"]
     pairs = [getattr(r, phase)[kind] for r in runs]
     counts = "/".join(f"{c:.0f}" for c, _ in pairs)
     return f"{spread([c * m if total else m for c, m in pairs], ms)} [{counts}]"
@@ -573,8 +603,13 @@ def _cold_syncs(r: ProxyRun) -> float:
     """Seconds of full syncs until the cold start's end: upstream's two per-family
     proxiers sync one after the other (the IPv6 one, with no Service here, briefly), so
     their total, not their mean, is its cold full sync."""
-    count, mean = r.syncs_cold["full"]
+    count, mean = r.syncs_cold[sync_kinds(r.mode)[0]]
     return count * mean
+
+
+def _round_syncs(r: ProxyRun) -> float:
+    """The mean seconds of a sync in the rounds (partial, or in ipvs mode any)."""
+    return r.syncs_rounds[sync_kinds(r.mode)[1]][1]
 
 
 class _Run(Protocol):
@@ -649,8 +684,8 @@ def table(results: Sequence[ProxyRun]) -> str:
             spread([r.cold_seconds for r in runs], lambda v: f"{v:.2f}"),
             *lat,
             ms(statistics.median([w for r in runs for w in r.writes])),
-            _syncs(runs, "syncs_cold", "full", total=True),
-            _syncs(runs, "syncs_rounds", "partial", total=False),
+            _syncs(runs, "syncs_cold", total=True),
+            _syncs(runs, "syncs_rounds", total=False),
             f"{spread([r.cpu_cold for r in runs], lambda v: f'{v:.2f}')} / "
             f"{spread([r.cpu_total for r in runs], lambda v: f'{v:.2f}')}",
             f"{spread([r.tree_peak_mb for r in runs], lambda v: f'{v:.0f}')} "
@@ -663,7 +698,7 @@ def table(results: Sequence[ProxyRun]) -> str:
             *(ratio(_median_of(kind)) for kind in ("add", "change", "delete")),
             "",
             ratio(_cold_syncs),
-            ratio(lambda r: r.syncs_rounds["partial"][1]),
+            ratio(_round_syncs),
             f"{ratio(lambda r: r.cpu_cold)} / {ratio(lambda r: r.cpu_total)}",
             ratio(lambda r: r.tree_peak_mb),
         ]
@@ -746,7 +781,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     common_arguments(parser, endpoints=10, modes="nftables,iptables", probed=20)
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--guest", action="store_true", help="inside the UML guest (ipvs)")
     args = parser.parse_args(argv)
+    if args.guest and not uml.in_guest():
+        if args.out is None or args.logs is None:
+            parser.error("--guest needs --out and --logs (the guest writes only there)")
+        args.logs.mkdir(parents=True, exist_ok=True)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        return guest.rerun(
+            "bench.sidebyside", sys.argv[1:] if argv is None else argv,
+            [args.logs, args.out.parent],
+        )  # fmt: skip
+    guest.inside()
     spec = Spec(
         args.services, args.endpoints, tuple(args.modes.split(",")),
         tuple(args.configs.split(",")), args.runs, args.rounds, args.probed,

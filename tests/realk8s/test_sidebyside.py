@@ -1,12 +1,13 @@
 """``bench.sidebyside`` and ``bench.sidebyside_churn`` at a tiny scale, so the benchmarks do
 not rot between their runs.
 
-20 Services, one run, nftables mode with ``minSyncPeriod: 1ms``: upstream kube-proxy on
+20 Services, one run, nftables mode and iptables mode on the legacy flavour with
+``minSyncPeriod: 1ms`` (the churn: nftables only): upstream kube-proxy on
 node-a and kubeproxy on node-b of a lab of the benchmark's own (its own prefix and
 control plane, not the session's cluster, whose proxies would otherwise have to stop),
 each measured from a clean node. Only the shape is checked (each proxy answered every
 probed Service, every change reached the data path, the metrics and process figures were
-read, the table renders), never a figure: those belong in bench/RESULTS.md. About 30 s.
+read, the table renders), never a figure: those belong in bench/RESULTS.md. About 45 s.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from bench.sidebyside import Spec, run_bench, table
+from bench.sidebyside import IPTABLES_LEGACY, Spec, run_bench, table
 from bench.sidebyside_churn import Spec as ChurnSpec
 from bench.sidebyside_churn import run_bench as run_churn
 from bench.sidebyside_churn import table as churn_table
@@ -28,13 +29,16 @@ def test_sidebyside_tiny(binaries: Binaries, tmp_path: Path) -> None:
     # The benchmark finds the binaries itself; the fixture makes their absence a failure.
     assert binaries.kube_proxy
     prefix = f"kpsbt{os.getpid() % 10000}"
+    # iptables-legacy: the cold start checks that each proxy programmed that flavour.
     spec = Spec(
-        services=20, endpoints=2, modes=("nftables",), configs=("1ms",), runs=1, rounds=1,
-        probed=4,
+        services=20, endpoints=2, modes=("nftables", IPTABLES_LEGACY), configs=("1ms",),
+        runs=1, rounds=1, probed=4,
     )  # fmt: skip
     results = run_bench(spec, tmp_path, prefix)
     assert not [ns for ns in list_netns() if ns.startswith(prefix)], "namespaces left behind"
-    assert sorted(r.impl for r in results) == sorted((UPSTREAM, OURS))
+    assert sorted((r.mode, r.impl) for r in results) == sorted(
+        (mode, impl) for mode in spec.modes for impl in (UPSTREAM, OURS)
+    )
     for r in results:
         assert r.cold_seconds > 0
         assert len(r.add) == len(r.change) == len(r.delete) == 1
