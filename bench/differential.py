@@ -1,8 +1,8 @@
 """Differential packet testing against upstream kube-proxy, many states (issue 25).
 
     python -m bench.differential [--states 200] [--modes nftables,iptables]
-                                 [--first-seed 1000] [--batch 4] [--budget full|ci]
-                                 [--out DIR] [--guest]
+                                 [--first-seed 1000 | --seeds S,S...] [--batch 4]
+                                 [--budget full|ci] [--out DIR] [--guest]
 
 (root; the upstream binaries: ``KUBEPROXY_UPSTREAM_BIN`` or scripts/build-upstream.)
 Builds the real-Kubernetes lab (:mod:`kubeproxy.lab.kube`: three nodes in two zones,
@@ -18,7 +18,8 @@ as ``{"seeds": [...], "error": ...}``, its objects deleted and the node reset, a
 run goes on (three in a row stop it). ``touch DIR/stop`` ends the run before the next
 batch; SIGTERM or SIGINT (even in the background) end it at once, the lab torn down.
 Exits 1 if a difference is not known. CI runs a few fixed seeds
-(tests/realk8s/test_differential.py).
+(tests/realk8s/test_differential.py; in ipvs mode, in the guest:
+tests/realk8s/test_differential_ipvs.py).
 
 ``--guest`` runs the whole of it (control plane, nodes, proxies, probes) inside the
 user-mode-Linux guest (:mod:`bench.guest`): the kernel there has IPVS, which
@@ -65,6 +66,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--states", type=int, default=200)
     parser.add_argument("--modes", default="nftables,iptables")
     parser.add_argument("--first-seed", type=int, default=1000)
+    parser.add_argument(
+        "--seeds", default=None, help="these seeds (comma-separated) instead of a range"
+    )
     parser.add_argument("--batch", type=int, default=4)
     # ci: the CI test's fewer asks and shorter waits (more states in an hour; a
     # disagreement is still asked again, longer).
@@ -78,7 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.guest and not uml.in_guest():
         return guest.rerun("bench.differential", argv, [args.out], timeout=args.guest_timeout)
     guest.inside()
-    seeds = list(range(args.first_seed, args.first_seed + args.states))
+    seeds = (
+        [int(s) for s in args.seeds.split(",")]
+        if args.seeds
+        else list(range(args.first_seed, args.first_seed + args.states))
+    )
     results: list[ModeResult] = []
     failed: list[list[int]] = []
     started = time.monotonic()
@@ -93,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             budget = CI_BUDGET if args.budget == "ci" else None
             # The proxies' logs are numbered from 001 in each run: a run resumed with
             # --first-seed into the same DIR must not write over an earlier one's.
-            logs = args.out / f"from-{args.first_seed}"
+            logs = args.out / f"from-{seeds[0]}"
             diff = Differential(lab, "node-a", "df", logs, budget=budget)
             try:
                 diff.setup()
