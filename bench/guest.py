@@ -44,10 +44,8 @@ def rerun(
     return uml.run(command, cwd=ROOT, env=env, rw_dirs=list(rw_dirs), timeout=timeout, mem=MEMORY)
 
 
-def inside() -> bool:
-    """Whether this process runs in the guest; there, ``iptables`` names the legacy
-    variant from here on (children included)."""
-    if not uml.in_guest():
-        return False
-    uml.legacy_iptables_first()
-    return True
+def inside() -> None:
+    """In the guest (a no-op elsewhere): ``iptables`` names the legacy variant from here
+    on, for this process and its children."""
+    if uml.in_guest():
+        uml.legacy_iptables_first()
