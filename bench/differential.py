@@ -2,7 +2,7 @@
 
     python -m bench.differential [--states 200] [--modes nftables,iptables]
                                  [--first-seed 1000 | --seeds S,S...] [--batch 4]
-                                 [--budget full|ci] [--out DIR] [--guest]
+                                 [--budget full|ci] [--out DIR] [--guest] [--pinned]
 
 (root; the upstream binaries: ``KUBEPROXY_UPSTREAM_BIN`` or scripts/build-upstream.)
 Builds the real-Kubernetes lab (:mod:`kubeproxy.lab.kube`: three nodes in two zones,
@@ -19,7 +19,9 @@ run goes on (three in a row stop it). ``touch DIR/stop`` ends the run before the
 batch; SIGTERM or SIGINT (even in the background) end it at once, the lab torn down.
 Exits 1 if a difference is not known. CI runs a few fixed seeds
 (tests/realk8s/test_differential.py; in ipvs mode, in the guest:
-tests/realk8s/test_differential_ipvs.py).
+tests/realk8s/test_differential_ipvs.py). ``--pinned`` adds the hand-made states of
+:mod:`~kubeproxy.lab.kube.differential.pinned` (each difference found and fixed) to the
+first batch.
 
 ``--guest`` runs the whole of it (control plane, nodes, proxies, probes) inside the
 user-mode-Linux guest (:mod:`bench.guest`): the kernel there has IPVS, which
@@ -47,6 +49,7 @@ from bench import guest
 from kubeproxy.lab import uml
 from kubeproxy.lab.kube.binaries import find
 from kubeproxy.lab.kube.cluster import KubeLab, wait_for
+from kubeproxy.lab.kube.differential import pinned
 from kubeproxy.lab.kube.differential import states as st
 from kubeproxy.lab.kube.differential.compare import signature
 from kubeproxy.lab.kube.differential.probes import CI_BUDGET
@@ -75,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget", choices=("full", "ci"), default="full")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "out" / "differential")
     parser.add_argument("--guest", action="store_true", help="inside the UML guest (ipvs)")
+    parser.add_argument("--pinned", action="store_true", help="and the pinned states")
     parser.add_argument("--guest-timeout", type=float, default=guest.TIMEOUT, help="seconds")
     args = parser.parse_args(argv)
     modes = args.modes.split(",")
@@ -112,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
                         break
                     batch = seeds[i : i + args.batch]
                     states = diff.generate(batch)
+                    if args.pinned and i == 0:
+                        states += pinned.states(diff.slots, "node-a", first_block=len(batch))
                     try:
                         for result in diff.run(states, modes):
                             results.append(result)

@@ -6,8 +6,10 @@ v1.37, three node namespaces, upstream kube-proxy and then kubeproxy in ipvs mod
 node-a, every probe of the matrix, all inside it. Two fixed seeds in one batch, CI's
 probe budget: together their states have every feature of the generator
 (:data:`~kubeproxy.lab.kube.differential.states.FEATURES`; checked below without a
-lab). The bench runs hundreds of seeds (bench/RESULTS.md, "Same packets as upstream in
-ipvs mode"). Any difference not listed in docs/differences-from-upstream.md fails.
+lab), and the pinned states (:mod:`~kubeproxy.lab.kube.differential.pinned`), whose
+ipvs cases must answer as they say. The bench runs hundreds of seeds (bench/RESULTS.md,
+"Same packets as upstream in ipvs mode"). Any difference not listed in
+docs/differences-from-upstream.md fails.
 About 3-4 minutes, most of it upstream's syncs in the guest.
 """
 
@@ -20,6 +22,7 @@ import pytest
 from bench import guest
 
 from kubeproxy.lab.kube.binaries import Binaries
+from kubeproxy.lab.kube.differential import pinned
 from kubeproxy.lab.kube.differential import states as st
 
 pytestmark = pytest.mark.timeout(1200)
@@ -45,17 +48,24 @@ def test_every_probe_in_ipvs_mode_goes_where_upstream_sends_it(
     out = tmp_path / "out"
     out.mkdir()
     seeds = ",".join(map(str, SEEDS))
-    argv = ["--modes", "ipvs", "--budget", "ci", "--seeds", seeds, "--batch", "2"]
+    argv = ["--modes", "ipvs", "--budget", "ci", "--seeds", seeds, "--batch", "2", "--pinned"]
     argv += ["--out", str(out)]
     status = guest.rerun("bench.differential", argv, [out])
     lines = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert [line.get("error") for line in lines] == [None], lines
     (result,) = lines
-    assert result["mode"] == "ipvs" and result["seeds"] == list(SEEDS)
+    assert result["mode"] == "ipvs" and result["seeds"] == [*SEEDS, pinned.FIRST_SEED]
     assert result["unstable"] == []
     assert result["probes"] > 100
     unknown = [d for d in result["differences"] if not d["known"]]
     assert unknown == [], json.dumps(unknown, indent=1)
+    upstream, ours = result["records"]["upstream"], result["records"]["kubeproxy"]
+    for case in pinned.CASES:
+        if (expected := case.expected("ipvs")) is not None:
+            keys = [k for k in upstream if case.selects(k)]
+            assert keys, f"no probe of {case.name}"
+            for key in keys:
+                assert set(upstream[key]) == expected and set(ours[key]) == expected, key
     for implementation, facts in result["facts"].items():
         assert facts["both cleanups"].startswith("exit 0"), implementation
     assert status == 0

@@ -151,6 +151,7 @@ def test_no_endpoints_reject_and_local_policy_elsewhere_drops() -> None:
     assert ext is not None and ext.verdict is Verdict.DROP
     # Pods and the node still reach the cluster endpoints.
     assert ext.short_circuit == tuple(remote)
+    assert local_only.no_local_external
 
 
 def test_source_ranges_are_per_family() -> None:
@@ -190,6 +191,36 @@ def test_node_in_a_range_allows_the_lb_ip_itself_without_overlap() -> None:
     assert outside is not None
     (frontend,) = (f for f in outside.frontends if f.kind is FrontendKind.LOAD_BALANCER)
     assert frontend.source_ranges == ("10.0.0.0/8", "192.168.0.0/16", "198.51.100.1/32")
+
+
+def test_external_ips_of_the_other_family_do_not_make_a_service_external() -> None:
+    # Differential seed 1095 (ipvs): iTP Local, RequireDualStack, an IPv6-only external
+    # IP, the endpoint on this node not ready and a ready one elsewhere. Upstream's IPv4
+    # ServicePort is not externally accessible, so it has no cluster endpoints and its
+    # ipvs fallback has nothing to fall back to: the IPv4 ClusterIP drops.
+    svc = service_port(
+        cluster_ips=("10.96.0.10", "fd00:10:96::10"),
+        external_ips=("2001:db8::7",),
+        itp=TrafficPolicy.LOCAL,
+    )
+    assert svc.in_family(V6) is svc
+    assert svc.in_family(V4).external_ips == () and not svc.in_family(V4).externally_accessible
+    eps4 = [
+        endpoint("10.244.1.2", node="node-a", ready=False),
+        endpoint("10.244.2.2", node="node-b"),
+    ]
+    plan4 = plan_service_port(svc, eps4, family())
+    assert plan4 is not None and plan4.external is None
+    assert plan4.selection.cluster == ()
+    assert plan4.internal.verdict is Verdict.DROP and plan4.internal.fallback == ()
+    eps6 = [
+        endpoint("fd00:10:244:1::2", node="node-a", ready=False),
+        endpoint("fd00:10:244:2::2", node="node-b"),
+    ]
+    plan6 = plan_service_port(svc, eps6, family(V6))
+    assert plan6 is not None and plan6.external is not None
+    # In IPv6 the external IP needs the cluster set, so the fallback has it (kubernetes#97081).
+    assert plan6.internal.fallback == (eps6[1],)
 
 
 def test_single_stack_service_has_no_plan_in_the_other_family() -> None:

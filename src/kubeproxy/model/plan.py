@@ -316,6 +316,7 @@ def plan_service_port(
     cluster_ip = svc.cluster_ip(fam.family)
     if cluster_ip is None:
         return None
+    svc = svc.in_family(fam.family)
     want_v6 = fam.family is IPFamily.IPv6
     family_eps = [ep for ep in endpoints if (":" in ep.ip) is want_v6]
     sel = categorize_endpoints(family_eps, svc, fam.node, fam.flags)

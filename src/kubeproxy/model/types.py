@@ -17,7 +17,7 @@ Nothing here does I/O or reads global state.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import NamedTuple
 
@@ -154,9 +154,28 @@ class ServicePort:
             return ()
         return ranges
 
+    def in_family(self, family: IPFamily) -> ServicePort:
+        """This ServicePort as ``family``'s proxier sees it: external and load-balancer
+        IPs of the other family left out.
+
+        Upstream builds one ServicePort per family from the IPs of that family, so its
+        ``ExternallyAccessible()`` (and what follows from it: whether the cluster
+        endpoints are used, whether eTP Local applies) is per family. A dual-stack
+        Service with ``internalTrafficPolicy: Local`` and an IPv6-only external IP is
+        not externally accessible in IPv4.
+        """
+        if not self.external_ips and not self.load_balancer_ips:
+            return self  # the common case, on the hot path of a full sync
+        external_ips = self.external_ips_of(family)
+        load_balancer_ips = self.load_balancer_ips_of(family)
+        if external_ips == self.external_ips and load_balancer_ips == self.load_balancer_ips:
+            return self
+        return replace(self, external_ips=external_ips, load_balancer_ips=load_balancer_ips)
+
     @property
     def externally_accessible(self) -> bool:
-        """Reachable from outside the cluster: a NodePort, external IPs or LB ingress IPs."""
+        """Reachable from outside the cluster: a NodePort, external IPs or LB ingress IPs
+        (of any family: :meth:`in_family` first for one family's answer)."""
         return bool(self.node_port or self.external_ips or self.load_balancer_ips)
 
     @property
