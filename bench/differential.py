@@ -21,7 +21,8 @@ Exits 1 if a difference is not known. CI runs a few fixed seeds
 (tests/realk8s/test_differential.py; in ipvs mode, in the guest:
 tests/realk8s/test_differential_ipvs.py). ``--pinned`` adds the hand-made states of
 :mod:`~kubeproxy.lab.kube.differential.pinned` (each difference found and fixed) to the
-first batch.
+first batch: the Services a pinned case has outcomes for in ``--modes`` (the host test,
+tests/realk8s/test_differential.py, takes them all).
 
 ``--guest`` runs the whole of it (control plane, nodes, proxies, probes) inside the
 user-mode-Linux guest (:mod:`bench.guest`): the kernel there has IPVS, which
@@ -117,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                     batch = seeds[i : i + args.batch]
                     states = diff.generate(batch)
                     if args.pinned and i == 0:
-                        states += pinned.states(diff.slots, "node-a", first_block=len(batch))
+                        states += pinned.states(diff.slots, "node-a", len(batch), modes)
                     try:
                         for result in diff.run(states, modes):
                             results.append(result)

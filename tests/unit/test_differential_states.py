@@ -4,6 +4,7 @@ import ipaddress
 
 import pytest
 
+from kubeproxy.lab.kube.differential import pinned
 from kubeproxy.lab.kube.differential.states import Slot, cidr_ip, generate, service_cidrs
 
 
@@ -33,3 +34,19 @@ def test_a_services_port_names_are_unique_in_every_state() -> None:
             assert len(names) == len(set(names)), (seed, svc.name, names)
             checked += 1
     assert checked > 200
+
+
+def test_the_pinned_states_for_some_modes_keep_the_services_their_cases_speak_for() -> None:
+    # In the ipvs guest each Service costs upstream's syncs on one CPU: CI's ipvs run
+    # takes only the Services a pinned case has ipvs outcomes for, with their Pods.
+    nodes = [("node-a", "zone-a"), ("node-b", "zone-b")]
+    slots = [Slot(f"df-{n[-1]}{i}", n) for n, _ in nodes for i in range(3)]
+    (full,) = pinned.states(slots, "node-a", 2)
+    (ipvs,) = pinned.states(slots, "node-a", 2, modes=("ipvs",))
+    assert [s.name for s in full.services] == ["empty", "six", "lsix"]
+    assert [s.name for s in ipvs.services] == ["lsix"]
+    assert [p.slot for p in ipvs.pods] == ["df-a2", "df-b0"]
+    (host,) = pinned.states(slots, "node-a", 2, modes=("nftables", "iptables"))
+    assert [s.name for s in host.services] == ["empty", "six"]
+    expected = {c.service for c in pinned.CASES if c.expected("ipvs") is not None}
+    assert expected == {"lsix"}

@@ -12,8 +12,8 @@ node under comparison's first.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, replace
 
 from kubeproxy.lab.kube.differential.states import (
     PodState,
@@ -92,11 +92,16 @@ CASES: tuple[Case, ...] = (
 )  # fmt: skip
 
 
-def states(slots: Sequence[Slot], node: str, first_block: int) -> list[State]:
-    """The pinned states, in address blocks from ``first_block``."""
+def states(
+    slots: Sequence[Slot], node: str, first_block: int, modes: Collection[str] | None = None
+) -> list[State]:
+    """The pinned states, in address blocks from ``first_block``; with ``modes``, only the
+    Services a case says something about in one of them (and the Pods they select): in
+    the ipvs guest every Service costs upstream's syncs on one CPU, and the others are
+    the generator's kinds anyway."""
     local = [s for s in slots if s.node == node]
     remote = next(s for s in slots if s.node != node)
-    return [
+    full = [
         State(
             seed=FIRST_SEED,
             block=first_block,
@@ -139,6 +144,18 @@ def states(slots: Sequence[Slot], node: str, first_block: int) -> list[State]:
             ),
         )
     ]
+    if modes is None:
+        return full
+    return [_only(state, modes) for state in full]
+
+
+def _only(state: State, modes: Collection[str]) -> State:
+    """``state`` with only the Services a case has an outcome for in one of ``modes``."""
+    named = {c.service for c in CASES if c.seed == state.seed and any(m in c.want for m in modes)}
+    services = tuple(s for s in state.services if s.name in named)
+    selected = {key for s in services for key in s.selector}
+    pods = tuple(p for p in state.pods if selected & set(p.labels))
+    return replace(state, services=services, pods=pods)
 
 
 def rollback(slots: Sequence[Slot], node: str, block: int) -> State:
