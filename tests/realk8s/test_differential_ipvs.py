@@ -8,10 +8,10 @@ probe budget: together their states have every feature of the generator
 (:data:`~kubeproxy.lab.kube.differential.states.FEATURES`; checked below without a
 lab), and the pinned Services that have ipvs cases
 (:mod:`~kubeproxy.lab.kube.differential.pinned`; the others cost a minute of upstream's
-syncs on the guest's one CPU and are the host test's), which must answer as they say. The bench runs hundreds of seeds (bench/RESULTS.md,
-"Same packets as upstream in ipvs mode"). Any difference not listed in
-docs/differences-from-upstream.md fails.
-About 3-4 minutes, most of it upstream's syncs in the guest.
+syncs on the guest's one CPU and are the host test's), which must answer as they say.
+The bench runs hundreds of seeds (bench/RESULTS.md, "Same packets as upstream in ipvs
+mode"). Any difference not listed in docs/differences-from-upstream.md fails.
+About 3-8 minutes, most of it upstream's syncs in the guest.
 """
 
 from __future__ import annotations
