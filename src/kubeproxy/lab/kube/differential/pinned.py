@@ -151,10 +151,13 @@ def states(
 
 def _only(state: State, modes: Collection[str]) -> State:
     """``state`` with only the Services a case has an outcome for in one of ``modes``."""
-    named = {c.service for c in CASES if c.seed == state.seed and any(m in c.want for m in modes)}
+    named = {
+        c.service
+        for c in CASES
+        if c.seed == state.seed and any(c.expected(m) is not None for m in modes)
+    }
     services = tuple(s for s in state.services if s.name in named)
-    selected = {key for s in services for key in s.selector}
-    pods = tuple(p for p in state.pods if selected & set(p.labels))
+    pods = tuple(p for p in state.pods if any(s.selects(p) for s in services))
     return replace(state, services=services, pods=pods)
 
 

@@ -240,7 +240,7 @@ class Differential:
             want = {
                 (ip, pod.terminating)
                 for pod in state.pods
-                if all(pod.labels.get(k) == v for k, v in svc.selector.items())
+                if svc.selects(pod)
                 for ip in self.pods[pod.slot].ips
                 if ("IPv6" if ":" in ip else "IPv4") in svc.families
             }

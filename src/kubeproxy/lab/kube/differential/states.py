@@ -106,6 +106,9 @@ class ServiceState:
     proxy_name: str | None = None
     cluster_ips: tuple[str, ...] = ()
 
+    def selects(self, pod: PodState) -> bool:
+        return all(pod.labels.get(k) == v for k, v in self.selector.items())
+
 
 @dataclass(frozen=True)
 class State:
