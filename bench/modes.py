@@ -20,6 +20,7 @@ from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.dataplane.iptables.runner import Flavor, IptablesCommand, command_names
 from kubeproxy.dataplane.nftables.runner import NftCommand, open_runner
+from kubeproxy.dataplane.sysctl import HOST_PROC
 from kubeproxy.lab.netns import sh
 from kubeproxy.model.types import IPFamily
 
@@ -64,7 +65,11 @@ class Mode:
                 config, open_runner() if netns is None else NftCommand(netns=netns)
             )
         runner = IptablesCommand(IPFamily.IPv4, self.flavor, netns=netns, timeout=RESTORE_TIMEOUT)
-        return IptablesBackend(config, {IPFamily.IPv4: runner})
+        # In the namespace it programs (bench.sync_worker runs there), this process's
+        # /proc is the node's; programming another namespace, its /proc is out of reach
+        # (and start(), which would write it, refuses).
+        proc = HOST_PROC if netns is None else Path("/nonexistent")
+        return IptablesBackend(config, {IPFamily.IPv4: runner}, proc=proc)
 
     def floor_command(self, script: str, path: Path) -> tuple[list[str], Path | None]:
         """Write what the kernel tool alone loads (from ``backend.render``) to ``path``;

@@ -58,7 +58,7 @@ from kubeproxy.model.types import IPFamily, NamespacedName
 from kubeproxy.sources.kube_decode import object_decoder
 from kubeproxy.sources.manifests import ManifestSource
 from kubeproxy.sources.standalone import StandaloneSource
-from tests.conftest import relies_on_exception
+from tests.conftest import NO_PROC, relies_on_exception
 
 Doc = dict[str, Any]
 NODE = "node-a"
@@ -543,7 +543,7 @@ def renders(snapshot: Snapshot) -> dict[str, str]:
     out = {}
     for suffix, config in (("", CONFIG), ("-nodecidr", NODE_CIDR_CONFIG)):
         fakes = {f: FakeIptables(f, "nft") for f in config.families}
-        ipt = IptablesBackend(config, fakes, proc=Path("/nonexistent"))
+        ipt = IptablesBackend(config, fakes, proc=NO_PROC)
         out["nftables" + suffix] = NftablesBackend(config, NftCommand()).render(snapshot)
         out["iptables" + suffix] = ipt.render(snapshot)
     return out

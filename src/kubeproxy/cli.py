@@ -61,7 +61,7 @@ from kubeproxy.config.types import KubeProxyConfiguration, KubeProxyIPVSConfigur
 from kubeproxy.config.validation import validate
 from kubeproxy.dataplane.conntrack import ConntrackCommand
 from kubeproxy.dataplane.iptables.cleanup import KeepMap
-from kubeproxy.dataplane.sysctl import apply_conntrack_sysctls
+from kubeproxy.dataplane.sysctl import HOST_PROC, HOST_SYS, apply_conntrack_sysctls
 from kubeproxy.explain.cli import add_explain_parser, add_list_parser, run_explain, run_list
 from kubeproxy.logs import bounded
 from kubeproxy.metrics import Metrics
@@ -451,8 +451,10 @@ def make_source(
 
 def _init_only(cfg: KubeProxyConfiguration, config: ProxyConfig) -> int:
     """upstream's --init-only: what needs more than CAP_NET_ADMIN, then exit."""
-    apply_conntrack_sysctls(conntrack_settings(cfg.conntrack))
-    init: Callable[[ProxyConfig], None] | None = None
+    apply_conntrack_sysctls(
+        conntrack_settings(cfg.conntrack), proc_root=HOST_PROC, sys_root=HOST_SYS
+    )
+    init: Callable[[ProxyConfig, Path], None] | None = None
     if config.mode == ProxyMode.IPTABLES:
         from kubeproxy.backends.iptables.proxier import init_node as init_iptables
 
@@ -463,7 +465,7 @@ def _init_only(cfg: KubeProxyConfiguration, config: ProxyConfig) -> int:
         init = init_ipvs
     if init is not None:
         try:
-            init(config)
+            init(config, HOST_PROC)
         except BackendError as err:
             log.error("%s", err)
             return 1
@@ -558,7 +560,9 @@ async def _run(
         apply_oom_score_adj(cfg.oom_score_adj)
     # Each setting that cannot be applied (e.g. read-only in a network namespace) is
     # logged by apply_conntrack_sysctls; none of them stops the proxy, as upstream.
-    apply_conntrack_sysctls(conntrack_settings(cfg.conntrack))
+    apply_conntrack_sysctls(
+        conntrack_settings(cfg.conntrack), proc_root=HOST_PROC, sys_root=HOST_SYS
+    )
     return await _start(cfg, config, source, once, metrics, stop=stop)
 
 

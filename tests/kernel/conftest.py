@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from kubeproxy.lab.cluster import NODE, NODE_IP, NODE_IP6, REMOTE_NODE, Lab
-from kubeproxy.lab.netns import add_netns, delete_netns, list_netns
+from kubeproxy.lab.netns import add_netns, delete_netns, list_netns, ns_exec
 from kubeproxy.lab.objects import Ep, ManifestDir, node
 from tests.conftest import IS_ROOT, relies_on_exception, require_tool
 
@@ -41,6 +41,28 @@ def scratch_netns(prefix: str) -> Iterator[str]:
     finally:
         delete_netns(name)
     assert name not in list_netns()
+
+
+# What a backend reads or writes under its /proc (iptables and ipvs modes' node settings
+# the tests build in their own process: ipvs ones live in the guest).
+NODE_SETTINGS = (
+    "sys/net/ipv4/conf/all/route_localnet",
+    "sys/net/netfilter/nf_conntrack_tcp_be_liberal",
+)
+
+
+def proc_of(ns: str, root: Path) -> Path:
+    """The /proc for a backend a test builds in its own process to program ``ns``:
+    ``root``, holding ``ns``'s values of :data:`NODE_SETTINGS`. The test's process lives
+    in the host's network namespace, whose /proc/sys/net a real /proc would change
+    (route_localnet=1 on the host, and inherited by every new namespace); ``ns``'s own
+    is only reachable from a process inside it. The test reads what the backend wrote
+    here."""
+    for setting in NODE_SETTINGS:
+        path = root / setting
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(ns_exec(ns, "cat", f"/proc/{setting}"))
+    return root
 
 
 # Commands every real-kernel test may use (scripts/bootstrap installs them).

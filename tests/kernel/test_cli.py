@@ -228,18 +228,39 @@ def test_version_and_the_v_shorthand() -> None:
     assert result.returncode == 0 and "verbosity: 2" in result.stdout
 
 
-def test_init_only_sets_the_node_up_and_programs_nothing() -> None:
+@pytest.mark.parametrize(
+    ("mode", "flags", "route_localnet"),
+    [
+        ("iptables", (), "1"),
+        ("iptables", ("--nodeport-addresses", "127.0.0.0/8,10.0.0.0/8"), "1"),
+        # CVE-2020-8558: never without a loopback NodePort address (as upstream).
+        ("iptables", ("--nodeport-addresses", "10.0.0.0/8"), "0"),
+        ("iptables", ("--nodeport-addresses", "primary"), "0"),
+        ("iptables", ("--nodeport-addresses", "fd00::/8"), "1"),  # no IPv4 CIDR: all of it
+        ("iptables", ("--iptables-localhost-nodeports=false",), "0"),
+        ("nftables", (), "0"),
+        ("nftables", ("--nodeport-addresses", "0.0.0.0/0"), "0"),
+    ],
+)
+def test_init_only_sets_the_node_up_and_programs_nothing(
+    mode: str, flags: tuple[str, ...], route_localnet: str
+) -> None:
+    """route_localnet=1 only where NodePorts on 127.0.0.1 are served: iptables mode,
+    ``iptables.localhostNodePorts`` on, and IPv4 NodePort addresses taking in loopback."""
     ns = f"kpinit{os.getpid()}"
     delete_netns(ns)
     add_netns(ns)
     try:
         result = kubeproxy(
-            "run", "--init-only", "--proxy-mode", "iptables", "--manifests", str(EXAMPLES),
-            "--hostname-override", NODE, ns=ns,
+            "run", "--init-only", "--proxy-mode", mode, "--manifests", str(EXAMPLES),
+            "--hostname-override", NODE, *flags, ns=ns,
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
         assert "System initialized and --init-only specified" in result.stderr
-        assert ns_exec(ns, "cat", "/proc/sys/net/ipv4/conf/all/route_localnet").strip() == "1"
+        assert (
+            ns_exec(ns, "cat", "/proc/sys/net/ipv4/conf/all/route_localnet").strip()
+            == route_localnet
+        )
         assert "KUBE-" not in ns_exec(ns, "iptables-save") + ns_exec(ns, "nft", "list", "ruleset")
     finally:
         delete_netns(ns)

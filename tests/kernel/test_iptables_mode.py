@@ -9,7 +9,10 @@ that end where a full sync would, the canary, and cleanup.
 from __future__ import annotations
 
 import re
+import shutil
+import tempfile
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
@@ -29,7 +32,7 @@ from kubeproxy.lab.netns import add_netns, delete_netns, list_netns, ns_exec
 from kubeproxy.lab.objects import ManifestDir, endpoint_slice, service
 from kubeproxy.model.state import Snapshot
 from kubeproxy.model.types import Endpoint, IPFamily, L4Protocol, ServicePort, TrafficPolicy
-from tests.kernel.conftest import HTTP, eps, sync
+from tests.kernel.conftest import HTTP, eps, proc_of, sync
 from tests.partial_sync_machine import CONFIG, NODE, PartialVersusFull, port_name
 
 PROXY_MODES = ("iptables-nft", "iptables-legacy")
@@ -81,6 +84,21 @@ def test_nodeports_answer_on_localhost_and_every_local_address(
     assert node.call(tally, tcp_ask, "::1", 30900, 0.5, count=1) != {"local-1": 1}
 
 
+def test_nodeport_addresses_without_loopback_leave_route_localnet_alone(
+    lab: Lab, manifests: ManifestDir
+) -> None:
+    """CVE-2020-8558: with --nodeport-addresses excluding 127.0.0.0/8 nothing needs
+    route_localnet, and upstream does not set it: the node's NodePorts still answer on
+    its own address, never on 127.0.0.1."""
+    nodeport(lab, manifests, 30902)
+    ns_exec(lab.node_ns, "sysctl", "-qw", "net.ipv4.conf.all.route_localnet=0")
+    sync(lab, manifests, "--nodeport-addresses", f"{NODE_IP}/32")
+    assert ns_exec(lab.node_ns, "cat", "/proc/sys/net/ipv4/conf/all/route_localnet").strip() == "0"
+    node = lab.executor(lab.node_ns)
+    assert node.call(tally, tcp_ask, NODE_IP, 30902, count=2) == {"local-1": 2}
+    assert node.call(tally, tcp_ask, "127.0.0.1", 30902, 0.5, count=1) != {"local-1": 1}
+
+
 def test_localhost_nodeports_can_be_turned_off(lab: Lab, manifests: ManifestDir) -> None:
     nodeport(lab, manifests, 30901)
     sync(lab, manifests, "--iptables-localhost-nodeports=false")
@@ -113,13 +131,19 @@ class OnTheKernel(PartialVersusFull):
     lab: ClassVar[Lab]
     flavor: ClassVar[Flavor]
 
+    def __init__(self) -> None:
+        super().__init__()
+        self.procs: list[Path] = []
+
     def backend(self, role: str) -> Any:
         ns = f"{self.lab.prefix}-{role}"
         delete_netns(ns)
         add_netns(ns)
         config = replace(CONFIG, mode=ProxyMode.IPTABLES)
         runners = {f: IptablesCommand(f, self.flavor, netns=ns) for f in config.families}
-        backend = IptablesBackend(config, runners)
+        proc = proc_of(ns, Path(tempfile.mkdtemp(prefix=f"{ns}-proc-")))
+        self.procs.append(proc)
+        backend = IptablesBackend(config, runners, proc=proc)
         backend.start()
         return backend
 
@@ -132,6 +156,8 @@ class OnTheKernel(PartialVersusFull):
     def teardown(self) -> None:
         for role in ("partial", "full"):
             delete_netns(f"{self.lab.prefix}-{role}")
+        for proc in self.procs:
+            shutil.rmtree(proc, ignore_errors=True)
 
 
 class OnIptablesNft(OnTheKernel):
@@ -167,10 +193,12 @@ def scratch(lab: Lab) -> Any:
     delete_netns(ns)
 
 
-def test_canary_notices_flushed_tables_and_a_full_sync_repairs(lab: Lab, scratch: str) -> None:
+def test_canary_notices_flushed_tables_and_a_full_sync_repairs(
+    lab: Lab, scratch: str, tmp_path: Path
+) -> None:
     config = ProxyConfig(hostname="node-a", mode=ProxyMode.IPTABLES, families=(IPFamily.IPv4,))
     runner = IptablesCommand(IPFamily.IPv4, flavor(lab), netns=scratch)
-    backend = IptablesBackend(config, {IPFamily.IPv4: runner})
+    backend = IptablesBackend(config, {IPFamily.IPv4: runner}, proc=proc_of(scratch, tmp_path))
     backend.start()
     svc = ServicePort(name=port_name(0), cluster_ips=("10.96.52.1",), port=80)
     snap = Snapshot({svc.name: svc}, {svc.name: (Endpoint("10.244.1.10", 8080, "node-a"),)}, NODE)
@@ -188,7 +216,7 @@ def test_canary_notices_flushed_tables_and_a_full_sync_repairs(lab: Lab, scratch
 
 
 def test_cleanup_removes_our_chains_in_both_flavours_and_nothing_else(
-    lab: Lab, scratch: str
+    lab: Lab, scratch: str, tmp_path: Path
 ) -> None:
     config = ProxyConfig(hostname="node-a", mode=ProxyMode.IPTABLES, families=(IPFamily.IPv4,))
     svc = ServicePort(name=port_name(0), cluster_ips=("10.96.53.1",), port=80)
@@ -197,7 +225,9 @@ def test_cleanup_removes_our_chains_in_both_flavours_and_nothing_else(
     for fl in flavors:
         runner = IptablesCommand(IPFamily.IPv4, fl, netns=scratch)
         backend = IptablesBackend(
-            replace(config, localhost_nodeports=True), {IPFamily.IPv4: runner}
+            replace(config, localhost_nodeports=True),
+            {IPFamily.IPv4: runner},
+            proc=proc_of(scratch, tmp_path / fl),
         )
         backend.start()
         backend.sync(snap, None)
@@ -212,13 +242,13 @@ def test_cleanup_removes_our_chains_in_both_flavours_and_nothing_else(
 
 
 def test_a_service_iptables_refuses_is_left_out_and_the_rest_programmed(
-    lab: Lab, scratch: str
+    lab: Lab, scratch: str, tmp_path: Path
 ) -> None:
     """A NodePort above 65535 (the parser never lets one through; the model object is
     built directly) stands for any ServicePort whose rules iptables refuses."""
     config = ProxyConfig(hostname="node-a", mode=ProxyMode.IPTABLES, families=(IPFamily.IPv4,))
     runner = IptablesCommand(IPFamily.IPv4, flavor(lab), netns=scratch)
-    backend = IptablesBackend(config, {IPFamily.IPv4: runner})
+    backend = IptablesBackend(config, {IPFamily.IPv4: runner}, proc=proc_of(scratch, tmp_path))
     backend.start()
     good = ServicePort(name=port_name(0), cluster_ips=("10.96.54.1",), port=80)
     bad = ServicePort(name=port_name(1), cluster_ips=("10.96.54.2",), port=80, node_port=70000)
@@ -277,10 +307,10 @@ def rich_snapshot(changed: bool = False) -> Snapshot:
     return Snapshot({p.name: p for p in ports}, endpoints, NODE)
 
 
-def dual_backend(ns: str, fl: Flavor) -> IptablesBackend:
+def dual_backend(ns: str, fl: Flavor, proc: Path) -> IptablesBackend:
     config = replace(CONFIG, mode=ProxyMode.IPTABLES)
     runners = {f: IptablesCommand(f, fl, netns=ns) for f in config.families}
-    backend = IptablesBackend(config, runners)
+    backend = IptablesBackend(config, runners, proc=proc_of(ns, proc))
     backend.start()
     return backend
 
@@ -302,9 +332,9 @@ def both_families(backend: IptablesBackend) -> list[tuple[IPFamily, list[str]]]:
 
 
 def test_after_a_full_sync_iptables_save_lists_every_chain_as_we_compare_it(
-    lab: Lab, scratch: str
+    lab: Lab, scratch: str, tmp_path: Path
 ) -> None:
-    backend = dual_backend(scratch, flavor(lab))
+    backend = dual_backend(scratch, flavor(lab), tmp_path)
     snap = rich_snapshot()
     backend.sync(snap, None)
     plans = backend._fams(backend.plan(snap))
@@ -324,19 +354,21 @@ def test_after_a_full_sync_iptables_save_lists_every_chain_as_we_compare_it(
 
 
 def test_a_restart_over_an_identical_table_writes_no_per_service_chain(
-    lab: Lab, scratch: str
+    lab: Lab, scratch: str, tmp_path: Path
 ) -> None:
     snap = rich_snapshot()
-    dual_backend(scratch, flavor(lab)).sync(snap, None)
-    restarted = dual_backend(scratch, flavor(lab))
+    dual_backend(scratch, flavor(lab), tmp_path).sync(snap, None)
+    restarted = dual_backend(scratch, flavor(lab), tmp_path)
     before = both_families(restarted)
     assert restarted.sync(snap, None).full
     assert both_families(restarted) == before
     assert chains_written(restarted) and per_service(chains_written(restarted)) == []
 
 
-def test_a_full_sync_repairs_a_chain_changed_by_hand(lab: Lab, scratch: str) -> None:
-    backend = dual_backend(scratch, flavor(lab))
+def test_a_full_sync_repairs_a_chain_changed_by_hand(
+    lab: Lab, scratch: str, tmp_path: Path
+) -> None:
+    backend = dual_backend(scratch, flavor(lab), tmp_path)
     snap = rich_snapshot()
     backend.sync(snap, None)
     before = both_families(backend)
@@ -353,11 +385,11 @@ def test_a_full_sync_repairs_a_chain_changed_by_hand(lab: Lab, scratch: str) -> 
 
 
 def test_a_restart_rewrites_what_changed_while_down_and_deletes_stale_chains(
-    lab: Lab, scratch: str
+    lab: Lab, scratch: str, tmp_path: Path
 ) -> None:
-    dual_backend(scratch, flavor(lab)).sync(rich_snapshot(), None)
+    dual_backend(scratch, flavor(lab), tmp_path).sync(rich_snapshot(), None)
     changed = rich_snapshot(changed=True)
-    restarted = dual_backend(scratch, flavor(lab))
+    restarted = dual_backend(scratch, flavor(lab), tmp_path)
     restarted.sync(changed, None)
     assert "-X KUBE-SEP-" in restarted.last_restore and "-X KUBE-SVC-" in restarted.last_restore
     # Exactly what a full sync of the changed Services into an empty namespace holds.
@@ -365,7 +397,7 @@ def test_a_restart_rewrites_what_changed_while_down_and_deletes_stale_chains(
     delete_netns(fresh_ns)
     add_netns(fresh_ns)
     try:
-        fresh = dual_backend(fresh_ns, flavor(lab))
+        fresh = dual_backend(fresh_ns, flavor(lab), tmp_path / "fresh")
         fresh.sync(changed, None)
         assert both_families(restarted) == both_families(fresh)
     finally:

@@ -16,6 +16,7 @@ from kubeproxy.dataplane.iptables.rules import canonical_text
 from kubeproxy.dataplane.iptables.runner import Flavor, IptablesError
 from kubeproxy.model.state import Snapshot
 from kubeproxy.model.types import Endpoint, IPFamily
+from tests.conftest import NO_PROC
 from tests.iptables_fake_cases import restore
 from tests.unit.test_iptables_restore_input import V4, snapshot
 
@@ -86,7 +87,7 @@ def test_rules_compare_in_the_form_iptables_save_prints() -> None:
 
 
 def backend(runner: FakeIptables) -> IptablesBackend:
-    return IptablesBackend(V4, {IPFamily.IPv4: runner})
+    return IptablesBackend(V4, {IPFamily.IPv4: runner}, proc=NO_PROC)
 
 
 def written_chains(b: IptablesBackend) -> set[str]:

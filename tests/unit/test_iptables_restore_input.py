@@ -19,6 +19,7 @@ from kubeproxy.dataplane.iptables.fake import FakeIptables
 from kubeproxy.dataplane.iptables.restore import Restore, RestoreError
 from kubeproxy.model.state import Snapshot
 from kubeproxy.model.types import Endpoint, IPFamily, ServicePort
+from tests.conftest import NO_PROC
 from tests.partial_sync_machine import CONFIG, NODE, port_name
 
 V4 = replace(CONFIG, mode=ProxyMode.IPTABLES, families=(IPFamily.IPv4,))
@@ -39,7 +40,7 @@ def snapshot(services: int, endpoints: int) -> Snapshot:
 
 
 def backend() -> IptablesBackend:
-    return IptablesBackend(V4, {IPFamily.IPv4: FakeIptables(IPFamily.IPv4)})
+    return IptablesBackend(V4, {IPFamily.IPv4: FakeIptables(IPFamily.IPv4)}, proc=NO_PROC)
 
 
 def chain_lines(text: str) -> list[list[str]]:
@@ -160,7 +161,7 @@ def test_kubelets_firewall_chain_and_its_jumps_are_ensured_in_every_family() -> 
         localhost_nodeports=False,
     )
     runners = {f: FakeIptables(f) for f in config.families}
-    IptablesBackend(config, dict(runners)).sync(Snapshot({}, {}, NODE), None)
+    IptablesBackend(config, dict(runners), proc=NO_PROC).sync(Snapshot({}, {}, NODE), None)
     jumping = {
         (family, builtin)
         for family, runner in runners.items()

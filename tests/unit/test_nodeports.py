@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from kubeproxy.backends.iptables.proxier import init_node
+from kubeproxy.config.modes import ProxyMode
+from kubeproxy.config.runtime import ProxyConfig
 from kubeproxy.model.nodeports import FamilyNodePorts, NodePortAddresses
+from kubeproxy.model.planning import PlanSettings, family_plans
+from kubeproxy.model.state import NodeState, Snapshot
 from kubeproxy.model.types import IPFamily
 
 V4, V6 = IPFamily.IPv4, IPFamily.IPv6
@@ -149,3 +156,49 @@ def test_default_is_primary_and_an_empty_flag_every_address() -> None:
     every = NodePortAddresses.parse([])
     assert every.for_family(IPFamily.IPv4, "10.0.0.1").match_all
     assert every.for_family(IPFamily.IPv6, None).match_all
+
+
+@pytest.mark.parametrize(
+    ("values", "families", "wanted", "route_localnet"),
+    [
+        ([], (V4,), True, True),  # every local address: 127.0.0.1 among them
+        (["127.0.0.0/8", "10.0.0.0/8"], (V4,), True, True),
+        (["0.0.0.0/0"], (V4,), True, True),
+        (["fd00::/8"], (V4,), True, True),  # no IPv4 CIDR: every IPv4 address
+        # CVE-2020-8558: never when the IPv4 NodePort addresses leave loopback out.
+        (["10.0.0.0/8"], (V4,), True, False),
+        (["primary"], (V4,), True, False),
+        ([], (V4,), False, False),  # iptables.localhostNodePorts false, or not iptables
+        ([], (V6,), True, False),  # IPv4 not served: no IPv4 localhost NodePorts
+    ],
+)
+def test_route_localnet_is_wanted_only_with_ipv4_localhost_nodeports(
+    values: list[str], families: tuple[IPFamily, ...], wanted: bool, route_localnet: bool
+) -> None:
+    """One decision for the plan's localhost rules and the sysctl (upstream's
+    ContainsIPv4Loopback, per its IPv4 proxier)."""
+    addresses = NodePortAddresses.parse(values)
+    settings = PlanSettings(
+        families=families, nodeport_addresses=addresses, localhost_nodeports=wanted
+    )
+    assert settings.route_localnet is route_localnet
+    assert addresses.serves_localhost(V6, wanted) is False
+    if V4 in families:
+        plan = family_plans(settings, Snapshot({}, {}, NodeState("node-a")))[0]
+        assert plan.localhost_nodeports is route_localnet
+
+
+@pytest.mark.parametrize(
+    ("values", "written"), [([], "1"), (["127.0.0.1/32"], "1"), (["10.0.0.0/8"], "0")]
+)
+def test_iptables_init_node_writes_route_localnet_only_when_the_plan_serves_localhost(
+    tmp_path: Path, values: list[str], written: str
+) -> None:
+    sysctl = tmp_path / "sys/net/ipv4/conf/all/route_localnet"
+    sysctl.parent.mkdir(parents=True)
+    sysctl.write_text("0\n")
+    config = ProxyConfig(
+        "node-a", mode=ProxyMode.IPTABLES, nodeport_addresses=NodePortAddresses.parse(values)
+    )
+    init_node(config, tmp_path)
+    assert sysctl.read_text().strip() == written

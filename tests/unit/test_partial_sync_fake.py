@@ -15,7 +15,7 @@ from kubeproxy.config.modes import ProxyMode
 from kubeproxy.dataplane.iptables.fake import FakeIptables
 from kubeproxy.dataplane.nftables.fake import FakeNftables
 from kubeproxy.dataplane.nftables.runner import NftRunner
-from tests.conftest import relies_on_exception
+from tests.conftest import NO_PROC, relies_on_exception
 from tests.partial_sync_machine import CONFIG, PartialVersusFull, any_index
 
 
@@ -35,7 +35,7 @@ class IptablesOnTheFake(PartialVersusFull):
 
     def backend(self, role: str) -> Any:
         config = replace(CONFIG, mode=ProxyMode.IPTABLES)
-        return IptablesBackend(config, {f: FakeIptables(f) for f in config.families})
+        return IptablesBackend(config, {f: FakeIptables(f) for f in config.families}, proc=NO_PROC)
 
     def state(self, backend: Any) -> object:
         return {f: r.dump() for f, r in backend.runners.items()}

@@ -54,9 +54,14 @@ def _iptables(config: ProxyConfig) -> Backend:
     from kubeproxy.backends.iptables.proxier import IptablesBackend
     from kubeproxy.backends.iptables.runners import open_runners
     from kubeproxy.dataplane.nfacct import NfacctCommand
+    from kubeproxy.dataplane.sysctl import HOST_PROC
 
     return IptablesBackend(
-        config, open_runners(config), nfacct=NfacctCommand(), reopen=_reopen(config)
+        config,
+        open_runners(config),
+        proc=HOST_PROC,
+        nfacct=NfacctCommand(),
+        reopen=_reopen(config),
     )
 
 
@@ -80,6 +85,7 @@ def _ipvs(config: ProxyConfig) -> Backend:
     from kubeproxy.backends.ipvs.proxier import IpvsBackend
     from kubeproxy.dataplane.ipset import IpsetCommand
     from kubeproxy.dataplane.ipvs.netlink import NetlinkIpvs, NetlinkLinks
+    from kubeproxy.dataplane.sysctl import HOST_PROC
 
     return IpvsBackend(
         config,
@@ -87,6 +93,7 @@ def _ipvs(config: ProxyConfig) -> Backend:
         links=NetlinkLinks(),
         ipset=IpsetCommand(),
         runners=open_runners(config),
+        proc=HOST_PROC,
         reopen=_reopen(config),
     )
 

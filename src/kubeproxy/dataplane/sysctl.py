@@ -21,7 +21,8 @@ Unlike upstream, which stops kube-proxy at the first failure, every setting is t
 the outcome of each is returned: in a non-initial network namespace ``nf_conntrack_max``
 is read-only (the other netfilter sysctls are per namespace and writable), and the proxy
 still works without it. :func:`plan` is the pure part; :func:`apply_conntrack_sysctls`
-does the I/O under injectable ``/proc`` and ``/sys`` roots.
+does the I/O under the ``/proc`` and ``/sys`` roots it is given (:data:`HOST_PROC` and
+:data:`HOST_SYS` on a node).
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ HASHSIZE = "module/nf_conntrack/parameters/hashsize"
 CONNTRACK_MAX = "nf_conntrack_max"
 # Upstream's cap on maxPerCore x CPUs (pkg/proxy/conntrack/sysctls.go, maxLimit).
 CONNTRACK_MAX_LIMIT = 1048576
+
+# The node's own /proc and /sys: named by the production entry points only (kubeproxy's
+# cli and its mode registry). Nothing that writes under them has these as a default, so
+# a test that builds a backend or applies sysctls in its own process must say where.
+HOST_PROC = Path("/proc")
+HOST_SYS = Path("/sys")
 
 Outcome = Literal["set", "unchanged", "failed"]
 
@@ -119,8 +126,8 @@ def _write_int(root: Path, relative: str, value: int, *, always: bool = False) -
 def apply_conntrack_sysctls(
     cfg: ConntrackSettings,
     *,
-    proc_root: Path = Path("/proc"),
-    sys_root: Path = Path("/sys"),
+    proc_root: Path,
+    sys_root: Path,
     cpus: int | None = None,
 ) -> list[SysctlResult]:
     """Write what :func:`plan` asks for; one result per setting touched, failures included."""

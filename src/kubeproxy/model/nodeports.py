@@ -57,15 +57,21 @@ class NodePortAddresses:
         return cls(tuple(dict.fromkeys(cidrs)), primary)
 
     def admits_ipv4_loopback(self) -> bool:
-        """Whether NodePorts may be reached on 127.0.0.1 (upstream's
-        ContainsIPv4Loopback): the one decision behind iptables mode's localhost
-        NodePorts, both the plan's rules and the route_localnet sysctl. Never with
-        ``primary``: a node's primary IP is never loopback."""
+        """Whether the IPv4 NodePort addresses take in 127.0.0.1 (upstream's
+        ContainsIPv4Loopback). Never with ``primary``: a node's primary IP is never
+        loopback."""
         if self.primary:
             return False
         v4 = [ipaddress.ip_network(c) for c in self.cidrs if family_of(c) is IPFamily.IPv4]
         loopback = ipaddress.ip_address("127.0.0.1")
         return not v4 or any(loopback in n for n in v4)
+
+    def serves_localhost(self, family: IPFamily, wanted: bool) -> bool:
+        """Whether ``family``'s NodePorts are served on 127.0.0.1 when the mode ``wanted``
+        them (iptables mode's ``iptables.localhostNodePorts``): IPv4 only, and only where
+        :meth:`admits_ipv4_loopback`. The one decision behind the plan's rules and the
+        route_localnet sysctl (CVE-2020-8558: never set when nothing needs it)."""
+        return wanted and family is IPFamily.IPv4 and self.admits_ipv4_loopback()
 
     def for_family(self, family: IPFamily, primary_ip: str | None) -> FamilyNodePorts:
         if self.primary:

@@ -166,11 +166,7 @@ def plan_family(
     localhost_nodeports: bool = False,
 ) -> FamilyPlan:
     node_ports = nodeport_addresses.for_family(family, primary_ip)
-    localhost_nodeports = (
-        localhost_nodeports
-        and family is IPFamily.IPv4
-        and nodeport_addresses.admits_ipv4_loopback()
-    )
+    localhost_nodeports = nodeport_addresses.serves_localhost(family, localhost_nodeports)
     if node_ports.ranges:
         node_ports = FamilyNodePorts(node_ports.match_all, merge_cidrs(node_ports.ranges))
     return FamilyPlan(

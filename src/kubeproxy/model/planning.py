@@ -54,6 +54,14 @@ class PlanSettings:
     # The mode, for ``render --format json`` only: planning never depends on it.
     mode: str = ""
 
+    @property
+    def route_localnet(self) -> bool:
+        """Whether the node needs ``net.ipv4.conf.all.route_localnet=1``: IPv4 NodePorts
+        on 127.0.0.1 are in the plan (upstream sets it only then)."""
+        return IPFamily.IPv4 in self.families and self.nodeport_addresses.serves_localhost(
+            IPFamily.IPv4, self.localhost_nodeports
+        )
+
 
 # The node-level inputs rarely change between syncs, and planning them (CIDR parsing and
 # merging) was two thirds of a one-ServicePort partial sync's planning at 10,000

@@ -200,12 +200,14 @@ class IptablesBackend(PerFamilyDriver):
         config: ProxyConfig,
         runners: Mapping[IPFamily, Iptables],
         *,
+        proc: Path,
         tcp_be_liberal: bool = False,
-        proc: Path = Path("/proc"),
         nfacct: Nfacct | None = None,
         reopen: Reopen | None = None,
     ) -> None:
-        """``reopen``: with ``--iptables-backend auto``, the other flavour's runners, in
+        """``proc``: the /proc of the node's network namespace, which :func:`init_node`
+        writes (no default: only the production entry point names the host's).
+        ``reopen``: with ``--iptables-backend auto``, the other flavour's runners, in
         case the detected one does not work here (see :func:`working_runners`)."""
         super().__init__(config)
         self.runners: dict[IPFamily, Iptables] = dict(runners)
@@ -634,13 +636,15 @@ def declare_largest_first(restore: Restore) -> None:
         part.chains.sort(reverse=True)
 
 
-def init_node(config: ProxyConfig, proc: Path = Path("/proc")) -> None:
+def init_node(config: ProxyConfig, proc: Path) -> None:
     """The node settings iptables mode needs (also what ``--init-only`` does for it):
     NodePorts on 127.0.0.1 need route_localnet; upstream sets it, and fails to start
-    when it cannot. Whether they are wanted is the plan's decision
-    (:meth:`~kubeproxy.model.nodeports.NodePortAddresses.admits_ipv4_loopback`).
+    when it cannot. Whether the plan serves them is decided there
+    (:attr:`~kubeproxy.model.planning.PlanSettings.route_localnet`): with
+    ``--nodeport-addresses`` excluding loopback, nothing is written. ``proc``: the
+    /proc of the node's network namespace (the production entry point's ``/proc``).
     Raises BackendError."""
-    if IPFamily.IPv4 not in config.families or not config.planning.localhost_nodeports:
+    if not config.planning.route_localnet:
         return
     log.info(
         "Setting route_localnet=1 to allow NodePorts on localhost; to change this "

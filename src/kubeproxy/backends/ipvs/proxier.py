@@ -125,9 +125,10 @@ def ensure_sysctl(proc: Path, path: str, value: int) -> None:
         raise BackendError(f"can't set sysctl {path} to {value}: {err.strerror or err}") from None
 
 
-def init_node(config: ProxyConfig, proc: Path = Path("/proc"), release: str | None = None) -> None:
+def init_node(config: ProxyConfig, proc: Path, release: str | None = None) -> None:
     """The sysctls ipvs mode needs (what ``--init-only`` does for it, as upstream's
-    NewProxier with initOnly). Raises BackendError."""
+    NewProxier with initOnly), under ``proc``: the /proc of the node's network
+    namespace. Raises BackendError."""
     for path, value in sysctls(config, kernel_version(release)):
         ensure_sysctl(proc, path, value)
 
@@ -143,13 +144,14 @@ class IpvsBackend(PerFamilyDriver):
         links: Links,
         ipset: Ipset,
         runners: Mapping[IPFamily, Iptables],
+        proc: Path,
         clock: Callable[[], float] = time.monotonic,
-        proc: Path = Path("/proc"),
         release: str | None = None,
         reopen: Reopen | None = None,
     ) -> None:
-        """``reopen``: as iptables mode's (:func:`~kubeproxy.backends.iptables.proxier.
-        working_runners`)."""
+        """``proc``: the /proc of the node's network namespace, which :func:`init_node`
+        writes (no default, as iptables mode's). ``reopen``: as iptables mode's
+        (:func:`~kubeproxy.backends.iptables.proxier.working_runners`)."""
         super().__init__(config)
         self.reopen = reopen
         self.open_ipvs = open_ipvs
