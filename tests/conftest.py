@@ -9,6 +9,9 @@
   summary says so loudly, with the count, so nobody mistakes it for a full run. (The
   ``tests/ipvs/`` tests run in a user-mode-linux guest: see tests/ipvs/conftest.py; a skip
   there is reported on the host as any other.)
+* **A root run leaves the host as it found it**: :class:`tests.hostguard.HostGuard`
+  fails the run on any change to the host's network sysctls, rules, links or namespaces,
+  naming the test module after which it was seen (and restores it).
 * **No skip outside the allow-list on a root run.** Every skipped (or xfailed) test is
   recorded; at the end of a root run, one that no entry of ``tests/allowed_skips.toml``
   allows (each entry: the test, a piece of the skip's reason, and why that skip is
@@ -33,6 +36,7 @@ import pytest
 
 from kubeproxy.lab import uml
 from kubeproxy.lab.kube import binaries
+from tests.hostguard import HostGuard
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -41,6 +45,9 @@ ALLOWED_SKIPS = Path(__file__).with_name("allowed_skips.toml")
 # Where upstream binaries built from source go (scripts/build-upstream prints it): a
 # directory searched before PATH for the tools that name it (kubectl).
 UPSTREAM_BIN = "KUBEPROXY_UPSTREAM_BIN"
+# The /proc of a backend a test never starts: what start() would write there (the node's
+# sysctls) has nowhere to go, so a start() by mistake fails instead of changing the host.
+NO_PROC = Path("/nonexistent/proc")
 
 
 def unavailable(message: str, how: str = "./scripts/bootstrap installs it") -> NoReturn:
@@ -192,6 +199,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # Inside the IPVS guest the host enforces it (it replays each guest skip).
     policy = SkipPolicy(load_allowed_skips(), enforce=IS_ROOT and not uml.in_guest())
     config.pluginmanager.register(policy, "kubeproxy-skip-policy")
+    # Only a root run can change the host; the guest's kernel is not the host's.
+    if IS_ROOT and not uml.in_guest():
+        config.pluginmanager.register(HostGuard(), "kubeproxy-host-guard")
 
 
 TESTS = Path(__file__).parent
