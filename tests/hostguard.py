@@ -16,7 +16,9 @@ makes such a write a failure of the run, naming the test module that made it.
   outside the IPVS guest) snapshots at the start, compares after each test module's
   teardown, restores what changed and fails the run, listing each change under the
   module after which it was seen. Leaked network namespaces are looked for once, at
-  the end (session fixtures hold some until then).
+  the end (session fixtures hold some until then): those made during the run and named
+  after its process, as the suite names them (``kpt<pid>x0-node``), so a second run
+  beside this one is neither blamed nor disturbed.
 
 Values that move on their own are left out: counters (``nf_conntrack_count``, packet
 and byte counts) and the write-only ``route/flush``-like files.
@@ -25,6 +27,7 @@ and byte counts) and the write-only ``route/flush``-like files.
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import shutil
 import subprocess
@@ -229,7 +232,8 @@ class HostGuard:
         if nextitem is None or nextitem.path != item.path:
             self.check(item.nodeid.split("::")[0])
         if nextitem is None:
-            leaked = namespaces() - self.netns
+            mine = str(os.getpid() % 10000)  # "% 100000" names contain it too
+            leaked = {n for n in namespaces() - self.netns if mine in n}
             if leaked:
                 self.changes.setdefault("the session", []).append(
                     f"network namespaces left behind: {' '.join(sorted(leaked))}"
