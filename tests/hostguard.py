@@ -11,7 +11,9 @@ makes such a write a failure of the run, naming the test module that made it.
   ``conf/{all,default}``, ``net.ipv6.conf.{all,default}``, ``net.core``,
   ``net.netfilter``, ``net.bridge``, ``net.ipv4.vs``), the conntrack hash size (a module
   parameter: global, also when written from a namespace), the root namespace's rules
-  (nftables, both iptables flavours and families, ipset) without counters, and its links.
+  (nftables, both iptables flavours and families, ipset) without counters, its links,
+  and the files of kubeproxy's default manifest parse cache (``run --manifests``
+  without ``--manifests-cache-dir`` keeps a file per directory there, for good).
 * :class:`HostGuard` (a pytest plugin, registered by tests/conftest.py on a root run
   outside the IPVS guest) snapshots at the start, compares after each test module's
   teardown, restores what changed and fails the run, listing each change under the
@@ -52,6 +54,7 @@ FLAT = ("ipv4", "core")
 # Counters and values the kernel changes by itself.
 MOVING = frozenset({"netfilter/nf_conntrack_count"})
 HASHSIZE = Path("/sys/module/nf_conntrack/parameters/hashsize")
+PARSE_CACHE = Path("/var/cache/kubeproxy/manifests")
 
 COUNTERS = re.compile(r"counter packets \d+ bytes \d+|\[\d+:\d+\]")
 # iptables-save's and nft's comment lines carry dates and versions.
@@ -119,8 +122,13 @@ def links() -> dict[str, str]:
     return {"links": " ".join(names)}
 
 
+def cache_files() -> dict[str, str]:
+    names = sorted(p.name for p in PARSE_CACHE.glob("*")) if PARSE_CACHE.is_dir() else []
+    return {str(PARSE_CACHE): " ".join(names)}
+
+
 def snapshot(proc_net: Path = PROC_NET) -> dict[str, str]:
-    return {**sysctls(proc_net), **rulesets(), **links()}
+    return {**sysctls(proc_net), **rulesets(), **links(), **cache_files()}
 
 
 def namespaces() -> set[str]:
@@ -187,6 +195,9 @@ def restore(
     old_links = set(before.get("links", "").split())
     for name in set(after.get("links", "").split()) - old_links:
         _run(["ip", "link", "delete", name])
+    old_files = set(before.get(str(PARSE_CACHE), "").split())
+    for name in set(after.get(str(PARSE_CACHE), "").split()) - old_files:
+        (PARSE_CACHE / name).unlink(missing_ok=True)
 
 
 def raw_saves() -> dict[str, str]:

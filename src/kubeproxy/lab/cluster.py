@@ -24,9 +24,11 @@ import contextlib
 import itertools
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -91,6 +93,9 @@ class Lab:
     _executors: dict[str, NetnsExecutor] = field(default_factory=dict)
     _procs: list[subprocess.Popen[str]] = field(default_factory=list)
     _veth_ids: itertools.count[int] = field(default_factory=itertools.count)
+    # node-a's manifest parse cache: the lab's own, not the machine's default
+    # (/var/cache/kubeproxy/manifests would keep a file per test directory for good).
+    cache_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="kplab-cache-")))
 
     # ------------------------------------------------------------ namespaces
 
@@ -212,6 +217,8 @@ class Lab:
             NODE,
             "--cluster-cidr",
             ",".join(CLUSTER_CIDRS),
+            "--manifests-cache-dir",
+            str(self.cache_dir),
             *MODE_FLAGS[mode or self.mode],
         )
 
@@ -287,6 +294,7 @@ class Lab:
         for ns in reversed(self._namespaces):
             delete_netns(ns)
         self._namespaces.clear()
+        shutil.rmtree(self.cache_dir, ignore_errors=True)
 
     def __enter__(self) -> Lab:
         try:
