@@ -17,6 +17,7 @@ from kubeproxy.model.parse import (
     parse_endpoint_slice,
     parse_node,
     parse_service,
+    skipped_parts,
 )
 from kubeproxy.model.types import (
     DEFAULT_AFFINITY_TIMEOUT_SECONDS,
@@ -535,7 +536,9 @@ def test_bad_service_is_one_line_error(obj: Any, path: str) -> None:
     _check_one_line(info.value, "Service", path)
 
 
-BAD_SLICES: list[tuple[str, Any, str]] = [
+# What costs only an endpoint or a port: upstream skips an endpoint without an address
+# and a port that is missing or 0, and the API server checks no port number at all.
+BAD_PARTS: list[tuple[str, Any, str]] = [
     ("bad-address", _slice_ep(addresses=["10.1.0.256"]), "endpoints[0].addresses[0]"),
     ("address-zone-id", _slice_ep(addresses=["fe80::1%eth0"]), "endpoints[0].addresses[0]"),
     ("second-address-bad", _slice_ep(addresses=["10.1.0.1", "x"]), "endpoints[0].addresses[1]"),
@@ -557,19 +560,81 @@ BAD_SLICES: list[tuple[str, Any, str]] = [
         "endpoints[0].conditions.terminating",
     ),
     ("bad-node-name", _slice_ep(nodeName="node a"), "endpoints[0].nodeName"),
-    ("bad-zone", _slice_ep(zone="zone/a"), "endpoints[0].zone"),
-    (
-        "zone-hint-without-name",
-        _slice_ep(hints={"forZones": [{}]}),
-        "endpoints[0].hints.forZones[0].name",
-    ),
     (
         "node-hint-bad-name",
         _slice_ep(hints={"forNodes": [{"name": "a;b"}]}),
         "endpoints[0].hints.forNodes[0].name",
     ),
+    ("endpoint-not-an-object", {**slice_obj(), "endpoints": ["10.1.0.1"]}, "endpoints[0]"),
     ("port-0", slice_obj(ports=[{"port": 0}]), "ports[0].port"),
     ("port-70000", slice_obj(ports=[{"port": 70000}]), "ports[0].port"),
+    ("port-negative", slice_obj(ports=[{"port": -1}]), "ports[0].port"),
+    ("port-not-a-number", slice_obj(ports=[{"port": "80"}]), "ports[0].port"),
+]
+
+
+@pytest.mark.parametrize(("obj", "path"), [c[1:] for c in BAD_PARTS], ids=[c[0] for c in BAD_PARTS])
+def test_a_bad_endpoint_or_port_costs_only_itself_with_one_line(obj: Any, path: str) -> None:
+    parsed = parse_endpoint_slice(obj)
+    assert parsed is not None
+    line = skipped_parts(parsed)
+    assert line is not None and line.startswith("Ignoring part of EndpointSlice default/web-abc: ")
+    assert path in line and line.isprintable(), line
+    good = slice_obj()
+    whole = parse_endpoint_slice({**good, "ports": good.get("ports", [])})
+    assert whole is not None and skipped_parts(whole) is None
+    if path.startswith("ports"):
+        assert parsed.ports == () and len(parsed.endpoints) == len(whole.endpoints)
+    else:
+        assert parsed.endpoints == () and parsed.ports == whole.ports
+
+
+def test_a_slice_keeps_its_good_ports_and_endpoints_beside_a_bad_one() -> None:
+    """As upstream's endpointInfoByServicePort: a port 0 beside a good port."""
+    parsed = parse_endpoint_slice(
+        slice_obj(
+            ports=[{"name": "a", "port": 0}, {"name": "b", "port": 8080}],
+            endpoints=[{"addresses": ["10.1.0.1"]}, {"addresses": []}, {"addresses": ["10.1.0.2"]}],
+        )
+    )
+    assert parsed is not None
+    assert [p.name for p in parsed.ports] == ["b"]
+    assert [e.addresses for e in parsed.endpoints] == [("10.1.0.1",), ("10.1.0.2",)]
+    assert parsed.skipped == (
+        "ports[0].port: not a usable port: 0",
+        "endpoints[1].addresses: at least one address is required",
+    )
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        {"zone": "zone a/with spaces"},
+        {"zone": "web\nforged"},
+        {"hints": {"forZones": [{"name": ""}]}},
+        {"hints": {"forZones": [{}]}},
+        {"hints": {"forZones": [{"name": "zone a/b"}]}},
+    ],
+    ids=[
+        "zone-with-space-and-slash",
+        "zone-escaped-newline",
+        "hint-empty",
+        "hint-unnamed",
+        "hint-odd",
+    ],
+)
+def test_any_zone_or_zone_hint_is_taken_as_upstream_takes_it(endpoint: dict[str, Any]) -> None:
+    """The API server checks an endpoint's zone not at all and a zone hint as a label
+    value ("" included); upstream only compares them with its node's zone."""
+    parsed = parse_endpoint_slice(_slice_ep(**endpoint))
+    assert parsed is not None and skipped_parts(parsed) is None
+    (ep,) = parsed.endpoints
+    assert ep.zone == endpoint.get("zone")
+    if "hints" in endpoint:
+        assert ep.zone_hints == frozenset({endpoint["hints"]["forZones"][0].get("name", "")})
+
+
+BAD_SLICES: list[tuple[str, Any, str]] = [
     (
         "duplicate-port",
         slice_obj(ports=[{"name": "a", "port": 80}, {"name": "a", "port": 81}]),
@@ -645,7 +710,7 @@ def test_error_for_slice_and_node_identity() -> None:
     with pytest.raises(
         InvalidObjectError, match=r"^Skipping invalid EndpointSlice default/web-abc: "
     ):
-        parse_endpoint_slice(_slice_ep(addresses=["x"]))
+        parse_endpoint_slice(slice_obj(address_type="x"))
     with pytest.raises(InvalidObjectError, match=r"^Skipping invalid Node node-a: "):
         parse_node(node_obj(addresses=[{"type": "InternalIP", "address": "x"}]))
 
@@ -714,8 +779,6 @@ HOSTILE_PLACES = [
     ("service-port-name", "Service", parse_service, _hostile_port_name),
     ("slice-name", "EndpointSlice", parse_endpoint_slice, _hostile_slice_name),
     ("slice-service-label", "EndpointSlice", parse_endpoint_slice, _hostile_slice_service_label),
-    ("slice-node-name", "EndpointSlice", parse_endpoint_slice, _hostile_slice_node_name),
-    ("slice-zone-hint", "EndpointSlice", parse_endpoint_slice, _hostile_zone_hint),
     ("node-name", "Node", parse_node, _hostile_node_name),
     ("node-label-key", "Node", parse_node, _hostile_node_label_key),
 ]
@@ -741,6 +804,20 @@ def test_hostile_names_rejected_with_one_line_message(
     assert len(info.value.key) <= len("default/") + 300 + len("...")
 
 
+@pytest.mark.parametrize("name", [h[1] for h in HOSTILE], ids=[h[0] for h in HOSTILE])
+def test_a_hostile_node_name_costs_its_endpoint_with_one_printable_line(name: str) -> None:
+    parsed = parse_endpoint_slice(_hostile_slice_node_name(name))
+    assert parsed is not None and parsed.endpoints == ()
+    line = skipped_parts(parsed)
+    assert line is not None and line.isprintable() and "endpoints[0].nodeName" in line
+
+
+@pytest.mark.parametrize("name", [h[1] for h in HOSTILE], ids=[h[0] for h in HOSTILE])
+def test_a_hostile_zone_hint_is_kept_for_comparison_only(name: str) -> None:
+    parsed = parse_endpoint_slice(_hostile_zone_hint(name))
+    assert parsed is not None and parsed.endpoints[0].zone_hints == frozenset({name})
+
+
 def test_hostile_name_is_escaped_not_dropped() -> None:
     # The operator must still be able to find the object: the name is shown, escaped.
     with pytest.raises(InvalidObjectError) as info:
@@ -762,11 +839,7 @@ def test_known_node_names_are_shared_and_bad_ones_still_refused() -> None:
     second = parse_endpoint_slice(_slice_ep(nodeName="".join(["node-", "a"]), zone="zone-a"))
     assert first is not None and second is not None
     assert first.endpoints[0].node_name is second.endpoints[0].node_name
-    for bad, path in (
-        (["node-a"], "endpoints[0].nodeName"),
-        ("node a", "endpoints[0].nodeName"),
-        (5, "endpoints[0].nodeName"),
-    ):
-        with pytest.raises(InvalidObjectError) as info:
-            parse_endpoint_slice(_slice_ep(nodeName=bad))
-        _check_one_line(info.value, "EndpointSlice", path)
+    for bad in (["node-a"], "node a", 5):
+        parsed = parse_endpoint_slice(_slice_ep(nodeName=bad))
+        assert parsed is not None and parsed.endpoints == ()
+        assert "endpoints[0].nodeName" in (skipped_parts(parsed) or "")

@@ -80,6 +80,7 @@ from kubeproxy.model.parse import (
     parse_node,
     parse_service,
     parse_service_cidr,
+    skipped_parts,
 )
 from kubeproxy.model.types import NamespacedName
 
@@ -638,11 +639,7 @@ class StandaloneCluster:
         return out
 
     def _slice_event(self, namespace: str, name: str, endpoint_slice: Obj) -> list[Event]:
-        try:
-            model = parse_endpoint_slice(endpoint_slice)
-        except InvalidObjectError as err:  # a Pod with an invalid IP, say
-            log.error("%s", err)
-            model = None
+        model, _ = _parse_slice(endpoint_slice)  # a Pod with an invalid IP, say
         return self._emit("EndpointSlice", NamespacedName(namespace, name), model)
 
     def _new_slice_name(self, key: NamespacedName, endpoint_slice: Mapping[str, Any]) -> str:
@@ -695,10 +692,14 @@ def _parse_slice(doc: Mapping[str, Any] | None) -> tuple[Model | None, Mapping[s
     if doc is None:
         return None, None
     try:
-        return parse_endpoint_slice(doc), doc
+        model = parse_endpoint_slice(doc)
     except InvalidObjectError as err:
         log.error("%s", err)
         return None, None
+    partly = model and skipped_parts(model)
+    if partly:
+        log.error("%s", partly)
+    return model, doc
 
 
 def _store(table: dict[Any, Any], key: Any, value: Any) -> None:

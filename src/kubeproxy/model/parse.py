@@ -359,6 +359,15 @@ def parse_endpoint_slice(obj: Any) -> EndpointSlice | None:
         raise InvalidObjectError("EndpointSlice", key, str(err)) from None
 
 
+def skipped_parts(endpoint_slice: EndpointSlice) -> str | None:
+    """One loggable line for what :func:`parse_endpoint_slice` left out of the slice (a
+    port, an endpoint), or None when nothing was."""
+    if not endpoint_slice.skipped:
+        return None
+    key = f"{endpoint_slice.namespace}/{endpoint_slice.name}"
+    return f"Ignoring part of EndpointSlice {key}: {'; '.join(endpoint_slice.skipped)}"
+
+
 def _parse_endpoint_slice(obj: Mapping[str, Any]) -> EndpointSlice | None:
     namespace, name = _metadata(obj, namespaced=True)
     if len(name) > 253 or not _DNS1123_SUBDOMAIN.match(name):
@@ -382,6 +391,7 @@ def _parse_endpoint_slice(obj: Mapping[str, Any]) -> EndpointSlice | None:
     except ValueError:
         raise _fail("addressType", f"unsupported value {address_type!r}") from None
 
+    skipped: list[str] = []
     ports: list[SlicePort] = []
     seen: set[tuple[str, L4Protocol]] = set()
     for i, raw in enumerate(_list(obj.get("ports"), "ports")):
@@ -389,11 +399,12 @@ def _parse_endpoint_slice(obj: Mapping[str, Any]) -> EndpointSlice | None:
         port_obj = _mapping(raw, path)
         port_name = _str(port_obj.get("name"), f"{path}.name")
         protocol = _protocol(port_obj.get("protocol"), f"{path}.protocol")
-        if port_obj.get("port") is None:
-            # Valid in the API ("ports are not restricted"), unusable to a proxy: upstream
-            # skips just this port.
+        number = port_obj.get("port")
+        if type(number) is not int or not 0 < number <= 65535:
+            # The API server accepts any number, or none ("all ports", which no proxy
+            # implements); upstream skips a missing or 0 port, and only that port.
+            skipped.append(f"{path}.port: not a usable port: {number!r}")
             continue
-        number = _int(port_obj.get("port"), f"{path}.port", 1, 65535)
         if (port_name, protocol) in seen:
             raise _fail(path, f"duplicate port {port_name!r}/{protocol.value}")
         seen.add((port_name, protocol))
@@ -401,13 +412,19 @@ def _parse_endpoint_slice(obj: Mapping[str, Any]) -> EndpointSlice | None:
 
     endpoints: list[SliceEndpoint] = []
     for i, raw in enumerate(_list(obj.get("endpoints"), "endpoints")):
-        ep = _mapping(raw, f"endpoints[{i}]")
+        # Only a bad endpoint is left out (the API server would have refused the whole
+        # slice; from a manifest the rest still serves). Its fields are checked with
+        # paths relative to it: spelling the full path up front would cost more than the
+        # checks (once per endpoint).
+        try:
+            ep = raw if type(raw) is dict else _mapping(raw, f"endpoints[{i}]")
+        except _InvalidError as err:
+            skipped.append(str(err))
+            continue
         try:
             endpoints.append(_slice_endpoint(ep, family))
         except _InvalidError as err:
-            # The endpoint's fields are checked with paths relative to it: spelling the
-            # full path up front would cost more than the checks (once per endpoint).
-            raise _InvalidError(f"endpoints[{i}].{err}") from None
+            skipped.append(f"endpoints[{i}].{err}")
     annotations = _mapping(meta.get("annotations"), "metadata.annotations")
     return EndpointSlice(
         namespace=namespace,
@@ -417,6 +434,7 @@ def _parse_endpoint_slice(obj: Mapping[str, Any]) -> EndpointSlice | None:
         ports=tuple(ports),
         endpoints=tuple(endpoints),
         trigger_time=_trigger_time(annotations.get(ANNOTATION_TRIGGER_TIME)),
+        skipped=tuple(skipped),
     )
 
 
@@ -459,13 +477,13 @@ def _slice_endpoint(ep: Mapping[str, Any], family: IPFamily) -> SliceEndpoint:
         _bool(cond.get("terminating"), "conditions.terminating", False),
     ]
     node_name = _optional_name(ep.get("nodeName"), "nodeName")
-    zone = _optional_name(ep.get("zone"), "zone")
+    zone = _zone(ep.get("zone"), "zone") or None
     hints = ep.get("hints")
     if hints is None:
         return SliceEndpoint(addresses, conditions, node_name, zone)
     hints = _mapping(hints, "hints")
-    zone_hints = _hint_names(hints.get("forZones"), "hints.forZones")
-    node_hints = _hint_names(hints.get("forNodes"), "hints.forNodes")
+    zone_hints = _hint_names(hints.get("forZones"), "hints.forZones", _zone)
+    node_hints = _hint_names(hints.get("forNodes"), "hints.forNodes", _optional_name)
     return SliceEndpoint(addresses, conditions, node_name, zone, zone_hints, node_hints)
 
 
@@ -491,12 +509,23 @@ def _optional_name(value: Any, path: str) -> str | None:
     return name
 
 
-def _hint_names(value: Any, path: str) -> frozenset[str]:
+def _zone(value: Any, path: str) -> str:
+    """A zone name as an endpoint or a zone hint gives it: any string. The API server
+    checks an endpoint's ``zone`` not at all and a hint's as a label value (``""``
+    included); a proxy only compares it with its node's zone label, as upstream, so a
+    zone no node has is simply never matched."""
+    if type(value) is str:
+        return sys.intern(value)
+    return sys.intern(_str(value, path))
+
+
+def _hint_names(value: Any, path: str, name_of: Callable[[Any, str], str | None]) -> frozenset[str]:
     names: set[str] = set()
     for i, raw in enumerate(_list(value, path)):
-        name = _optional_name(_mapping(raw, f"{path}[{i}]").get("name"), f"{path}[{i}].name")
+        where = f"{path}[{i}].name"
+        name = name_of(_mapping(raw, f"{path}[{i}]").get("name"), where)
         if name is None:
-            raise _fail(f"{path}[{i}].name", "required")
+            raise _fail(where, "required")
         names.add(name)
     return frozenset(names)
 

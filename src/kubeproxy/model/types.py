@@ -253,6 +253,9 @@ class EndpointSlice:
     endpoints: tuple[SliceEndpoint, ...]
     # endpoints.kubernetes.io/last-change-trigger-time, as seconds since the epoch.
     trigger_time: float | None = None
+    # What the parser left out of the slice (a port, an endpoint), each with why: the
+    # source logs them; the rest of the slice serves.
+    skipped: tuple[str, ...] = ()
 
     @property
     def key(self) -> NamespacedName:

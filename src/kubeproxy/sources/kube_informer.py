@@ -52,8 +52,8 @@ from msgspec import Raw
 
 from kubeproxy.logs import V2
 from kubeproxy.model.events import Event, Model
-from kubeproxy.model.parse import InvalidObjectError
-from kubeproxy.model.types import NamespacedName
+from kubeproxy.model.parse import InvalidObjectError, skipped_parts
+from kubeproxy.model.types import EndpointSlice, NamespacedName
 from kubeproxy.sources.kube_client import ApiClient, ApiError, RequestError, UnreachableError
 from kubeproxy.sources.kube_decode import (
     Decoded,
@@ -485,10 +485,14 @@ class Informer:
         if decoded.obj is None or not self._resource.wanted(decoded.labels):
             return decoded, None
         try:
-            return decoded, self._resource.parse(decoded.obj)
+            model = self._resource.parse(decoded.obj)
         except InvalidObjectError as err:
             log.error("%s", err)
             return decoded, None
+        partly = skipped_parts(model) if isinstance(model, EndpointSlice) else None
+        if partly:
+            log.error("%s", partly)
+        return decoded, model
 
 
 class _Replace:

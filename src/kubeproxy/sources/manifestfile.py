@@ -44,6 +44,7 @@ from kubeproxy.model.parse import (
     parse_node,
     parse_service,
     parse_service_cidr,
+    skipped_parts,
 )
 from kubeproxy.model.types import NamespacedName
 from kubeproxy.sources.parsecache import SETTLE_NS
@@ -403,7 +404,11 @@ def _parse(kind: str, doc: Mapping[str, Any], messages: list[str]) -> Model | No
         if kind == "Service":
             return parse_service(doc)
         if kind == "EndpointSlice":
-            return parse_endpoint_slice(doc)
+            endpoint_slice = parse_endpoint_slice(doc)
+            partly = endpoint_slice and skipped_parts(endpoint_slice)
+            if partly:
+                messages.append(partly)
+            return endpoint_slice
         if kind == "ServiceCIDR":
             return parse_service_cidr(doc)
         return parse_node(doc)
