@@ -253,15 +253,28 @@ def test_endpoint_carries_conditions_locality_and_hints() -> None:
     assert ep.family is IPFamily.IPv4
 
 
-@pytest.mark.parametrize("ready_slice_first", [True, False], ids=["ready-first", "ready-last"])
-def test_duplicate_ip_port_across_slices_prefers_ready(ready_slice_first: bool) -> None:
-    # An endpoint moving between slices shows up in both for a moment.
-    ready = slice_endpoint("10.1.0.1", ready=True, node="n1")
-    unready = slice_endpoint("10.1.0.1", ready=False, node="n1")
-    a = endpoint_slice("web-a", endpoints=(ready if ready_slice_first else unready,))
-    b = endpoint_slice("web-b", endpoints=(unready if ready_slice_first else ready,))
+@pytest.mark.parametrize("running_first", [True, False], ids=["running-first", "running-last"])
+def test_duplicate_ip_port_across_slices_prefers_the_non_terminating_copy(
+    running_first: bool,
+) -> None:
+    """A Pod IP reused while the old Pod terminates: upstream's addEndpoints keeps the
+    running Pod's copy, whichever slice comes first, even when it is not ready yet
+    (the terminating one still serving): traffic waits for the new Pod, as upstream's."""
+    running = slice_endpoint("10.1.0.1", ready=False, node="n1")
+    old = slice_endpoint("10.1.0.1", ready=False, serving=True, terminating=True, node="n2")
+    a = endpoint_slice("web-a", endpoints=(running if running_first else old,))
+    b = endpoint_slice("web-b", endpoints=(old if running_first else running,))
     (ep,) = endpoints_for_slices([a, b])[port_name()]
-    assert ep.ready
+    assert (ep.terminating, ep.node_name) == (False, "n1")
+
+
+def test_duplicate_non_terminating_copies_the_later_slice_wins() -> None:
+    """An endpoint moving between slices shows up in both for a moment: upstream takes
+    whichever its map yields last; here the later slice by name, so every sync agrees."""
+    a = endpoint_slice("web-a", endpoints=(slice_endpoint("10.1.0.1", ready=True),))
+    b = endpoint_slice("web-b", endpoints=(slice_endpoint("10.1.0.1", ready=False),))
+    (ep,) = endpoints_for_slices([b, a])[port_name()]
+    assert not ep.ready
 
 
 def test_same_ip_different_ports_are_not_duplicates() -> None:
@@ -331,15 +344,18 @@ def test_slice_delete_last() -> None:
 
 
 def test_slice_delete_of_duplicate_falls_back_to_other_copy() -> None:
-    # The ready copy goes away; the unready copy in the other slice must become visible.
+    # The running copy goes away; the terminating copy in the other slice is seen again.
     a = endpoint_slice("web-a", endpoints=(slice_endpoint("10.1.0.1", ready=True),))
-    b = endpoint_slice("web-b", endpoints=(slice_endpoint("10.1.0.1", ready=False),))
+    b = endpoint_slice(
+        "web-b",
+        endpoints=(slice_endpoint("10.1.0.1", ready=False, serving=True, terminating=True),),
+    )
     tracker, eps = _ep_synced(a, b)
     assert eps[port_name()][0].ready
     tracker.update(a, deleted=True)
     assert eps.apply(tracker).changed == {port_name()}
     (ep,) = eps[port_name()]
-    assert not ep.ready
+    assert ep.terminating
 
 
 def test_slice_noop_update_is_dropped() -> None:

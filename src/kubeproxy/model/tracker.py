@@ -114,8 +114,11 @@ def endpoints_for_slices(
     """Merge a Service's EndpointSlices into per-ServicePort endpoint lists.
 
     An endpoint's port comes from the slice port with the same name and protocol. Only an
-    endpoint's first address is used, as upstream. When several slices carry the same
-    IP:port (a slice being replaced by another), a ready copy wins over a non-ready one.
+    endpoint's first address is used, as upstream. When the same IP:port appears more
+    than once (an endpoint moving between slices, or a Pod IP reused while the old Pod
+    terminates), a later copy replaces an earlier one unless it is terminating: the
+    non-terminating copy wins, as upstream's ``addEndpoints``. Slices are read in name
+    order (upstream's order between two non-terminating copies is its map's: undefined).
     """
     merged: dict[ServicePortName, dict[tuple[str, int], Endpoint]] = {}
     for eps in sorted(slices, key=lambda s: s.name):
@@ -139,8 +142,7 @@ def endpoints_for_slices(
                     se.node_hints,
                 )
                 key = (ep.ip, port)
-                old = bucket.get(key)
-                if old is None or (ep.ready and not old.ready):
+                if not cond.terminating or key not in bucket:
                     bucket[key] = ep
     # Sorted by address and port (cheap tuple keys): a stable order keeps each endpoint
     # at the same index across syncs, so a change moves as few map elements as possible.
