@@ -19,9 +19,9 @@ What is watched, as upstream kube-proxy does (cmd/kube-proxy/app/server.go):
 
 * v1 Services without the ``service.kubernetes.io/service-proxy-name`` label, and (API
   servers >= 1.31 support the field) not headless: ``spec.clusterIP!=None``;
-* discovery.k8s.io/v1 EndpointSlices without the ``service.kubernetes.io/headless`` label
-  (nor the proxy-name label: the EndpointSlice controller copies the Service's labels,
-  and a slice of an ignored Service is of no use);
+* discovery.k8s.io/v1 EndpointSlices without the ``service.kubernetes.io/headless`` label,
+  whatever their proxy-name label (upstream filters Services only by it: a slice
+  labelled for another proxy still serves a Service that is not);
 * v1 Nodes with ``fieldSelector=metadata.name=<this node>``;
 * networking.k8s.io/v1 ServiceCIDRs, when ``GET /apis/networking.k8s.io/v1`` lists them.
 
@@ -104,8 +104,7 @@ def resources(node_name: str, proxy_name: str | None = None) -> list[Resource]:
             kind="EndpointSlice",
             path="/apis/discovery.k8s.io/v1/endpointslices",
             parse=parse_endpoint_slice,
-            label_selector=",".join(s for s in (f"!{LABEL_HEADLESS}", not_proxied_elsewhere) if s),
-            wanted=ours,
+            label_selector=f"!{LABEL_HEADLESS}",
         ),
         Resource(
             name="nodes",
