@@ -25,7 +25,7 @@ import base64
 import hashlib
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kubeproxy.backends.nftables.table import (
     CLUSTER_IPS,
@@ -146,9 +146,19 @@ def render_service_port(
 
     # External destinations: external IPs, load-balancer IPs, the NodePort.
     external = plan.external
+    by_claim: dict[Claim, int] = {}
     for frontend in plan.external_frontends:
         assert external is not None
-        dests.append(_external(frontend, external, proto, affinity, before))
+        dest = _external(frontend, external, proto, affinity, before)
+        first = by_claim.setdefault(dest.claim, len(dests))
+        if first == len(dests):
+            dests.append(dest)
+        else:
+            # The same address as an external IP and a load-balancer IP: one destination
+            # (the same route), with the firewall of either (upstream's firewall-ips
+            # holds the load-balancer IP's, and so catches the external IP's packets).
+            merged = dict.fromkeys((*dests[first].elements, *dest.elements))
+            dests[first] = replace(dests[first], elements=tuple(merged))
 
     shared: list[Element] = [(CLUSTER_IPS, plan.cluster_ip, None)]
     shared.extend((HAIRPIN, f"{h} . {h}", None) for h in plan.hairpin)
