@@ -9,6 +9,7 @@ import pytest
 
 from kubeproxy.lab.kube.differential import probes
 from kubeproxy.lab.kube.differential.probes import Budget, Origin, Probe, Prober
+from kubeproxy.lab.kube.differential.states import PortState, ServiceState, State
 
 
 class _Executor(ThreadPoolExecutor):
@@ -55,3 +56,25 @@ def test_sticky_asks_of_one_service_port_from_one_origin_never_overlap(
         # enter A, exit A, enter B, exit B...: one at a time.
         assert [w for w, _ in mine] == ["enter", "exit"] * 3
         assert all(mine[i][1] == mine[i + 1][1] for i in range(0, len(mine), 2))
+
+
+def test_a_load_balancer_ingress_by_hostname_only_has_nothing_to_ask() -> None:
+    """An ingress with a hostname and no ip (an AWS ELB's) crashed the probe matrix
+    (``KeyError: 'ip'``): it is skipped, the ingress IPs beside it are asked."""
+    svc = ServiceState(
+        "lb", "LoadBalancer", "SingleStack", ("IPv4",), (PortState("http", "TCP", 80, 8080),), {}
+    )
+    state = State(1, 0, "node-a", (), (svc,))
+    ingress = [{"hostname": "lb.example.com"}, {"ip": "198.51.100.7"}]
+    live = {
+        "lb": {
+            "spec": {
+                "clusterIPs": ["10.96.0.7"],
+                "ports": [{"name": "http", "protocol": "TCP", "port": 80}],
+            },
+            "status": {"loadBalancer": {"ingress": ingress}},
+        }
+    }
+    geometry = probes.Geometry(("172.31.0.10", "fd00:31::10"), ("10.244.0.1", "fd00:10:244::1"))
+    kinds = {(f.kind, f.ip) for f in probes.frontends(state, live, geometry)}
+    assert kinds == {("cluster-ip", "10.96.0.7"), ("lb-ip", "198.51.100.7")}

@@ -1,11 +1,20 @@
 """The differential test's generated addresses (kubeproxy.lab.kube.differential.states)."""
 
 import ipaddress
+import json
 
 import pytest
 
 from kubeproxy.lab.kube.differential import pinned
-from kubeproxy.lab.kube.differential.states import Slot, cidr_ip, generate, service_cidrs
+from kubeproxy.lab.kube.differential.states import (
+    Slot,
+    State,
+    cidr_ip,
+    generate,
+    service_cidrs,
+    service_object,
+    slice_object,
+)
 
 
 @pytest.mark.parametrize("block", range(16))
@@ -43,10 +52,34 @@ def test_the_pinned_states_for_some_modes_keep_the_services_their_cases_speak_fo
     slots = [Slot(f"df-{n[-1]}{i}", n) for n, _ in nodes for i in range(3)]
     (full,) = pinned.states(slots, "node-a", 2)
     (ipvs,) = pinned.states(slots, "node-a", 2, modes=("ipvs",))
-    assert [s.name for s in full.services] == ["empty", "six", "lsix"]
+    hand = ["dup", "zero", "zones", "mesh", "both"]
+    assert [s.name for s in full.services] == ["empty", "six", "lsix", *hand]
     assert [s.name for s in ipvs.services] == ["lsix"]
     assert [p.slot for p in ipvs.pods] == ["df-a2", "df-b0"]
+    assert ipvs.slices == ()
     (host,) = pinned.states(slots, "node-a", 2, modes=("nftables", "iptables"))
-    assert [s.name for s in host.services] == ["empty", "six"]
+    assert [s.name for s in host.services] == ["empty", "six", *hand]
+    assert {s.service for s in host.slices} == set(hand)
     expected = {c.service for c in pinned.CASES if c.expected("ipvs") is not None}
     assert expected == {"lsix"}
+
+
+def test_hand_written_slices_round_trip_and_are_spelled_as_written() -> None:
+    nodes = [("node-a", "zone-a"), ("node-b", "zone-b")]
+    slots = [Slot(f"df-{n[-1]}{i}", n) for n, _ in nodes for i in range(3)]
+    (state,) = pinned.states(slots, "node-a", 2)
+    assert State.from_json(json.loads(json.dumps(state.to_json()))) == state
+    pods = {s.name: (s.node, f"10.244.0.{i}", f"fd00::{i}") for i, s in enumerate(slots)}
+    by_name = {s.name: slice_object(s, "ns", pods) for s in state.slices}
+    assert by_name["zero-a"]["ports"][0] == {"name": "other", "protocol": "TCP", "port": 0}
+    (zones,) = by_name["zones-a"]["endpoints"]
+    assert zones["zone"] == "zone a/b" and zones["hints"] == {"forZones": [{"name": ""}]}
+    assert by_name["mesh-a"]["metadata"]["labels"] == {
+        "kubernetes.io/service-name": "mesh",
+        "service.kubernetes.io/service-proxy-name": "someone-else",
+    }
+    dup = [by_name[n]["endpoints"][0] for n in ("dup-a", "dup-b")]
+    assert dup[0]["addresses"] == dup[1]["addresses"] == ["10.244.0.1"]
+    # Their Services select nothing: the EndpointSlice controller leaves them alone.
+    services = {s.name: service_object(s, "ns") for s in state.services}
+    assert "selector" not in services["dup"]["spec"] and services["six"]["spec"]["selector"]

@@ -16,9 +16,12 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 
 from kubeproxy.lab.kube.differential.states import (
+    PROXY_NAME_LABEL,
     PodState,
     PortState,
     ServiceState,
+    SliceEndpointState,
+    SliceState,
     Slot,
     State,
     external_ip,
@@ -59,8 +62,21 @@ class Case:
         must still agree with upstream's)."""
         return self.want.get(mode)
 
+    def as_said(self, mode: str, outcomes: Collection[str]) -> bool:
+        """Whether upstream's ``outcomes`` of a probe are what the case says of ``mode``
+        (:data:`SERVED`: Pods answered, whichever; the Pods' names vary by run)."""
+        want = self.expected(mode)
+        if want is None:
+            return True
+        if want == SERVED:
+            return bool(outcomes) and all("@" in o for o in outcomes)
+        return set(outcomes) == want
+
 
 REFUSED = frozenset({"refused"})
+TIMEOUT = frozenset({"timeout"})
+SERVED = frozenset({"<Pods answer>"})
+BOTH = ("nftables", "iptables")
 
 CASES: tuple[Case, ...] = (
     # The node's own connection to its NodePort of a Service without endpoints: refused
@@ -88,6 +104,34 @@ CASES: tuple[Case, ...] = (
         Case("internal-local-with-an-external-ip-of-the-other-family", FIRST_SEED, "lsix",
              "cluster-ip", origin, "TCP", "IPv4", {"ipvs": REFUSED})
         for origin in ("pod-local", "outside")
+    ),
+    # Hand-written EndpointSlices (selector-less Services), shapes the EndpointSlice
+    # controller never makes but the API server accepts (issue 42's hand-made states).
+    # One Pod IP in two slices, terminating (still serving) in one and not ready in the
+    # other (a reused Pod IP): upstream keeps the non-terminating copy and refuses;
+    # kubeproxy let the first slice's serving copy take the traffic.
+    Case("same-address-in-two-slices", FIRST_SEED, "dup", "cluster-ip", "pod-local", "TCP",
+         "IPv4", dict.fromkeys(BOTH, REFUSED)),
+    # A slice port 0 beside a good one: upstream skips that port only (kubeproxy dropped
+    # the slice).
+    Case("a-slice-port-0-beside-a-good-one", FIRST_SEED, "zero", "cluster-ip", "pod-local",
+         "TCP", "IPv4", dict.fromkeys(BOTH, SERVED)),
+    # An endpoint zone with a space and a slash and a zone hint "": unchecked by the
+    # API server (a hint is a label value), only compared by upstream, which serves
+    # (kubeproxy refused the slice).
+    Case("odd-zones-in-a-slice", FIRST_SEED, "zones", "cluster-ip", "pod-local", "TCP",
+         "IPv4", dict.fromkeys(BOTH, SERVED)),
+    # The proxy-name label on a slice only: upstream filters slices by the headless label
+    # alone, and serves (kubeproxy filtered the slice out).
+    Case("proxy-name-on-the-slice-only", FIRST_SEED, "mesh", "cluster-ip", "pod-local",
+         "TCP", "IPv4", dict.fromkeys(BOTH, SERVED)),
+    # One address as an external IP and the load-balancer IP, with source ranges that
+    # leave the outside host out: upstream's nftables mode firewalls it, its iptables
+    # mode's external-IP rule serves (kubeproxy's nftables mode lost the firewall).
+    *(
+        Case("external-ip-that-is-the-load-balancer-ip", FIRST_SEED, "both", kind,
+             "outside", "TCP", "IPv4", {"nftables": TIMEOUT, "iptables": SERVED})
+        for kind in ("external-ip", "lb-ip")
     ),
 )  # fmt: skip
 
@@ -141,12 +185,63 @@ def states(
                     internal_traffic_policy="Local",
                     external_ips=(external_ip(first_block, 2, "IPv6"),),
                 ),
+                *_selector_less(first_block),
             ),
+            slices=_hand_written(local[1].name, remote.name),
         )
     ]
     if modes is None:
         return full
     return [_only(state, modes) for state in full]
+
+
+def _selector_less(block: int) -> tuple[ServiceState, ...]:
+    """The Services of the hand-written slices (IPv4, no selector)."""
+    http = PortState("http", "TCP", 80, 8080)
+
+    def one(name: str, *ports: PortState, **spec: object) -> ServiceState:
+        return ServiceState(
+            name=name,
+            type=str(spec.pop("type", "ClusterIP")),
+            family_policy="SingleStack",
+            families=("IPv4",),
+            ports=ports or (http,),
+            selector={},
+            **spec,  # type: ignore[arg-type]
+        )
+
+    both = external_ip(block, 3, "IPv4")
+    return (
+        one("dup"),
+        one("zero", http, PortState("other", "TCP", 81, 8081)),
+        one("zones"),
+        one("mesh"),
+        one(
+            "both",
+            type="LoadBalancer",
+            external_traffic_policy="Cluster",
+            external_ips=(both,),
+            lb_ips=(both,),
+            source_ranges=("10.244.0.0/16",),
+        ),
+    )
+
+
+def _hand_written(local: str, remote: str) -> tuple[SliceState, ...]:
+    http = (("http", "TCP", 8080),)
+    return (
+        SliceState("dup-a", "dup", "IPv4", http, (SliceEndpointState(local, ready=False,
+                   serving=True, terminating=True),)),
+        SliceState("dup-b", "dup", "IPv4", http, (SliceEndpointState(local, ready=False,
+                   serving=False),)),
+        SliceState("zero-a", "zero", "IPv4", (("other", "TCP", 0), *http),
+                   (SliceEndpointState(remote),)),
+        SliceState("zones-a", "zones", "IPv4", http,
+                   (SliceEndpointState(remote, zone="zone a/b", zone_hints=("",)),)),
+        SliceState("mesh-a", "mesh", "IPv4", http, (SliceEndpointState(remote),),
+                   labels={PROXY_NAME_LABEL: "someone-else"}),
+        SliceState("both-a", "both", "IPv4", http, (SliceEndpointState(local),)),
+    )  # fmt: skip
 
 
 def _only(state: State, modes: Collection[str]) -> State:
@@ -158,7 +253,8 @@ def _only(state: State, modes: Collection[str]) -> State:
     }
     services = tuple(s for s in state.services if s.name in named)
     pods = tuple(p for p in state.pods if any(s.selects(p) for s in services))
-    return replace(state, services=services, pods=pods)
+    slices = tuple(s for s in state.slices if s.service in named)
+    return replace(state, services=services, pods=pods, slices=slices)
 
 
 def rollback(slots: Sequence[Slot], node: str, block: int) -> State:

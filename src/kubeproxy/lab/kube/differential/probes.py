@@ -334,7 +334,9 @@ def frontends(state: State, live: Mapping[str, Obj], geometry: Geometry) -> Iter
         affinity = spec.get("sessionAffinity") == "ClientIP"
         cluster_ips = _by_family(ip for ip in spec.get("clusterIPs", []) if ip != "None")
         external = _by_family(spec.get("externalIPs", []))
-        lbs = _by_family(i["ip"] for i in status.get("loadBalancer", {}).get("ingress", []))
+        # An ingress by hostname only has no address to ask (and neither proxy has one).
+        ingress = status.get("loadBalancer", {}).get("ingress", [])
+        lbs = _by_family(i["ip"] for i in ingress if i.get("ip"))
         for port in spec["ports"]:
             name, proto, number = port.get("name", ""), port["protocol"], port["port"]
 

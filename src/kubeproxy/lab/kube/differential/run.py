@@ -218,6 +218,9 @@ class Differential:
             api.create(st.service_object(svc, ns))
             if svc.lb_ips:
                 api.patch_status("Service", svc.name, st.lb_status(svc), ns)
+        where = {slot: (p.node.name, p.ips[0], p.ips[1]) for slot, p in self.pods.items()}
+        for es in state.slices:
+            api.create(st.slice_object(es, ns, where))
 
     def _namespace(self, name: str) -> None:
         """``name`` exists (made here if not), with the default ServiceAccount the
@@ -237,6 +240,8 @@ class Differential:
         ns = self.namespace(state.seed)
         slices = self.api.list_of("EndpointSlice", ns)
         for svc in state.services:
+            if not svc.selector:
+                continue  # its slices are the state's own, created as they are
             want = {
                 (ip, pod.terminating)
                 for pod in state.pods

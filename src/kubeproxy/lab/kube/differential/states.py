@@ -107,7 +107,35 @@ class ServiceState:
     cluster_ips: tuple[str, ...] = ()
 
     def selects(self, pod: PodState) -> bool:
-        return all(pod.labels.get(k) == v for k, v in self.selector.items())
+        """As the EndpointSlice controller: a Service without a selector selects none
+        (its slices are written by hand)."""
+        return bool(self.selector) and all(pod.labels.get(k) == v for k, v in self.selector.items())
+
+
+@dataclass(frozen=True)
+class SliceEndpointState:
+    """An endpoint of a hand-written slice: a slot's address of the slice's family (its
+    node the endpoint's ``nodeName``), with conditions and topology as written."""
+
+    slot: str
+    ready: bool = True
+    serving: bool = True
+    terminating: bool = False
+    zone: str | None = None
+    zone_hints: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class SliceState:
+    """A hand-written EndpointSlice of a selector-less Service: shapes the EndpointSlice
+    controller never makes (an address in two slices, a port 0, odd zones, labels)."""
+
+    name: str
+    service: str
+    family: str
+    ports: tuple[tuple[str, str, int], ...]  # (name, protocol, port), port 0 allowed
+    endpoints: tuple[SliceEndpointState, ...]
+    labels: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -118,6 +146,8 @@ class State:
     pods: tuple[PodState, ...]
     services: tuple[ServiceState, ...]
     service_cidrs: tuple[str, ...] = field(default=())
+    # Hand-written slices (pinned states only): their Services select nothing.
+    slices: tuple[SliceState, ...] = field(default=())
 
     def to_json(self) -> Obj:
         return asdict(self)
@@ -139,6 +169,26 @@ class State:
             )
             for s in data["services"]
         )
+        slices = tuple(
+            SliceState(
+                **{
+                    **s,
+                    "ports": tuple(tuple(p) for p in s["ports"]),
+                    "endpoints": tuple(
+                        SliceEndpointState(
+                            **{
+                                **e,
+                                "zone_hints": None
+                                if e["zone_hints"] is None
+                                else tuple(e["zone_hints"]),
+                            }
+                        )
+                        for e in s["endpoints"]
+                    ),
+                }
+            )
+            for s in data.get("slices", ())
+        )
         return cls(
             seed=data["seed"],
             block=data["block"],
@@ -146,6 +196,7 @@ class State:
             pods=pods,
             services=services,
             service_cidrs=tuple(data["service_cidrs"]),
+            slices=slices,
         )
 
     def describe(self) -> str:
@@ -165,6 +216,9 @@ class State:
         for p in self.pods:
             how = ("ready" if p.ready else "not-ready") + (" terminating" if p.terminating else "")
             lines.append(f"  pod {p.slot}@{p.node} {how} {sorted(p.labels)}")
+        for es in self.slices:
+            lines.append(f"  slice {es.name} of {es.service} {es.family} {es.ports} {es.labels}")
+            lines += [f"    {e}" for e in es.endpoints]
         return "\n".join(lines)
 
 
@@ -364,7 +418,6 @@ def service_object(svc: ServiceState, namespace: str) -> Obj:
         meta["annotations"] = {TOPOLOGY_ANNOTATION: "Auto"}
     spec: Obj = {
         "type": svc.type,
-        "selector": dict(svc.selector),
         "ipFamilyPolicy": svc.family_policy,
         "ipFamilies": list(svc.families),
         "ports": [
@@ -374,6 +427,8 @@ def service_object(svc: ServiceState, namespace: str) -> Obj:
         "internalTrafficPolicy": svc.internal_traffic_policy,
         "publishNotReadyAddresses": svc.publish_not_ready,
     }
+    if svc.selector:  # none: a selector-less Service, its slices written by hand
+        spec["selector"] = dict(svc.selector)
     if svc.cluster_ips:
         spec["clusterIP"] = svc.cluster_ips[0]
         spec["clusterIPs"] = list(svc.cluster_ips)
@@ -391,6 +446,35 @@ def service_object(svc: ServiceState, namespace: str) -> Obj:
     if svc.topology and svc.topology != "annotation:Auto":
         spec["trafficDistribution"] = svc.topology
     return {"apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": spec}
+
+
+def slice_object(es: SliceState, namespace: str, pods: dict[str, tuple[str, str, str]]) -> Obj:
+    """A hand-written EndpointSlice; ``pods``: slot -> (node, IPv4, IPv6)."""
+    endpoints = []
+    for e in es.endpoints:
+        node, ip4, ip6 = pods[e.slot]
+        ep: Obj = {
+            "addresses": [ip4 if es.family == "IPv4" else ip6],
+            "nodeName": node,
+            "conditions": {"ready": e.ready, "serving": e.serving, "terminating": e.terminating},
+        }
+        if e.zone is not None:
+            ep["zone"] = e.zone
+        if e.zone_hints is not None:
+            ep["hints"] = {"forZones": [{"name": z} for z in e.zone_hints]}
+        endpoints.append(ep)
+    return {
+        "apiVersion": "discovery.k8s.io/v1",
+        "kind": "EndpointSlice",
+        "metadata": {
+            "name": es.name,
+            "namespace": namespace,
+            "labels": {"kubernetes.io/service-name": es.service, **es.labels},
+        },
+        "addressType": es.family,
+        "ports": [{"name": n, "protocol": p, "port": number} for n, p, number in es.ports],
+        "endpoints": endpoints,
+    }
 
 
 def lb_status(svc: ServiceState) -> Obj:
