@@ -126,6 +126,59 @@ def test_load_balancer_source_ranges(lab: Lab, manifests: ManifestDir) -> None:
     assert from_pod(lab, "198.51.100.20", count=3) == {"local-1": 3}
 
 
+def test_an_external_ip_that_is_also_the_load_balancer_ip(lab: Lab, manifests: ManifestDir) -> None:
+    """One address as both: upstream's nftables mode firewalls it (its firewall-ips set
+    holds the load-balancer IP's destination, whichever way the packet was meant), while
+    its iptables mode's external-IP rule comes first and serves every source. Each mode
+    as upstream's (kubeproxy's nftables mode once kept one destination and lost the
+    firewall)."""
+    manifests.write(
+        "svc.yaml",
+        load_balancer(
+            "both",
+            "10.96.20.4",
+            [{"ip": "198.51.100.30"}],
+            node_port=30502,
+            externalIPs=["198.51.100.30"],
+            loadBalancerSourceRanges=["10.244.0.0/16"],
+        ),
+        endpoint_slice("both", eps("local-1")),
+    )
+    sync(lab, manifests)
+    served = {"local-1": 2}
+    want = {"timeout": 2} if lab.mode == "nftables" else served
+    assert outside(lab, "198.51.100.30", count=2, timeout=0.5) == want
+    assert from_pod(lab, "198.51.100.30", count=2) == served
+
+
+def test_an_external_ip_equal_to_another_services_cluster_ip_keeps_the_client_address(
+    lab: Lab, manifests: ManifestDir
+) -> None:
+    """A kept difference (docs/differences-from-upstream.md,
+    external-ip-equal-to-a-cluster-ip): upstream's nftables mode masquerades every
+    off-cluster packet to an address in its cluster-ips set, so an external IP that is
+    also some Service's ClusterIP loses the client address under
+    ``externalTrafficPolicy: Local``; kubeproxy masquerades per frontend, as the
+    Service's policy says, and as upstream's iptables mode does."""
+    manifests.write(
+        "svc.yaml",
+        service("inner", "10.96.20.5", [HTTP]),
+        endpoint_slice("inner", eps("remote-1")),
+        service(
+            "outer",
+            "10.96.20.6",
+            [{**HTTP, "port": 81, "nodePort": 30503}],
+            type="NodePort",
+            externalIPs=["10.96.20.5"],
+            externalTrafficPolicy="Local",
+        ),
+        endpoint_slice("outer", eps("local-1")),
+    )
+    sync(lab, manifests)
+    reply: Reply = lab.executor(lab.client_ns).call(tcp_ask, "10.96.20.5", 81)
+    assert reply == Reply("local-1", CLIENT_IP)
+
+
 # -------------------------------------------------------------- session affinity
 
 
