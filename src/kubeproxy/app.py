@@ -32,7 +32,14 @@ from dataclasses import dataclass, field
 from kubeproxy.backends.base import SYNC_LOG_WORDS, Backend, SyncResult
 from kubeproxy.config.modes import ProxyMode
 from kubeproxy.config.runtime import ProxyConfig
-from kubeproxy.dataplane.conntrack import Conntrack, Filter, apply, stale_conntrack_filters
+from kubeproxy.dataplane.conntrack import (
+    Conntrack,
+    ConntrackError,
+    Filter,
+    apply,
+    reconcile,
+    stale_conntrack_filters,
+)
 from kubeproxy.health import HealthServer, ProxyHealth, ServiceHealthServers
 from kubeproxy.health.services import (
     health_check_families,
@@ -43,7 +50,13 @@ from kubeproxy.logs import V2
 from kubeproxy.metrics import Metrics, MetricsServer
 from kubeproxy.model.events import Event, dispatch
 from kubeproxy.model.state import Changes, ProxyState, Snapshot
-from kubeproxy.model.types import EndpointSlice, Service, ServicePortName, TrafficPolicy
+from kubeproxy.model.types import (
+    EndpointSlice,
+    L4Protocol,
+    Service,
+    ServicePortName,
+    TrafficPolicy,
+)
 from kubeproxy.runner import BoundedFrequencyRunner, Clock, SystemClock
 from kubeproxy.sources import Source, initial_state, source_problem
 
@@ -139,6 +152,9 @@ class Proxy:
         self._needs_full = True
         self._last_full = -float("inf")
         self._stale: list[Filter] = []
+        # Until the first reconcile of the whole table has run (at the first sync): what
+        # went stale while no proxy ran is in no change.
+        self._reconcile = True
         self._conntrack_retries = 0
         self.runner: BoundedFrequencyRunner | None = None
         self._conflicts: set[str] = set()
@@ -182,12 +198,17 @@ class Proxy:
             or changes.node_changed
             or self.clock.now() - self._last_full >= self.full_sync_period
         )
-        for family in self.config.families:
-            self._stale.extend(
-                stale_conntrack_filters(
-                    snapshot.services, changes.services, changes.endpoints, family
+        if not self._reconcile:
+            for family in self.config.families:
+                self._stale.extend(
+                    stale_conntrack_filters(
+                        snapshot.services,
+                        snapshot.endpoints,
+                        changes.services,
+                        changes.endpoints,
+                        family,
+                    )
                 )
-            )
         # Kept from the changes (so a sync does not scan every Service), and here rather
         # than after a successful sync: the changes are consumed now, whatever the kernel
         # says later.
@@ -208,8 +229,27 @@ class Proxy:
 
     def _program(self, snapshot: Snapshot, changed: set[ServicePortName] | None) -> SyncResult:
         result = self.backend.sync(snapshot, changed)
+        if self._reconcile:
+            self._reconcile_conntrack(snapshot)
         self._clear_conntrack()
         return result
+
+    def _reconcile_conntrack(self, snapshot: Snapshot) -> None:
+        """At the first sync, upstream's reconcile over the whole table: flows to a UDP
+        Service's frontend and not to one of its serving endpoints (flows to endpoints
+        that still serve are kept: a restart breaks none of them). A table that cannot
+        be listed is tried again at the next sync."""
+        if self.conntrack is None:
+            self._reconcile = False
+            return
+        for family in self.config.families:
+            try:
+                entries = self.conntrack.entries(family, L4Protocol.UDP)
+            except ConntrackError as err:
+                log.warning("Cannot list conntrack entries to reconcile (%s)", err)
+                return
+            self._stale.extend(reconcile(snapshot.services, snapshot.endpoints, family, entries))
+        self._reconcile = False
 
     def _clear_conntrack(self) -> None:
         """Delete the stale conntrack entries; keep the filters that failed for a retry.

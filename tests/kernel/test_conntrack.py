@@ -30,7 +30,7 @@ from kubeproxy.dataplane.conntrack import (
     stale_conntrack_filters,
 )
 from kubeproxy.dataplane.nftables.runner import NftCommand
-from kubeproxy.dataplane.sysctl import HASHSIZE, NETFILTER, apply_conntrack_sysctls
+from kubeproxy.dataplane.sysctl import HASHSIZE, HOST_PROC, NETFILTER, apply_conntrack_sysctls
 from kubeproxy.lab.cluster import CLUSTER_CIDRS, NODE, NODE_IP, REMOTE_NODE, Lab
 from kubeproxy.lab.echo import tally, udp_ask
 from kubeproxy.lab.netns import NetnsExecutor, add_netns, delete_netns, ns_exec
@@ -64,7 +64,11 @@ class Tracked:
         snapshot, changes = self.state.collect()
         self.backend.sync(snapshot, None)
         return stale_conntrack_filters(
-            snapshot.services, changes.services, changes.endpoints, IPFamily.IPv4
+            snapshot.services,
+            snapshot.endpoints,
+            changes.services,
+            changes.endpoints,
+            IPFamily.IPv4,
         )
 
 
@@ -131,7 +135,7 @@ def test_a_udp_flow_leaves_a_removed_endpoint_only_once_conntrack_is_cleared(
     finally:
         fresh.close()
 
-    assert filters == [Filter.for_nat("10.96.7.1", ip("local-1"), UDP, 53)]
+    assert filters == [Filter.for_nat("10.96.7.1", ip("local-1"), UDP, 53, endpoint_port=8080)]
     assert clean(lab, filters) == 1
     assert ask(lab, client_ns, client_socket, "10.96.7.1", 53) == {"local-2": 5}
 
@@ -156,7 +160,7 @@ def test_a_udp_nodeport_flow_from_outside_moves_after_cleanup(
         filters = tracked.sync()
         assert ask(lab, lab.client_ns, sock, NODE_IP, 30053) == {"remote-1": 5}
 
-        assert Filter.for_port_nat(30053, ip("remote-1"), UDP) in filters
+        assert Filter.for_port_nat(30053, ip("remote-1"), UDP, endpoint_port=8080) in filters
         assert clean(lab, filters) == 1
         assert ask(lab, lab.client_ns, sock, NODE_IP, 30053) == {"remote-2": 5}
     finally:
@@ -183,7 +187,8 @@ def test_a_flow_cached_before_the_service_had_endpoints_is_natted_after_cleanup(
     stuck = ask(lab, client_ns, client_socket, "10.96.7.3", 53, count=2)
     assert "local-1" not in stuck, stuck
 
-    assert filters == [Filter.for_ip("10.96.7.3", UDP, 53)]
+    # Not NATed: the Service IP itself is the entry's reply source.
+    assert filters == [Filter.for_nat("10.96.7.3", "10.96.7.3", UDP, 53)]
     assert clean(lab, filters) >= 1
     assert ask(lab, client_ns, client_socket, "10.96.7.3", 53) == {"local-1": 5}
 
@@ -215,6 +220,58 @@ def test_the_running_proxy_clears_stale_entries_itself(
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def conntrack_ids(lab: Lab, cluster_ip: str) -> dict[str, str]:
+    """The UDP entries to ``cluster_ip`` in node-a's table: reply source -> entry id (a
+    deleted entry comes back, from the flow's next packet, with another id)."""
+    text = ns_exec(
+        lab.node_ns, "conntrack", "-L", "-p", "udp", "--orig-dst", cluster_ip, "-o", "id",
+        check=False,
+    )  # fmt: skip
+    out = {}
+    for line in text.splitlines():
+        words = dict(w.split("=", 1) for w in line.split() if "=" in w)
+        srcs = [w.split("=", 1)[1] for w in line.split() if w.startswith("src=")]
+        if "id" in words and len(srcs) == 2:
+            out[srcs[1]] = words["id"]
+    return out
+
+
+def test_a_restart_keeps_flows_to_serving_endpoints_and_clears_the_stale_ones(
+    lab: Lab, manifests: ManifestDir
+) -> None:
+    """Upstream's reconciler, at the first sync: the flow to an endpoint that still
+    serves keeps its conntrack entry across the restart (no UDP flow breaks); the flow
+    to an endpoint removed while no proxy ran is cleared, and moves."""
+
+    def write(stale: str) -> None:
+        manifests.write(
+            "dns.yaml",
+            service("dns-keep", "10.96.7.5", [DNS]),
+            endpoint_slice("dns-keep", eps("local-1"), [DNS_TARGET]),
+            service("dns-move", "10.96.7.6", [DNS]),
+            endpoint_slice("dns-move", eps(stale), [DNS_TARGET]),
+        )
+
+    client_ns = lab.pods["client"].netns
+    keep, move = udp_client(lab, client_ns), udp_client(lab, client_ns)
+    try:
+        write("local-1")
+        lab.sync_once(manifests.path)
+        assert ask(lab, client_ns, keep, "10.96.7.5", 53) == {"local-1": 5}
+        assert ask(lab, client_ns, move, "10.96.7.6", 53) == {"local-1": 5}
+        before = conntrack_ids(lab, "10.96.7.5")
+        assert list(before) == [ip("local-1")]
+        write("local-2")  # while no proxy runs
+        assert lab.sync_once(manifests.path).returncode == 0
+        assert conntrack_ids(lab, "10.96.7.5") == before
+        assert ask(lab, client_ns, keep, "10.96.7.5", 53) == {"local-1": 5}
+        assert conntrack_ids(lab, "10.96.7.5") == before
+        assert ask(lab, client_ns, move, "10.96.7.6", 53) == {"local-2": 5}
+    finally:
+        keep.close()
+        move.close()
 
 
 # ------------------------------------------------------------- the tool vs the fake
@@ -251,7 +308,7 @@ def listed(lab: Lab) -> set[tuple[str, str, int, int, str]]:
 
 def as_entry(src: str, dst: str, sport: int, dport: int, reply: str) -> Entry:
     family = IPFamily.IPv6 if ":" in src else IPFamily.IPv4
-    return Entry(family, UDP, src, dst, sport, dport, reply)
+    return Entry(family, UDP, src, dst, sport, dport, reply, dport)
 
 
 def insert(lab: Lab) -> None:
@@ -276,6 +333,11 @@ def insert(lab: Lab) -> None:
         Filter.for_port_nat(32053, "10.250.1.5", UDP),
         Filter.for_nat("fd00:96:250::1", "fd00:250:1::5", UDP, 53),
         Filter.for_ip("10.96.250.9", UDP),
+        # The endpoint's port too (the entries' reply source port is their dport).
+        Filter.for_nat("10.96.250.1", "10.250.1.5", UDP, 53, endpoint_port=53),
+        Filter.for_nat("10.96.250.1", "10.250.1.5", UDP, 53, endpoint_port=54),
+        Filter.for_port_nat(32053, "10.250.1.5", UDP, endpoint_port=32053),
+        Filter.for_nat("10.96.250.2", "10.96.250.2", UDP, 53),
     ],
     ids=str,
 )
@@ -328,7 +390,12 @@ def test_conntrack_sysctls_in_a_network_namespace(lab: Lab, tmp_path: Path) -> N
             "unchanged" if inside("nf_conntrack_tcp_timeout_close_wait") == "3600" else "set"
         )
         first = executor.call(
-            apply_conntrack_sysctls, conntrack_settings(cfg), sys_root=tmp_path / "sys"
+            apply_conntrack_sysctls,
+            conntrack_settings(cfg),
+            # The executor's thread is in the namespace: its /proc/sys/net is the
+            # namespace's own.
+            proc_root=HOST_PROC,
+            sys_root=tmp_path / "sys",
         )
         outcomes = {r.path.rsplit("/", 1)[-1]: r.outcome for r in first}
         # nf_conntrack_max is global and read-only outside the initial namespace:
@@ -346,7 +413,12 @@ def test_conntrack_sysctls_in_a_network_namespace(lab: Lab, tmp_path: Path) -> N
         assert inside("nf_conntrack_tcp_be_liberal") == "1"
         assert inside("nf_conntrack_udp_timeout") == "45"
         again = executor.call(
-            apply_conntrack_sysctls, conntrack_settings(cfg), sys_root=tmp_path / "sys"
+            apply_conntrack_sysctls,
+            conntrack_settings(cfg),
+            # The executor's thread is in the namespace: its /proc/sys/net is the
+            # namespace's own.
+            proc_root=HOST_PROC,
+            sys_root=tmp_path / "sys",
         )
         assert [r.outcome for r in again] == ["failed"] + ["unchanged"] * 4
     finally:

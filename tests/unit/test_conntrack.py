@@ -21,6 +21,7 @@ from kubeproxy.dataplane.conntrack import (
     Filter,
     apply,
     parse_listing,
+    reconcile,
     stale_conntrack_filters,
 )
 from kubeproxy.model.state import Changes, ProxyState, Snapshot
@@ -79,7 +80,7 @@ class Cluster:
     def filters(self, family: IPFamily = V4) -> list[Filter]:
         snapshot, changes = self.sync()
         return stale_conntrack_filters(
-            snapshot.services, changes.services, changes.endpoints, family
+            snapshot.services, snapshot.endpoints, changes.services, changes.endpoints, family
         )
 
 
@@ -139,16 +140,18 @@ def test_filters_refuse_what_would_delete_too_much_or_the_wrong_family() -> None
 # ------------------------------------------------------------------- what to clear
 
 
-def test_a_deleted_udp_service_clears_its_cluster_ip_per_family() -> None:
+def test_a_deleted_udp_service_or_port_is_left_to_its_timeouts() -> None:
+    """As upstream's reconciler, which looks only at the ServicePorts that exist."""
     cluster = synced(
         service("dns", dns_port(cluster_ips=("10.96.0.10", "fd00:96::10"))),
         dns_slice(slice_endpoint("10.1.0.5")),
     )
     cluster.delete_service("dns")
-    snapshot, changes = cluster.sync()
-    args = (snapshot.services, changes.services, changes.endpoints)
-    assert stale_conntrack_filters(*args, V4) == [Filter.for_ip("10.96.0.10", UDP)]
-    assert stale_conntrack_filters(*args, V6) == [Filter.for_ip("fd00:96::10", UDP)]
+    assert cluster.filters(V4) == []
+    cluster = synced(service("dns", dns_port()), dns_slice(slice_endpoint("10.1.0.5")))
+    cluster.delete_service("dns")
+    cluster.put_slice(dns_slice())
+    assert cluster.filters() == []
 
 
 def test_a_removed_endpoint_clears_flows_natted_to_it_on_every_service_address() -> None:
@@ -161,15 +164,28 @@ def test_a_removed_endpoint_clears_flows_natted_to_it_on_every_service_address()
         service("dns", port), dns_slice(slice_endpoint("10.1.0.5"), slice_endpoint("10.1.0.6"))
     )
     cluster.put_slice(dns_slice(slice_endpoint("10.1.0.6")))
+    gone = {"endpoint_port": 5353}
     assert cluster.filters() == [
-        Filter.for_port_nat(30053, "10.1.0.5", UDP),
-        Filter.for_nat("10.96.0.10", "10.1.0.5", UDP, 53),
-        Filter.for_nat("192.0.2.10", "10.1.0.5", UDP, 53),
-        Filter.for_nat("198.51.100.7", "10.1.0.5", UDP, 53),
+        Filter.for_port_nat(30053, "10.1.0.5", UDP, **gone),  # type: ignore[arg-type]
+        Filter.for_nat("10.96.0.10", "10.1.0.5", UDP, 53, **gone),  # type: ignore[arg-type]
+        Filter.for_nat("192.0.2.10", "10.1.0.5", UDP, 53, **gone),  # type: ignore[arg-type]
+        Filter.for_nat("198.51.100.7", "10.1.0.5", UDP, 53, **gone),  # type: ignore[arg-type]
     ]
 
 
-def test_an_endpoint_that_stops_being_usable_is_cleared_but_a_draining_one_is_not() -> None:
+def test_the_last_endpoint_gone_leaves_nodeport_flows_alone() -> None:
+    """Upstream matches NodePort flows by port only (they could be anybody's): with no
+    serving endpoint left it does not touch them."""
+    cluster = synced(
+        service("dns", dns_port(node_port=30053)), dns_slice(slice_endpoint("10.1.0.5"))
+    )
+    cluster.put_slice(dns_slice())
+    assert cluster.filters() == [
+        Filter.for_nat("10.96.0.10", "10.1.0.5", UDP, 53, endpoint_port=5353)
+    ]
+
+
+def test_an_endpoint_that_stops_serving_is_cleared_but_a_draining_one_is_not() -> None:
     cluster = synced(
         service("dns", dns_port()),
         dns_slice(slice_endpoint("10.1.0.5"), slice_endpoint("10.1.0.6")),
@@ -180,17 +196,34 @@ def test_an_endpoint_that_stops_being_usable_is_cleared_but_a_draining_one_is_no
             slice_endpoint("10.1.0.6", ready=False, serving=True, terminating=True),
         )
     )
-    # 10.1.0.6 still serves (the terminating fallback): its flows are left alone.
-    assert cluster.filters() == [Filter.for_nat("10.96.0.10", "10.1.0.5", UDP, 53)]
+    # 10.1.0.6 still serves (terminating): its flows are left alone.
+    assert cluster.filters() == [
+        Filter.for_nat("10.96.0.10", "10.1.0.5", UDP, 53, endpoint_port=5353)
+    ]
 
 
-def test_first_usable_endpoint_clears_flows_cached_while_there_was_none() -> None:
+def test_an_endpoints_new_port_keeps_the_flows_to_it() -> None:
+    cluster = synced(service("dns", dns_port()), dns_slice(slice_endpoint("10.1.0.5")))
+    moved = endpoint_slice(
+        "dns-ipv4",
+        "dns",
+        ports=(("dns", UDP, 5354),),
+        endpoints=(slice_endpoint("10.1.0.5"),),
+    )
+    cluster.put_slice(moved)
+    assert cluster.filters() == [
+        Filter.for_nat("10.96.0.10", "10.1.0.5", UDP, 53, endpoint_port=5353)
+    ]
+
+
+def test_first_serving_endpoint_clears_flows_cached_while_there_was_none() -> None:
     port = dns_port(node_port=30053, external_ips=("192.0.2.10",))
     cluster = synced(service("dns", port), dns_slice())
     cluster.put_slice(dns_slice(slice_endpoint("10.1.0.5")))
+    # Flows not NATed: the Service IP itself answered them.
     assert cluster.filters() == [
-        Filter.for_ip("10.96.0.10", UDP, 53),
-        Filter.for_ip("192.0.2.10", UDP, 53),
+        Filter.for_nat("10.96.0.10", "10.96.0.10", UDP, 53),
+        Filter.for_nat("192.0.2.10", "192.0.2.10", UDP, 53),
         Filter.for_port(30053, V4, UDP),
     ]
     # Another endpoint joining later is not "newly active": nothing to clear.
@@ -198,11 +231,14 @@ def test_first_usable_endpoint_clears_flows_cached_while_there_was_none() -> Non
     assert cluster.filters() == []
 
 
-def test_a_new_service_with_endpoints_clears_its_addresses() -> None:
-    cluster = Cluster()
-    cluster.put_service(service("dns", dns_port()))
-    cluster.put_slice(dns_slice(slice_endpoint("10.1.0.5")))
-    assert cluster.filters() == [Filter.for_ip("10.96.0.10", UDP, 53)]
+def test_a_service_change_clears_flows_not_natted_to_its_addresses() -> None:
+    """A new external IP: flows to it cached before it was one were not NATed."""
+    cluster = synced(service("dns", dns_port()), dns_slice(slice_endpoint("10.1.0.5")))
+    cluster.put_service(service("dns", dns_port(external_ips=("192.0.2.10",))))
+    assert cluster.filters() == [
+        Filter.for_nat("10.96.0.10", "10.96.0.10", UDP, 53),
+        Filter.for_nat("192.0.2.10", "192.0.2.10", UDP, 53),
+    ]
 
 
 def test_tcp_services_and_other_families_need_no_cleanup() -> None:
@@ -222,25 +258,51 @@ def test_tcp_services_and_other_families_need_no_cleanup() -> None:
     )
     dual.put_slice(dns_slice(family=V6))
     snapshot, changes = dual.sync()
-    args = (snapshot.services, changes.services, changes.endpoints)
+    args = (snapshot.services, snapshot.endpoints, changes.services, changes.endpoints)
     assert stale_conntrack_filters(*args, V4) == []
     assert stale_conntrack_filters(*args, V6) == [
-        Filter.for_nat("fd00:96::10", "fd00:1::5", UDP, 53)
+        Filter.for_nat("fd00:96::10", "fd00:1::5", UDP, 53, endpoint_port=5353)
     ]
 
 
-def test_endpoints_of_a_deleted_service_are_covered_by_its_cluster_ip() -> None:
-    cluster = synced(service("dns", dns_port()), dns_slice(slice_endpoint("10.1.0.5")))
-    cluster.delete_service("dns")
-    cluster.put_slice(dns_slice())
-    assert cluster.filters() == [Filter.for_ip("10.96.0.10", UDP)]
+def test_the_start_up_reconcile_deletes_what_upstreams_reconciler_deletes() -> None:
+    """The whole table at the first sync: flows to a UDP frontend not going to one of
+    its serving endpoints. Flows to serving endpoints (a restart), to addresses no UDP
+    Service has, and of other protocols stay."""
+    port = dns_port(node_port=30053, external_ips=("192.0.2.10",))
+    empty = service_port("idle", "dns", UDP, number=53, cluster_ips=("10.96.0.11",))
+    cluster = synced(service("dns", port), dns_slice(slice_endpoint("10.1.0.5")))
+    cluster.put_service(service("idle", empty))
+    snapshot, _ = cluster.sync()
+    keep = [
+        entry("10.96.0.10", 53, "10.1.0.5", reply_port=5353),
+        entry("192.0.2.10", 53, "10.1.0.5", reply_port=5353, sport=40001),
+        entry("192.168.50.1", 30053, "10.1.0.5", reply_port=5353, sport=40002),
+        entry("10.96.0.99", 53, "10.1.0.9", reply_port=53, sport=40003),  # no Service
+        Entry(V4, TCP, "10.1.0.100", "10.96.0.10", 40004, 53, "10.1.0.8", 5353),
+    ]
+    stale = [
+        entry("10.96.0.10", 53, "10.1.0.8", reply_port=5353, sport=40005),  # endpoint gone
+        entry("10.96.0.10", 53, "10.1.0.5", reply_port=5354, sport=40006),  # its old port
+        entry("10.96.0.10", 53, "10.96.0.10", reply_port=53, sport=40007),  # not NATed
+        entry("192.168.50.1", 30053, "10.1.0.8", reply_port=5353, sport=40008),
+        entry("10.96.0.11", 53, "10.1.0.8", reply_port=5353, sport=40009),  # none serve
+        entry("10.96.0.10", 53, "10.1.0.8", reply_port=5353, sport=40010),  # same as the 1st
+    ]
+    filters = reconcile(snapshot.services, snapshot.endpoints, V4, keep + stale)
+    assert filters == [Filter.for_entry(e) for e in stale[:5]]
+    fake = FakeConntrack(keep + stale)
+    assert apply(fake, filters).deleted == len(stale)
+    assert fake.table == keep
 
 
 # ------------------------------------------------------------------------ clearing
 
 
-def entry(dst: str, dport: int, reply_src: str, sport: int = 40000) -> Entry:
-    return Entry(V4, UDP, "10.1.0.100", dst, sport, dport, reply_src)
+def entry(
+    dst: str, dport: int, reply_src: str, sport: int = 40000, reply_port: int = 5353
+) -> Entry:
+    return Entry(V4, UDP, "10.1.0.100", dst, sport, dport, reply_src, reply_port)
 
 
 def test_apply_clears_matching_entries_and_goes_on_after_a_failure(
@@ -312,7 +374,9 @@ def test_the_listing_is_parsed_per_family() -> None:
         "udp      17 29 src=fd00::1 dst=fd00::10 sport=1 dport=53 src=fd00::5 dst=fd00::1 "
         "sport=5353 dport=1 [ASSURED] mark=0 use=1\n"
     )
-    assert parse_listing(v6, V6, UDP) == [Entry(V6, UDP, "fd00::1", "fd00::10", 1, 53, "fd00::5")]
+    assert parse_listing(v6, V6, UDP) == [
+        Entry(V6, UDP, "fd00::1", "fd00::10", 1, 53, "fd00::5", 5353)
+    ]
 
 
 def fake_tool(tmp_path: Path, output: str, status: int) -> str:

@@ -60,7 +60,6 @@ def test_service_add() -> None:
     assert tracker.pending() == 1
     result = ports.apply(tracker)
     assert result.changed == {port_name(port="http"), port_name(port="dns", protocol=UDP)}
-    assert result.deleted_udp_cluster_ips == set()
     assert dict(ports) == {p.name: p for p in svc.ports}
     assert tracker.pending() == 0
 
@@ -85,8 +84,6 @@ def test_service_update_adds_and_removes_ports() -> None:
     result = ports.apply(tracker)
     assert result.changed == {port_name(port="dns", protocol=UDP), port_name(port="metrics")}
     assert set(ports) == {port_name(port="http"), port_name(port="metrics")}
-    # a removed UDP port's ClusterIP needs its conntrack entries cleared
-    assert result.deleted_udp_cluster_ips == {"10.96.0.10"}
 
 
 def test_service_delete() -> None:
@@ -102,16 +99,7 @@ def test_service_delete() -> None:
     assert tracker.update(old, None) is True
     result = ports.apply(tracker)
     assert result.changed == {p.name for p in old.ports}
-    # only UDP ports' IPs, but every family of them
-    assert result.deleted_udp_cluster_ips == set(dual)
     assert set(ports) == {port_name("db", port="pg")}
-
-
-def test_tcp_only_delete_has_no_udp_cleanup() -> None:
-    old = service("web", service_port(port="http"))
-    tracker, ports = _synced(old)
-    tracker.update(old, None)
-    assert ports.apply(tracker).deleted_udp_cluster_ips == set()
 
 
 def test_service_protocol_change_is_delete_plus_add() -> None:
@@ -123,7 +111,6 @@ def test_service_protocol_change_is_delete_plus_add() -> None:
     result = ports.apply(tracker)
     assert result.changed == {port_name(port="p", protocol=TCP), port_name(port="p", protocol=UDP)}
     assert set(ports) == {port_name(port="p", protocol=UDP)}
-    assert result.deleted_udp_cluster_ips == set()
 
 
 def test_service_noop_update_is_dropped() -> None:
@@ -143,7 +130,6 @@ def test_service_add_then_delete_is_dropped() -> None:
     assert tracker.pending() == 0
     result = ports.apply(tracker)
     assert result.changed == set()
-    assert result.deleted_udp_cluster_ips == set()
     assert dict(ports) == {}
 
 

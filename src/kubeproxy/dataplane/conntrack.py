@@ -6,18 +6,18 @@ sending from the same port keeps reaching a removed endpoint (or a black hole) f
 as it sends, unless the entry is deleted. The module has three parts:
 
 * :class:`Filter` — one deletion: protocol and family plus any of original destination
-  IP, original destination port and reply source (the endpoint a flow was DNATed to).
-  Constructors name upstream's four cases (``ClearEntriesForIP``/``ForPort``/``ForNAT``/
-  ``ForPortNAT``).
-* :func:`stale_conntrack_filters` — pure: from one sync's results (the ServicePort map and
-  the trackers' :class:`~kubeproxy.model.tracker.ServiceUpdate` /
-  :class:`~kubeproxy.model.tracker.EndpointsUpdate`), which filters to run for one IP
-  family. It follows upstream's change-driven ``CleanStaleEntries`` (before the netlink
-  reconciler): (a) ClusterIPs of deleted UDP ServicePorts; (b) UDP endpoints that stopped
-  being usable, for every IP of their ServicePort and its NodePort; (c) UDP ServicePorts
-  that got their first usable endpoint, so a flow cached while they had none (not NATed)
-  is NATed now. Like the current upstream reconciler, (b) and (c) match the ServicePort's
-  port too, so flows to the Service's other ports are left alone.
+  IP and port and reply source address and port (the endpoint a flow was DNATed to).
+* What is stale is what upstream v1.37's reconciler (``pkg/proxy/conntrack``
+  ``CleanStaleEntries``) deletes: a UDP flow to a frontend of an existing UDP
+  ServicePort (its ClusterIP, external and load-balancer IPs at its port; any address at
+  its NodePort, only while it has a serving endpoint) that does not go to one of its
+  serving endpoints. Flows of deleted Services and ports are left to their timeouts.
+  Upstream lists the whole table whenever a UDP ServicePort's endpoints change;
+  here :func:`stale_conntrack_filters` (pure) derives the same deletions from one sync's
+  changes (the trackers' :class:`~kubeproxy.model.tracker.ServiceUpdate` /
+  :class:`~kubeproxy.model.tracker.EndpointsUpdate`), and :func:`reconcile` (pure) reads
+  the whole listed table once, at the first sync, for what went stale while no proxy
+  ran.
 * :class:`Conntrack` — the side effect, a one-method Protocol: :class:`ConntrackCommand`
   runs the ``conntrack`` tool (conntrack-tools); :class:`FakeConntrack` is a table in
   memory with the same matching. :func:`apply` runs filters, logging a failure and going
@@ -48,6 +48,7 @@ from kubeproxy.dataplane.process import ToolError, run_tool
 from kubeproxy.model.tracker import EndpointsUpdate, ServiceUpdate
 from kubeproxy.model.types import (
     PLAIN_IPV4,
+    Endpoint,
     IPFamily,
     L4Protocol,
     ServicePort,
@@ -74,6 +75,9 @@ class Filter:
     orig_dst: str | None = None
     orig_dst_port: int | None = None
     reply_src: str | None = None
+    # The endpoint's port (upstream's reconciler matches the endpoint by address and
+    # port: a flow to an endpoint whose port changed is stale too).
+    reply_src_port: int | None = None
     reason: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
@@ -89,8 +93,9 @@ class Filter:
                 self.family
             ):
                 raise ValueError(f"{ip} is not an {self.family.value} address")
-        if self.orig_dst_port is not None and not 0 < self.orig_dst_port < 65536:
-            raise ValueError(f"invalid port {self.orig_dst_port}")
+        for port in (self.orig_dst_port, self.reply_src_port):
+            if port is not None and not 0 < port < 65536:
+                raise ValueError(f"invalid port {port}")
 
     @classmethod
     def for_ip(
@@ -113,28 +118,53 @@ class Filter:
         endpoint_ip: str,
         protocol: L4Protocol,
         port: int | None = None,
+        *,
         reason: str = "",
+        endpoint_port: int | None = None,
     ) -> Filter:
-        """Flows sent to a Service IP (and port) and NATed to ``endpoint_ip``."""
+        """Flows sent to a Service IP (and port) and NATed to ``endpoint_ip`` (and
+        ``endpoint_port``); with ``endpoint_ip`` the Service IP itself, the flows that
+        were not NATed at all."""
         return cls(
             family_of(ip),
             protocol,
             orig_dst=ip,
             orig_dst_port=port,
             reply_src=endpoint_ip,
+            reply_src_port=endpoint_port,
             reason=reason,
         )
 
     @classmethod
     def for_port_nat(
-        cls, port: int, endpoint_ip: str, protocol: L4Protocol, reason: str = ""
+        cls,
+        port: int,
+        endpoint_ip: str,
+        protocol: L4Protocol,
+        reason: str = "",
+        endpoint_port: int | None = None,
     ) -> Filter:
-        """Flows sent to a NodePort and NATed to ``endpoint_ip``."""
+        """Flows sent to a NodePort and NATed to ``endpoint_ip`` (and ``endpoint_port``)."""
         return cls(
             family_of(endpoint_ip),
             protocol,
             orig_dst_port=port,
             reply_src=endpoint_ip,
+            reply_src_port=endpoint_port,
+            reason=reason,
+        )
+
+    @classmethod
+    def for_entry(cls, entry: Entry, reason: str = "") -> Filter:
+        """The flows to the same frontend through the same endpoint as ``entry`` (what a
+        reconcile deletes: the clients' addresses do not matter)."""
+        return cls(
+            entry.family,
+            entry.protocol,
+            orig_dst=entry.orig_dst,
+            orig_dst_port=entry.orig_dst_port,
+            reply_src=entry.reply_src,
+            reply_src_port=entry.reply_src_port,
             reason=reason,
         )
 
@@ -148,6 +178,8 @@ class Filter:
             out += ["--orig-port-dst", str(self.orig_dst_port)]
         if self.reply_src is not None:
             out += ["--reply-src", self.reply_src]
+        if self.reply_src_port is not None:
+            out += ["--reply-port-src", str(self.reply_src_port)]
         return out
 
     def __str__(self) -> str:
@@ -158,6 +190,8 @@ class Filter:
             parts.append(f"orig-port-dst={self.orig_dst_port}")
         if self.reply_src is not None:
             parts.append(f"reply-src={self.reply_src}")
+        if self.reply_src_port is not None:
+            parts.append(f"reply-port-src={self.reply_src_port}")
         return " ".join(parts)
 
 
@@ -172,39 +206,46 @@ def _service_ips(port: ServicePort, family: IPFamily) -> list[str]:
     return ips + list(port.external_ips_of(family)) + list(port.load_balancer_ips_of(family))
 
 
+def _serving(endpoints: Iterable[Endpoint], family: IPFamily) -> set[tuple[str, int]]:
+    """Upstream's reconciler keeps flows to a serving endpoint, whatever the traffic
+    policies, topology or terminating state: changes to a Service do not break them."""
+    return {(ep.ip, ep.port) for ep in endpoints if ep.serving and ep.family is family}
+
+
 def stale_conntrack_filters(
     services: Mapping[ServicePortName, ServicePort],
+    endpoints: Mapping[ServicePortName, tuple[Endpoint, ...]],
     svc_update: ServiceUpdate,
     ep_update: EndpointsUpdate,
     family: IPFamily,
 ) -> list[Filter]:
-    """The filters one sync calls for in ``family``, deduplicated, in a stable order.
+    """The filters one sync calls for in ``family``, deduplicated, in a stable order:
+    what upstream's reconciler (``CleanStaleEntries``) deletes, for the UDP ServicePorts
+    the sync changed (upstream rescans every one; the others had nothing stale left).
 
-    ``services`` is the ServicePort map after the sync's changes were applied; a
-    ServicePort missing from it is covered by (a) or has nothing to clear.
+    ``services`` and ``endpoints`` are the maps after the sync's changes. A flow is stale
+    when it goes to a frontend of an existing UDP ServicePort (ClusterIP, external and
+    load-balancer IPs at its port; any address at its NodePort) and not to one of its
+    serving endpoints:
+
+    * (a) flows NATed to an endpoint that stopped serving (matched by its address and
+      port) — at the NodePort only while the ServicePort keeps a serving endpoint: with
+      none, upstream leaves NodePort flows alone (matched by port only, they could be
+      anybody's);
+    * (b) flows not NATed at all (the Service IP answers itself) to a ServicePort that
+      got its first serving endpoint or whose Service changed (a new address), and at a
+      NodePort, every flow once the ServicePort serves again (those left while it had
+      none are NATed to endpoints that stopped serving then).
+
+    A deleted Service or port is not looked at, as upstream: its flows are left to
+    their timeouts.
     """
     filters: dict[Filter, None] = {}
+    udp = L4Protocol.UDP
 
     def add(flt: Filter) -> None:
         filters.setdefault(flt, None)
 
-    # (a) A deleted UDP ServicePort: every flow to its ClusterIP (the update carries IPs).
-    for ip in sorted(svc_update.deleted_udp_cluster_ips):
-        if family_of(ip) is family:
-            add(Filter.for_ip(ip, L4Protocol.UDP, reason="deleted UDP service"))
-
-    # (c) First usable endpoint: flows cached while there was none were not NATed.
-    for name in sorted(ep_update.newly_active_udp):
-        port = services.get(name)
-        if port is None:
-            continue
-        reason = f"{name} has endpoints again"
-        for ip in _service_ips(port, family):
-            add(Filter.for_ip(ip, name.protocol, port.port, reason=reason))
-        if port.node_port:
-            add(Filter.for_port(port.node_port, family, name.protocol, reason=reason))
-
-    # (b) An endpoint gone (or no longer usable): flows NATed to it, on every address.
     for name, endpoint in sorted(
         ep_update.deleted_udp_endpoints, key=lambda item: (item[0], item[1].ip, item[1].port)
     ):
@@ -212,12 +253,67 @@ def stale_conntrack_filters(
         if port is None or endpoint.family is not family:
             continue
         reason = f"{name} lost endpoint {endpoint}"
-        if port.node_port:
-            add(Filter.for_port_nat(port.node_port, endpoint.ip, name.protocol, reason=reason))
+        if port.node_port and _serving(endpoints.get(name, ()), family):
+            add(
+                Filter.for_port_nat(
+                    port.node_port, endpoint.ip, udp, reason=reason, endpoint_port=endpoint.port
+                )
+            )
         for ip in _service_ips(port, family):
-            add(Filter.for_nat(ip, endpoint.ip, name.protocol, port.port, reason=reason))
+            add(
+                Filter.for_nat(
+                    ip, endpoint.ip, udp, port.port, reason=reason, endpoint_port=endpoint.port
+                )
+            )
+
+    changed = {n for n in svc_update.changed if n.protocol is udp}
+    for name in sorted(changed | ep_update.newly_active_udp):
+        port = services.get(name)
+        if port is None:
+            continue
+        reason = f"{name} changed: flows not NATed"
+        for ip in _service_ips(port, family):
+            add(Filter.for_nat(ip, ip, udp, port.port, reason=reason))
+        if port.node_port and name in ep_update.newly_active_udp:
+            add(Filter.for_port(port.node_port, family, udp, reason=f"{name} serves again"))
 
     return list(filters)
+
+
+def reconcile(
+    services: Mapping[ServicePortName, ServicePort],
+    endpoints: Mapping[ServicePortName, tuple[Endpoint, ...]],
+    family: IPFamily,
+    entries: Iterable[Entry],
+) -> list[Filter]:
+    """Upstream's reconciler over the whole table (at start-up: what changed while no
+    proxy ran is not in any change): the listed UDP ``entries`` to a frontend of a UDP
+    ServicePort and not to one of its serving endpoints, as one filter per frontend and
+    endpoint (the clients' addresses do not matter)."""
+    by_ip: dict[tuple[str, int], set[tuple[str, int]]] = {}
+    by_node_port: dict[int, set[tuple[str, int]]] = {}
+    for name, port in services.items():
+        if name.protocol is not L4Protocol.UDP:
+            continue
+        serving = _serving(endpoints.get(name, ()), family)
+        for ip in _service_ips(port, family):
+            by_ip[(ip, port.port)] = serving
+        if port.node_port and serving:
+            by_node_port[port.node_port] = serving
+    filters: dict[Filter, None] = {}
+    for entry in entries:
+        if entry.protocol is not L4Protocol.UDP or entry.family is not family:
+            continue
+        served = by_ip.get((_canonical_ip(entry.orig_dst), entry.orig_dst_port))
+        if served is None:
+            served = by_node_port.get(entry.orig_dst_port)
+        if served is not None and (entry.reply_src, entry.reply_src_port) not in served:
+            filters.setdefault(Filter.for_entry(entry, reason="stale at start-up"), None)
+    return list(filters)
+
+
+def _canonical_ip(ip: str) -> str:
+    return ip if PLAIN_IPV4.fullmatch(ip) else str(ipaddress.ip_address(ip))
 
 
 # ------------------------------------------------------------------------ clearing
@@ -242,9 +338,9 @@ def parse_listing(text: str, family: IPFamily, protocol: L4Protocol) -> list[Ent
     out = []
     for line in text.splitlines():
         fields = _FIELD.findall(line)
-        if len(fields) < 5:
+        if len(fields) < 8:
             continue
-        orig = dict(fields[:4])
+        orig, reply = dict(fields[:4]), dict(fields[4:8])
         try:
             out.append(
                 Entry(
@@ -254,7 +350,8 @@ def parse_listing(text: str, family: IPFamily, protocol: L4Protocol) -> list[Ent
                     str(ipaddress.ip_address(orig["dst"])),
                     int(orig["sport"]),
                     int(orig["dport"]),
-                    str(ipaddress.ip_address(fields[4][1])),
+                    str(ipaddress.ip_address(reply["src"])),
+                    int(reply["sport"]),
                 )
             )
         except (KeyError, ValueError):
@@ -307,6 +404,7 @@ class Entry:
     orig_src_port: int
     orig_dst_port: int
     reply_src: str
+    reply_src_port: int = 0
 
     def matches(self, flt: Filter) -> bool:
         return (
@@ -315,6 +413,7 @@ class Entry:
             and flt.orig_dst in (None, self.orig_dst)
             and flt.orig_dst_port in (None, self.orig_dst_port)
             and flt.reply_src in (None, self.reply_src)
+            and flt.reply_src_port in (None, self.reply_src_port)
         )
 
 
@@ -392,7 +491,7 @@ def apply(conntrack: Conntrack, filters: Iterable[Filter]) -> CleanupResult:
     return result
 
 
-_MATCHED_FIELDS = ("orig_dst", "orig_dst_port", "reply_src")
+_MATCHED_FIELDS = ("orig_dst", "orig_dst_port", "reply_src", "reply_src_port")
 
 
 class _Present:

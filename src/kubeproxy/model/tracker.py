@@ -86,8 +86,6 @@ class ServiceUpdate:
     """What ``ServicePortMap.apply`` changed."""
 
     changed: set[ServicePortName] = field(default_factory=set)
-    # ClusterIPs of UDP ServicePorts that went away (conntrack cleanup needs them).
-    deleted_udp_cluster_ips: set[str] = field(default_factory=set)
 
 
 class ServicePortMap(dict[ServicePortName, ServicePort]):
@@ -99,8 +97,6 @@ class ServicePortMap(dict[ServicePortName, ServicePort]):
             for name in before.keys() - after.keys():
                 del self[name]
                 result.changed.add(name)
-                if name.protocol is L4Protocol.UDP:
-                    result.deleted_udp_cluster_ips.update(before[name].cluster_ips)
             for name, port in after.items():
                 if self.get(name) != port:
                     self[name] = port
@@ -226,10 +222,10 @@ class EndpointsUpdate:
     """What ``EndpointsMap.apply`` changed."""
 
     changed: set[ServicePortName] = field(default_factory=set)
-    # UDP endpoints that were usable (ready, or serving and terminating) and no longer are,
-    # whether removed or just gone unusable: their conntrack entries must be flushed.
+    # UDP endpoints that were serving and no longer are (by address and port), whether
+    # removed or just not serving: their conntrack entries must be flushed.
     deleted_udp_endpoints: set[tuple[ServicePortName, Endpoint]] = field(default_factory=set)
-    # UDP ServicePorts that went from no usable endpoint to at least one.
+    # UDP ServicePorts that went from no serving endpoint to at least one.
     newly_active_udp: set[ServicePortName] = field(default_factory=set)
     # endpoints.kubernetes.io/last-change-trigger-time values of the changes, each with
     # its slice's address family.
@@ -264,18 +260,13 @@ def _note_udp_changes(
     old: tuple[Endpoint, ...],
     new: tuple[Endpoint, ...],
 ) -> None:
-    # As upstream (detectStaleConntrackEntries), judged on whether traffic could be sent to
-    # an endpoint, not on mere presence or readiness: an endpoint that stays in the slice
-    # but stops serving still has conntrack entries steering UDP flows to it, and a Service
-    # whose only endpoints are terminating-but-serving ones is already receiving traffic.
-    new_keys = {(ep.ip, ep.port) for ep in new if _usable(ep)}
+    # As upstream's conntrack reconciler: judged on the endpoint's serving condition, not
+    # on presence or readiness: an endpoint that stays in the slice but stops serving
+    # still has conntrack entries steering UDP flows to it, and one that still serves
+    # (terminating, say) keeps its flows whatever the traffic policies now choose.
+    new_keys = {(ep.ip, ep.port) for ep in new if ep.serving}
     for ep in old:
-        if _usable(ep) and (ep.ip, ep.port) not in new_keys:
+        if ep.serving and (ep.ip, ep.port) not in new_keys:
             result.deleted_udp_endpoints.add((name, ep))
-    if not any(_usable(ep) for ep in old) and any(_usable(ep) for ep in new):
+    if not any(ep.serving for ep in old) and any(ep.serving for ep in new):
         result.newly_active_udp.add(name)
-
-
-def _usable(ep: Endpoint) -> bool:
-    """Could receive traffic: ready, or the serving-and-terminating fallback."""
-    return ep.ready or (ep.serving and ep.terminating)
