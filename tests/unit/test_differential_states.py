@@ -83,3 +83,16 @@ def test_hand_written_slices_round_trip_and_are_spelled_as_written() -> None:
     # Their Services select nothing: the EndpointSlice controller leaves them alone.
     services = {s.name: service_object(s, "ns") for s in state.services}
     assert "selector" not in services["dup"]["spec"] and services["six"]["spec"]["selector"]
+
+
+def test_a_case_selects_its_services_probes_and_with_a_port_that_ports_only() -> None:
+    http, other = (
+        [c for c in pinned.CASES if c.service == "zero" and c.port == p][0]
+        for p in ("http", "other")
+    )
+    key = "s900000 zero:{} cluster-ip TCP 10.96.0.1:{} from pod-local"
+    assert http.selects(key.format("http", 80)) and not http.selects(key.format("other", 81))
+    assert other.selects(key.format("other", 81))
+    assert not http.selects("s900000 zeroes:http cluster-ip TCP 10.96.0.1:80 from pod-local")
+    dup = next(c for c in pinned.CASES if c.service == "dup")
+    assert dup.selects("s900000 dup:http cluster-ip TCP 10.96.0.2:80 from pod-local")

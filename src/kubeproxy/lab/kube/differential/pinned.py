@@ -42,6 +42,8 @@ class Case:
     family: str  # "IPv4" or "IPv6": of the probe's destination
     # What upstream answers, by mode (outcome words as the probes record them).
     want: dict[str, frozenset[str]]
+    # One port of the Service (by name); None: every port.
+    port: str | None = None
 
     def selects(self, key: str) -> bool:
         """Whether a probe key (:attr:`~.probes.Probe.key`) is one of this case's."""
@@ -49,8 +51,10 @@ class Case:
         if len(words) != 7 or words[0] != f"s{self.seed}":
             return False
         family = "IPv6" if words[4].count(":") > 1 else "IPv4"
+        service, _, port = words[1].partition(":")
         return (
-            words[1].startswith(f"{self.service}:")
+            service == self.service
+            and self.port in (None, port)
             and words[2] == self.kind
             and words[3] == self.protocol
             and words[6] == self.origin
@@ -113,9 +117,11 @@ CASES: tuple[Case, ...] = (
     Case("same-address-in-two-slices", FIRST_SEED, "dup", "cluster-ip", "pod-local", "TCP",
          "IPv4", dict.fromkeys(BOTH, REFUSED)),
     # A slice port 0 beside a good one: upstream skips that port only (kubeproxy dropped
-    # the slice).
+    # the slice): the Service's port it stands for has no endpoints.
     Case("a-slice-port-0-beside-a-good-one", FIRST_SEED, "zero", "cluster-ip", "pod-local",
-         "TCP", "IPv4", dict.fromkeys(BOTH, SERVED)),
+         "TCP", "IPv4", dict.fromkeys(BOTH, SERVED), port="http"),
+    Case("a-slice-port-0-beside-a-good-one", FIRST_SEED, "zero", "cluster-ip", "pod-local",
+         "TCP", "IPv4", dict.fromkeys(BOTH, REFUSED), port="other"),
     # An endpoint zone with a space and a slash and a zone hint "": unchecked by the
     # API server (a hint is a label value), only compared by upstream, which serves
     # (kubeproxy refused the slice).
