@@ -87,7 +87,7 @@ def test_hand_written_slices_round_trip_and_are_spelled_as_written() -> None:
 
 def test_a_case_selects_its_services_probes_and_with_a_port_that_ports_only() -> None:
     http, other = (
-        [c for c in pinned.CASES if c.service == "zero" and c.port == p][0]
+        next(c for c in pinned.CASES if c.service == "zero" and c.port == p)
         for p in ("http", "other")
     )
     key = "s900000 zero:{} cluster-ip TCP 10.96.0.1:{} from pod-local"
