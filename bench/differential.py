@@ -17,8 +17,9 @@ harness cannot finish (a wait that times out, a proxy that does not start) is wr
 as ``{"seeds": [...], "error": ...}``, its objects deleted and the node reset, and the
 run goes on (three in a row stop it). ``touch DIR/stop`` ends the run before the next
 batch; SIGTERM or SIGINT (even in the background) end it at once, the lab torn down.
-Exits 1 if a difference is not known. CI runs a few fixed seeds
-(tests/realk8s/test_differential.py; in ipvs mode, in the guest:
+Exits 1 if a difference is not known, a batch was not finished, or the API objects of
+a batch changed during its runs (either compared nothing it can vouch for). CI runs a
+few fixed seeds (tests/realk8s/test_differential.py; in ipvs mode, in the guest:
 tests/realk8s/test_differential_ipvs.py). ``--pinned`` adds the hand-made states of
 :mod:`~kubeproxy.lab.kube.differential.pinned` (each difference found and fixed) to the
 first batch: the Services a pinned case has outcomes for in ``--modes`` (the host test,
@@ -208,7 +209,10 @@ def _summary(results: list[ModeResult], failed: list[list[int]], elapsed: float)
     unstable = sum(1 for r in results if r.unstable)
     if unstable:
         print(f"{unstable} batches saw the API objects change during the runs")
-    return 1 if any(k == "UNKNOWN" for _, k, _ in kinds) else 0
+    # A batch not finished, or whose objects moved under the proxies, compared nothing
+    # it can vouch for: the run is not a pass.
+    unknown = any(k == "UNKNOWN" for _, k, _ in kinds)
+    return 1 if unknown or failed or unstable else 0
 
 
 if __name__ == "__main__":
