@@ -3,6 +3,7 @@
     python -m bench.differential [--states 200] [--modes nftables,iptables]
                                  [--first-seed 1000 | --seeds S,S...] [--batch 4]
                                  [--budget full|ci] [--out DIR] [--guest] [--pinned]
+                                 [--configs defaults,masquerade-all,...|all]
 
 (root; the upstream binaries: ``KUBEPROXY_UPSTREAM_BIN`` or scripts/build-upstream.)
 Builds the real-Kubernetes lab (:mod:`kubeproxy.lab.kube`: three nodes in two zones,
@@ -54,6 +55,7 @@ from kubeproxy.lab.kube.cluster import KubeLab, wait_for
 from kubeproxy.lab.kube.differential import pinned
 from kubeproxy.lab.kube.differential import states as st
 from kubeproxy.lab.kube.differential.compare import signature
+from kubeproxy.lab.kube.differential.configs import CONFIGURATIONS, DEFAULT, named
 from kubeproxy.lab.kube.differential.probes import CI_BUDGET
 from kubeproxy.lab.kube.differential.run import Differential, ModeResult
 
@@ -82,8 +84,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--guest", action="store_true", help="inside the UML guest (ipvs)")
     parser.add_argument("--pinned", action="store_true", help="and the pinned states")
     parser.add_argument("--guest-timeout", type=float, default=guest.TIMEOUT, help="seconds")
+    parser.add_argument(
+        "--configs",
+        default=DEFAULT.name,
+        help="configurations, comma-separated, or 'all' "
+        "(kubeproxy.lab.kube.differential.configs; each in each mode it applies to)",
+    )
     args = parser.parse_args(argv)
     modes = args.modes.split(",")
+    try:
+        configs = CONFIGURATIONS if args.configs == "all" else named(args.configs.split(","))
+    except ValueError as err:
+        parser.error(str(err))
     args.out.mkdir(parents=True, exist_ok=True)
     if args.guest and not uml.in_guest():
         return guest.rerun("bench.differential", argv, [args.out], timeout=args.guest_timeout)
@@ -121,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                     if args.pinned and i == 0:
                         states += pinned.states(diff.slots, "node-a", len(batch), modes)
                     try:
-                        for result in diff.run(states, modes):
+                        for result in diff.run(states, modes, configs):
                             results.append(result)
                             _report(result, args.out, time.monotonic() - started)
                     except Exception as err:  # the harness's, not a difference: go on
@@ -149,7 +161,8 @@ def _report(result: ModeResult, out: Path, elapsed: float) -> None:
         f.write(json.dumps(result.to_json()) + "\n")
     unexplained = result.unexplained()
     print(
-        f"[{elapsed:6.0f}s] seeds {result.seeds[0]}-{result.seeds[-1]} {result.mode}: "
+        f"[{elapsed:6.0f}s] seeds {result.seeds[0]}-{result.seeds[-1]} {result.mode}"
+        f"{'' if result.config == DEFAULT.name else f' ({result.config})'}: "
         f"{len(result.upstream)} probes, {result.asked_again} asked again, "
         f"{len(result.differences)} differences ({len(unexplained)} unknown)"
         + (f", UNSTABLE {len(result.unstable)}" if result.unstable else ""),
@@ -195,10 +208,11 @@ def _summary(results: list[ModeResult], failed: list[list[int]], elapsed: float)
     probes: Counter[str] = Counter()
     kinds: Counter[tuple[str, str, str]] = Counter()
     for r in results:
-        by_mode[r.mode] += len(r.seeds)
-        probes[r.mode] += len(r.upstream)
+        mode = r.mode if r.config == DEFAULT.name else f"{r.mode} ({r.config})"
+        by_mode[mode] += len(r.seeds)
+        probes[mode] += len(r.upstream)
         for d in r.differences:
-            kinds[(r.mode, d.known or "UNKNOWN", signature(d))] += 1
+            kinds[(mode, d.known or "UNKNOWN", signature(d))] += 1
     print(f"\n{elapsed / 60:.1f} min")
     for mode in by_mode:
         print(f"{mode}: {by_mode[mode]} states, {probes[mode]} probes")

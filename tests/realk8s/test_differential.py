@@ -30,6 +30,7 @@ import pytest
 from kubeproxy.backends.iptables.names import DISPATCH_PREFIX
 from kubeproxy.lab.kube.cluster import KubeLab, wait_for
 from kubeproxy.lab.kube.differential import pinned
+from kubeproxy.lab.kube.differential.configs import CI_CONFIGURATIONS, DEFAULT
 from kubeproxy.lab.kube.differential.probes import CI_BUDGET
 from kubeproxy.lab.kube.differential.proxies import OURS, PROXIES, UPSTREAM
 from kubeproxy.lab.kube.differential.run import Differential, ModeResult, results_json
@@ -75,11 +76,14 @@ def results(differential: Differential) -> dict[str, ModeResult]:
     states = differential.generate(SEEDS) + pinned.states(
         differential.slots, NODE, first_block=len(SEEDS)
     )
-    done = differential.run(states, MODES)
+    # Besides the defaults, CI's configuration over the pinned state only (a minute).
+    done = differential.run(
+        states, MODES, (DEFAULT, *CI_CONFIGURATIONS), config_seeds={pinned.FIRST_SEED}
+    )
     # For a failure's reader: every record, and where each run's time went.
     (differential.workdir / "results.json").write_text(results_json(done))
     (differential.workdir / "seconds.json").write_text(json.dumps(differential.seconds, indent=1))
-    return {r.mode: r for r in done}
+    return {r.mode if r.config == DEFAULT.name else f"{r.mode} {r.config}": r for r in done}
 
 
 def test_the_fixed_seeds_cover_every_feature_of_the_generator(differential: Differential) -> None:
@@ -87,14 +91,16 @@ def test_the_fixed_seeds_cover_every_feature_of_the_generator(differential: Diff
     assert covered == FEATURES, f"not covered: {sorted(FEATURES - covered)}"
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    "mode", [*MODES, *(f"{m} {c.name}" for c in CI_CONFIGURATIONS for m in MODES)]
+)
 def test_every_probe_goes_where_upstream_sends_it(
     results: dict[str, ModeResult], mode: str
 ) -> None:
     result = results[mode]
     # Both proxies saw the same objects (no resourceVersion moved between the runs).
     assert result.unstable == []
-    assert len(result.upstream) > 100
+    assert len(result.upstream) > (100 if mode in MODES else 30)
     unexplained = result.unexplained()
     assert unexplained == [], "\n".join(d.line() for d in unexplained)
     # The node ended clean after each run's two cleanups, whatever they left.

@@ -328,14 +328,20 @@ class KubeLab:
             token=self.kubeproxy_token(),
         )
 
-    def kubeproxy_command(self, node: str, *args: str) -> list[str]:
-        """``kubeproxy run`` on ``node`` against the API server (``args``: more flags)."""
+    def kubeproxy_command(
+        self,
+        node: str,
+        *args: str,
+        cluster_cidr: Sequence[str] = ("--cluster-cidr", ",".join(CLUSTER_CIDRS)),
+    ) -> list[str]:
+        """``kubeproxy run`` on ``node`` against the API server (``args``: more flags;
+        ``cluster_cidr``: those flags, or none)."""
         return [
             "ip", "netns", "exec", self.nodes[node].netns,
             sys.executable, "-m", "kubeproxy", "run",
             "--kubeconfig", str(self.node_kubeconfig(node)),
             "--hostname-override", node,
-            "--cluster-cidr", ",".join(CLUSTER_CIDRS),
+            *cluster_cidr,
             *args,
         ]  # fmt: skip
 

@@ -45,6 +45,7 @@ from typing import Any
 from kubeproxy.dataplane.nftables.runner import LibNftables
 from kubeproxy.lab.cluster import lab_env, stop_process
 from kubeproxy.lab.kube.cluster import CLUSTER_CIDRS, KubeLab, wait_for
+from kubeproxy.lab.kube.differential.configs import DEFAULT, Configuration
 from kubeproxy.lab.netns import NetnsExecutor, ns_exec, temporary_netns
 from kubeproxy.lab.rulestate import empty_rules, iptables_state, nft_state
 from kubeproxy.lab.uml import in_guest
@@ -261,23 +262,29 @@ class ProxyKind:
 
     name: str
 
-    def command(self, lab: KubeLab, node: str, mode: str) -> list[str]:
+    def command(
+        self, lab: KubeLab, node: str, mode: str, config: Configuration = DEFAULT
+    ) -> list[str]:
         # Upstream's ipvs mode says its sync is done only at verbosity 4 (see synced).
         verbosity = "4" if self.name == UPSTREAM and mode == "ipvs" else "2"
-        flags = ["--proxy-mode", mode, "--conntrack-max-per-core=0", f"--v={verbosity}"]
+        flags = [
+            "--proxy-mode", mode, "--conntrack-max-per-core=0", f"--v={verbosity}",
+            *config.flags,
+        ]  # fmt: skip
         if mode == "ipvs":
             # No periodic resync while the probes run (they take minutes in the guest):
             # upstream's rewrites KUBE-LOAD-BALANCER-SOURCE-CIDR's entries of a /32 source
             # range on every sync (its entry text and the kernel's listing differ), and
             # the rules read before and after the probes must be the same.
             flags.append("--ipvs-sync-period=1h")
+        cluster_cidr = ("--cluster-cidr", ",".join(CLUSTER_CIDRS)) if config.cluster_cidr else ()
         if self.name == OURS:
-            return lab.kubeproxy_command(node, *flags)
+            return lab.kubeproxy_command(node, *flags, cluster_cidr=cluster_cidr)
         return [
             "ip", "netns", "exec", lab.nodes[node].netns, lab.binaries.kube_proxy,
             "--kubeconfig", str(lab.node_kubeconfig(node)),
             "--hostname-override", node,
-            "--cluster-cidr", ",".join(CLUSTER_CIDRS),
+            *cluster_cidr,
             *flags,
         ]  # fmt: skip
 
@@ -295,10 +302,12 @@ class ProxyKind:
         return all(f'"{done}" ipFamily="{f}"' in log for f in ("IPv4", "IPv6"))
 
     @contextlib.contextmanager
-    def running(self, node: Node, mode: str, log: Path) -> Iterator[subprocess.Popen[str]]:
+    def running(
+        self, node: Node, mode: str, log: Path, config: Configuration = DEFAULT
+    ) -> Iterator[subprocess.Popen[str]]:
         """The proxy on ``node`` with its first sync done and its rules steady."""
         log.write_text("")
-        proc = node.lab.spawn(self.command(node.lab, node.name, mode), log)
+        proc = node.lab.spawn(self.command(node.lab, node.name, mode, config), log)
         try:
             wait_for(
                 lambda: (

@@ -30,7 +30,7 @@ import json
 import re
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +53,7 @@ from kubeproxy.lab.kube.differential.compare import (
     disputed,
     explain,
 )
+from kubeproxy.lab.kube.differential.configs import DEFAULT, Configuration
 from kubeproxy.lab.kube.differential.probes import (
     Budget,
     Geometry,
@@ -80,7 +81,7 @@ STICKY = " sticky"
 
 @dataclass
 class ModeResult:
-    """One mode over one batch of states."""
+    """One mode over one batch of states, under one configuration."""
 
     mode: str
     seeds: list[int]
@@ -91,6 +92,7 @@ class ModeResult:
     asked_again: int = 0
     upstream_again: int = 0
     unstable: list[str] = field(default_factory=list)
+    config: str = DEFAULT.name
 
     def unexplained(self) -> list[Difference]:
         return [d for d in self.differences if d.known is None]
@@ -98,6 +100,7 @@ class ModeResult:
     def to_json(self) -> dict[str, Any]:
         return {
             "mode": self.mode,
+            "config": self.config,
             "seeds": self.seeds,
             "probes": len(self.upstream),
             "asked_again": self.asked_again,
@@ -337,32 +340,46 @@ class Differential:
 
     # -------------------------------------------------------------------- runs
 
-    def run(self, states: Sequence[st.State], modes: Sequence[str]) -> list[ModeResult]:
+    def run(
+        self,
+        states: Sequence[st.State],
+        modes: Sequence[str],
+        configs: Sequence[Configuration] = (DEFAULT,),
+        config_seeds: Collection[int] | None = None,
+    ) -> list[ModeResult]:
         """``states`` (in different address blocks, different seeds) side by side, each
-        mode in turn."""
+        configuration in each mode it applies to in turn; with ``config_seeds``, a
+        configuration other than the defaults asks only the probes of those seeds'
+        states (CI: the small pinned state)."""
         seeds = [s.seed for s in states]
         assert len({s.block for s in states}) == len(states) == len(set(seeds))
         (self.workdir / f"states-{seeds[0]}.json").write_text(st.dumps(states))
         results = []
         with self.applied(states) as probes:
             before = self.fingerprint(states)
-            for mode in modes:
-                result = self.run_mode(mode, probes)
-                result.seeds = list(seeds)
-                after = self.fingerprint(states)
-                result.unstable = sorted(
-                    k for k in set(before) | set(after) if before.get(k) != after.get(k)
-                )
-                results.append(result)
+            for config in configs:
+                asked = probes
+                if config != DEFAULT and config_seeds is not None:
+                    asked = [p for p in probes if p.seed in config_seeds]
+                for mode in (m for m in modes if config.applies_to(m)):
+                    result = self.run_mode(mode, asked, config)
+                    result.seeds = list(seeds)
+                    after = self.fingerprint(states)
+                    result.unstable = sorted(
+                        k for k in set(before) | set(after) if before.get(k) != after.get(k)
+                    )
+                    results.append(result)
         return results
 
-    def run_mode(self, mode: str, probes: Sequence[Probe]) -> ModeResult:
+    def run_mode(
+        self, mode: str, probes: Sequence[Probe], config: Configuration = DEFAULT
+    ) -> ModeResult:
         by_key = {p.key: p for p in probes}
 
         def again(keys: Sequence[str]) -> list[Probe]:
             return sorted({by_key[k.removesuffix(STICKY)] for k in keys})
 
-        up, up_facts = self._run(PROXIES[UPSTREAM], mode, probes, self.budget)
+        up, up_facts = self._run(PROXIES[UPSTREAM], mode, probes, self.budget, config=config)
         asked_again: list[str] = []
 
         def resolve(ours: Record) -> None:
@@ -372,10 +389,14 @@ class Differential:
             if keys:
                 ours.update(self._ask(again(keys), self.budget.wider()))
 
-        ours, ours_facts = self._run(PROXIES[OURS], mode, probes, self.budget, resolve)
+        ours, ours_facts = self._run(
+            PROXIES[OURS], mode, probes, self.budget, resolve, config=config
+        )
         still = disputed(up, ours)
         if still:
-            up_again, _ = self._run(PROXIES[UPSTREAM], mode, again(still), self.budget.wider())
+            up_again, _ = self._run(
+                PROXIES[UPSTREAM], mode, again(still), self.budget.wider(), config=config
+            )
             up.update(up_again)
         differences = compare(mode, up, ours) + compare_facts(mode, up_facts, ours_facts)
         return ModeResult(
@@ -387,6 +408,7 @@ class Differential:
             differences=[explain(d) for d in differences],
             asked_again=len(asked_again),
             upstream_again=len(still),
+            config=config.name,
         )
 
     def _ask(self, probes: Sequence[Probe], budget: Budget) -> Record:
@@ -401,6 +423,8 @@ class Differential:
         probes: Sequence[Probe],
         budget: Budget,
         then: Any = None,
+        *,
+        config: Configuration = DEFAULT,
     ) -> tuple[dict[str, Counter[str]], dict[str, str]]:
         """``proxy`` in ``mode`` from a clean node: the probes' record, and the facts of
         the run (what it set, which iptables it used, what the other's cleanup left)."""
@@ -412,9 +436,11 @@ class Differential:
             )
         self._runs += 1
         name = f"{self._runs:03d}-{proxy.name}-{mode}"
+        if config != DEFAULT:
+            name += f"-{config.name}"
         log = self.workdir / f"{name}.log"
         started = time.monotonic()
-        with proxy.running(node, mode, log):
+        with proxy.running(node, mode, log, config):
             ready = time.monotonic()
             sysctls = node.sysctls()
             rules = node.rules()
