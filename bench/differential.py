@@ -52,8 +52,9 @@ from bench import guest
 from kubeproxy.lab import uml
 from kubeproxy.lab.kube.binaries import find
 from kubeproxy.lab.kube.cluster import KubeLab, wait_for
-from kubeproxy.lab.kube.differential import pinned
+from kubeproxy.lab.kube.differential import changes, pinned
 from kubeproxy.lab.kube.differential import states as st
+from kubeproxy.lab.kube.differential.changerun import run_changes
 from kubeproxy.lab.kube.differential.compare import signature
 from kubeproxy.lab.kube.differential.configs import CONFIGURATIONS, DEFAULT, named
 from kubeproxy.lab.kube.differential.probes import CI_BUDGET
@@ -85,6 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pinned", action="store_true", help="and the pinned states")
     parser.add_argument("--guest-timeout", type=float, default=guest.TIMEOUT, help="seconds")
     parser.add_argument(
+        "--changes",
+        action="store_true",
+        help="change sequences instead of states (kubeproxy.lab.kube.differential.changes): "
+        "--states of them, from --first-seed (default 500000)",
+    )
+    parser.add_argument(
         "--configs",
         default=DEFAULT.name,
         help="configurations, comma-separated, or 'all' "
@@ -100,10 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.guest and not uml.in_guest():
         return guest.rerun("bench.differential", argv, [args.out], timeout=args.guest_timeout)
     guest.inside()
+    first = args.first_seed
+    if args.changes and first == parser.get_default("first_seed"):
+        first = changes.FIRST_SEED
     seeds = (
         [int(s) for s in args.seeds.split(",")]
         if args.seeds
-        else list(range(args.first_seed, args.first_seed + args.states))
+        else list(range(first, first + args.states))
     )
     results: list[ModeResult] = []
     failed: list[list[int]] = []
@@ -129,11 +139,23 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"{args.out / 'stop'} found: stopped before seed {seeds[i]}")
                         break
                     batch = seeds[i : i + args.batch]
-                    states = diff.generate(batch)
-                    if args.pinned and i == 0:
+                    if args.changes:
+                        sequences = [
+                            changes.generate(seed, diff.slots, "node-a", block)
+                            for block, seed in enumerate(batch)
+                        ]
+                        states = [s.start for s in sequences]
+                    else:
+                        states = diff.generate(batch)
+                    if args.pinned and i == 0 and not args.changes:
                         states += pinned.states(diff.slots, "node-a", len(batch), modes)
                     try:
-                        for result in diff.run(states, modes, configs):
+                        done = (
+                            run_changes(diff, sequences, modes, configs)
+                            if args.changes
+                            else diff.run(states, modes, configs)
+                        )
+                        for result in done:
                             results.append(result)
                             _report(result, args.out, time.monotonic() - started)
                     except Exception as err:  # the harness's, not a difference: go on

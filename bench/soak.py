@@ -336,7 +336,10 @@ _CT_FIELD = re.compile(r"(src|dst)=(\S+)")
 
 
 def stale_conntrack(listing: str, fleet: Fleet) -> list[str]:
-    """UDP entries whose ClusterIP is gone or whose endpoint its Service no longer has."""
+    """UDP entries to a live Service's ClusterIP and to an endpoint it no longer has.
+    (Flows to a deleted Service's ClusterIP are left to their timeouts, as upstream's
+    conntrack reconciler leaves them: docs/differences-from-upstream.md,
+    udp-conntrack-reconciler.)"""
     endpoints = {cluster_ip(i): set(fleet.live[i]) for i in fleet.udp_services()}
     stale = []
     for line in listing.splitlines():
@@ -344,7 +347,7 @@ def stale_conntrack(listing: str, fleet: Fleet) -> list[str]:
         if len(fields) < 4:
             continue
         cluster, endpoint = fields[1][1], fields[2][1]
-        if cluster.startswith("10.96.") and endpoint not in endpoints.get(cluster, ()):
+        if cluster in endpoints and endpoint not in endpoints[cluster]:
             stale.append(line.strip())
     return stale
 

@@ -143,9 +143,11 @@ def differences(before: dict[str, str], after: dict[str, str]) -> list[str]:
         old, new = before.get(key, "<absent>"), after.get(key, "<absent>")
         if old == new:
             continue
-        if "\n" in old or "\n" in new:
-            gone = sorted(set(old.splitlines()) - set(new.splitlines()))
-            added = sorted(set(new.splitlines()) - set(old.splitlines()))
+        lists = key in (str(PARSE_CACHE), "links")  # names, space-separated
+        if "\n" in old or "\n" in new or lists:
+            split = str.split if lists else str.splitlines
+            gone = sorted(set(split(old)) - set(split(new)))
+            added = sorted(set(split(new)) - set(split(old)))
             what = "; ".join(
                 [f"+ {line.strip()}" for line in added[:3]]
                 + [f"- {line.strip()}" for line in gone[:3]]

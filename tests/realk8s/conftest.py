@@ -27,6 +27,8 @@ import pytest
 from kubeproxy.lab.echo import Reply, tcp_ask
 from kubeproxy.lab.kube.binaries import Binaries, MissingBinariesError, find
 from kubeproxy.lab.kube.cluster import KubeLab, wait_for
+from kubeproxy.lab.kube.differential.probes import CI_BUDGET
+from kubeproxy.lab.kube.differential.run import Differential
 from kubeproxy.lab.netns import list_netns
 from tests.conftest import IS_ROOT
 
@@ -72,6 +74,39 @@ def kube(binaries: Binaries) -> Iterator[KubeLab]:
             lab.close()
     leftovers = [ns for ns in list_netns() if ns.startswith(prefix)]
     assert not leftovers, f"namespaces left behind: {leftovers}"
+
+
+# The node the differential tests compare on (its session kubeproxy stops meanwhile).
+DIFFERENTIAL_NODE = "node-a"
+_DIFFERENTIALS = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def differential(kube: KubeLab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Differential]:
+    """The differential on node-a (tests/realk8s/test_differential*.py): node-a's session
+    kubeproxy stops for the module and is started again afterwards, on a node cleaned of
+    everything the comparison ran."""
+    node = DIFFERENTIAL_NODE
+    # Each module's own: the previous one's pool namespace may still be terminating.
+    prefix = f"d{os.getpid() % 10000}x{next(_DIFFERENTIALS)}"
+    kube.stop_kubeproxy(node)
+    diff = Differential(
+        kube, node, prefix, Path(tmp_path_factory.mktemp("differential")), budget=CI_BUDGET
+    )
+    try:
+        diff.setup()
+        yield diff
+    finally:
+        diff.close()
+        kube.api().delete("Namespace", prefix)
+        diff.node.reset()
+        synced = proxy_log(kube, node).count("Synced full rules")
+        kube.start_kubeproxy(node, *PROXY_FLAGS)
+        wait_for(
+            lambda: proxy_log(kube, node).count("Synced full rules") > synced,
+            timeout=60,
+            what=f"the session's kubeproxy back on {node}",
+        )
 
 
 def proxy_log(lab: KubeLab, node: str) -> str:

@@ -21,54 +21,27 @@ node cleaned of everything the comparison ran.
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from kubeproxy.backends.iptables.names import DISPATCH_PREFIX
-from kubeproxy.lab.kube.cluster import KubeLab, wait_for
+from kubeproxy.lab.kube.cluster import wait_for
 from kubeproxy.lab.kube.differential import pinned
 from kubeproxy.lab.kube.differential.configs import CI_CONFIGURATIONS, DEFAULT
-from kubeproxy.lab.kube.differential.probes import CI_BUDGET
 from kubeproxy.lab.kube.differential.proxies import OURS, PROXIES, UPSTREAM
 from kubeproxy.lab.kube.differential.run import Differential, ModeResult, results_json
 from kubeproxy.lab.kube.differential.states import FEATURES, features
-from tests.realk8s.conftest import PROXY_FLAGS, proxy_log
+from tests.realk8s.conftest import DIFFERENTIAL_NODE
 
 # The comparison runs once for the module, in the first test that needs it: several
 # minutes on a busy machine (bench/RESULTS.md has the times).
 pytestmark = pytest.mark.timeout(1200)
 
-NODE = "node-a"
+NODE = DIFFERENTIAL_NODE
 # Two states with every feature between them (the ipvs test's seeds too; 24, 389 and 395
 # before 2026-11-29: one state less is about a minute less of CI).
 SEEDS = (593, 1550)
 MODES = ("nftables", "iptables")
-
-
-@pytest.fixture(scope="module")
-def differential(kube: KubeLab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Differential]:
-    prefix = f"d{os.getpid() % 10000}"
-    kube.stop_kubeproxy(NODE)
-    diff = Differential(
-        kube, NODE, prefix, Path(tmp_path_factory.mktemp("differential")), budget=CI_BUDGET
-    )
-    try:
-        diff.setup()
-        yield diff
-    finally:
-        diff.close()
-        kube.api().delete("Namespace", prefix)
-        diff.node.reset()
-        synced = proxy_log(kube, NODE).count("Synced full rules")
-        kube.start_kubeproxy(NODE, *PROXY_FLAGS)
-        wait_for(
-            lambda: proxy_log(kube, NODE).count("Synced full rules") > synced,
-            timeout=60,
-            what=f"the session's kubeproxy back on {NODE}",
-        )
 
 
 @pytest.fixture(scope="module")

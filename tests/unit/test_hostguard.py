@@ -52,3 +52,13 @@ def test_a_ruleset_difference_names_the_lines() -> None:
     after = {"rules nftables": "table inet mine {\n}\ntable ip kube-proxy {\n}", "x": "1"}
     assert differences(before, after) == ["rules nftables changed: + table ip kube-proxy {"]
     assert differences(before, before) == []
+
+
+def test_a_list_of_names_difference_names_what_came_and_went() -> None:
+    key = "/var/cache/kubeproxy/manifests"
+    before = {key: "a.cache b.cache", "links": "eth0 lo"}
+    after = {key: "b.cache c.cache", "links": "eth0 lo vp0"}
+    assert differences(before, after) == [
+        f"{key} changed: + c.cache; - a.cache",
+        "links changed: + vp0",
+    ]

@@ -321,6 +321,13 @@ class ProxyKind:
         finally:
             stop_process(proc)
 
+    def syncs(self, log: str) -> int:
+        """How many syncs the log shows done (upstream: one per family, at -v=2; its ipvs
+        mode's at -v=4)."""
+        if self.name == OURS:
+            return log.count("Synced ")
+        return log.count("SyncProxyRules complete") + log.count("syncProxyRules complete")
+
     def idle(self, log: str, mode: str) -> bool:
         """No sync in progress, as far as the log tells (upstream's ipvs mode logs each
         sync's start and end at -v=4; the others: assumed)."""

@@ -387,7 +387,7 @@ class Differential:
             keys = disputed(up, ours)
             asked_again.extend(keys)
             if keys:
-                ours.update(self._ask(again(keys), self.budget.wider()))
+                ours.update(self.ask(again(keys), self.budget.wider()))
 
         ours, ours_facts = self._run(
             PROXIES[OURS], mode, probes, self.budget, resolve, config=config
@@ -411,7 +411,7 @@ class Differential:
             config=config.name,
         )
 
-    def _ask(self, probes: Sequence[Probe], budget: Budget) -> Record:
+    def ask(self, probes: Sequence[Probe], budget: Budget) -> Record:
         assert self.prober is not None, "setup() first"
         forget = self.node.affinity_forgetter() if any(p.affinity for p in probes) else None
         return self.prober.run(probes, budget, forget)
@@ -444,7 +444,7 @@ class Differential:
             ready = time.monotonic()
             sysctls = node.sysctls()
             rules = node.rules()
-            record = self._ask(probes, budget)
+            record = self.ask(probes, budget)
             asked = time.monotonic()
             if then is not None:
                 then(record)

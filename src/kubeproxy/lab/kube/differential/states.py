@@ -105,6 +105,11 @@ class ServiceState:
     topology: str | None = None
     proxy_name: str | None = None
     cluster_ips: tuple[str, ...] = ()
+    # Given rather than allocated (change sequences: both proxies' runs must see the
+    # same numbers, and a Service turning NodePort must get the same ones each time):
+    # one per port, and the health check's with externalTrafficPolicy Local.
+    node_ports: tuple[int, ...] = ()
+    health_node_port: int | None = None
 
     def selects(self, pod: PodState) -> bool:
         """As the EndpointSlice controller: a Service without a selector selects none
@@ -165,6 +170,7 @@ class State:
                     "lb_ips": tuple(s["lb_ips"]),
                     "source_ranges": tuple(s["source_ranges"]),
                     "cluster_ips": tuple(s["cluster_ips"]),
+                    "node_ports": tuple(s.get("node_ports", ())),
                 }
             )
             for s in data["services"]
@@ -432,8 +438,13 @@ def service_object(svc: ServiceState, namespace: str) -> Obj:
     if svc.cluster_ips:
         spec["clusterIP"] = svc.cluster_ips[0]
         spec["clusterIPs"] = list(svc.cluster_ips)
+    if svc.node_ports and svc.type != "ClusterIP":
+        for port, node_port in zip(spec["ports"], svc.node_ports, strict=True):
+            port["nodePort"] = node_port
     if svc.external_traffic_policy:
         spec["externalTrafficPolicy"] = svc.external_traffic_policy
+        if svc.health_node_port and svc.external_traffic_policy == "Local":
+            spec["healthCheckNodePort"] = svc.health_node_port
     if svc.affinity_timeout is not None:
         spec["sessionAffinity"] = "ClientIP"
         spec["sessionAffinityConfig"] = {"clientIP": {"timeoutSeconds": svc.affinity_timeout}}
