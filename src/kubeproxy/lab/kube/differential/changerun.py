@@ -259,11 +259,12 @@ def reconcile(
     for slot, pod in olds.items():
         now = news.get(slot)
         if now is None or (pod.terminating and not now.terminating):
-            _delete_pod(diff, ns, pod)
+            diff.remove_pod(ns, pod)
+            wait_for(lambda p=pod: _gone(diff, "Pod", p.slot, ns), what=f"{ns}/{pod.slot} deleted")
     for slot, pod in news.items():
         was = olds.get(slot)
         if was is None or (was.terminating and not pod.terminating):
-            _create_pod(diff, ns, pod)
+            diff.create_pod(ns, pod)
             continue
         if was.labels != pod.labels:
             labels = {k: pod.labels.get(k) for k in was.labels.keys() | pod.labels.keys()}
@@ -272,7 +273,7 @@ def reconcile(
             api.patch_status("Pod", slot, pod_status(diff.pods[slot], pod.ready), ns)
         if pod.terminating and not was.terminating:
             api.patch("Pod", slot, {"metadata": {"finalizers": [st.HOLD]}}, ns)
-            _terminate(diff, ns, slot)
+            diff.terminate_pod(ns, slot)
     old_services = {s.name: s for s in old.services}
     for svc in new.services:
         if svc.name in recreated:
@@ -292,37 +293,6 @@ def reconcile(
         ingress = [{"ip": ip, "ipMode": svc.lb_ip_mode} for ip in svc.lb_ips]
         status = {"status": {"loadBalancer": {"ingress": ingress or None}}}
         api.patch_status("Service", svc.name, status, ns)
-
-
-def _create_pod(diff: Differential, ns: str, pod: st.PodState) -> None:
-    diff.api.create(st.pod_object(pod, ns))
-    diff.api.patch_status("Pod", pod.slot, pod_status(diff.pods[pod.slot], pod.ready), ns)
-    if pod.terminating:
-        _terminate(diff, ns, pod.slot)
-
-
-def _terminate(diff: Differential, ns: str, slot: str) -> None:
-    diff.api.request(
-        "DELETE",
-        f"/api/v1/namespaces/{ns}/pods/{slot}",
-        {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 30},
-    )
-
-
-def _delete_pod(diff: Differential, ns: str, pod: st.PodState) -> None:
-    api = diff.api
-    try:
-        if pod.terminating:
-            api.patch("Pod", pod.slot, {"metadata": {"finalizers": None}}, ns)
-        api.request(
-            "DELETE",
-            f"/api/v1/namespaces/{ns}/pods/{pod.slot}",
-            {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0},
-        )
-    except ApiError as err:
-        if err.code != 404:
-            raise
-    wait_for(lambda: _gone(diff, "Pod", pod.slot, ns), what=f"{ns}/{pod.slot} deleted")
 
 
 def _gone(diff: Differential, kind: str, name: str, ns: str) -> bool:

@@ -209,14 +209,7 @@ class Differential:
                 lambda: _condition(api.get("ServiceCIDR", name), "Ready"), what=f"{name} ready"
             )
         for pod in state.pods:
-            api.create(st.pod_object(pod, ns))
-            api.patch_status("Pod", pod.slot, pod_status(self.pods[pod.slot], pod.ready), ns)
-            if pod.terminating:
-                api.request(
-                    "DELETE",
-                    f"/api/v1/namespaces/{ns}/pods/{pod.slot}",
-                    {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 30},
-                )
+            self.create_pod(ns, pod)
         for svc in state.services:
             api.create(st.service_object(svc, ns))
             if svc.lb_ips:
@@ -224,6 +217,37 @@ class Differential:
         where = {slot: (p.node.name, p.ips[0], p.ips[1]) for slot, p in self.pods.items()}
         for es in state.slices:
             api.create(st.slice_object(es, ns, where))
+
+    def create_pod(self, ns: str, pod: st.PodState) -> None:
+        """The Pod object over its slot, its status as a kubelet writes it; a
+        terminating one deleted (its finalizer holds it)."""
+        self.api.create(st.pod_object(pod, ns))
+        self.api.patch_status("Pod", pod.slot, pod_status(self.pods[pod.slot], pod.ready), ns)
+        if pod.terminating:
+            self.terminate_pod(ns, pod.slot)
+
+    def terminate_pod(self, ns: str, slot: str) -> None:
+        """Delete with a grace period: a Pod whose finalizer holds it stays Terminating."""
+        self.api.request(
+            "DELETE",
+            f"/api/v1/namespaces/{ns}/pods/{slot}",
+            {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 30},
+        )
+
+    def remove_pod(self, ns: str, pod: st.PodState) -> None:
+        """Gone at once (finalizer dropped, no grace), if it is there at all."""
+        api = self.api
+        try:
+            if pod.terminating:
+                api.patch("Pod", pod.slot, {"metadata": {"finalizers": None}}, ns)
+            api.request(
+                "DELETE",
+                f"/api/v1/namespaces/{ns}/pods/{pod.slot}",
+                {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0},
+            )
+        except ApiError as err:
+            if err.code != 404:
+                raise
 
     def _namespace(self, name: str) -> None:
         """``name`` exists (made here if not), with the default ServiceAccount the
@@ -266,17 +290,7 @@ class Differential:
     def delete(self, state: st.State) -> None:
         api, ns = self.api, self.namespace(state.seed)
         for pod in state.pods:
-            try:
-                if pod.terminating:
-                    api.patch("Pod", pod.slot, {"metadata": {"finalizers": None}}, ns)
-                api.request(
-                    "DELETE",
-                    f"/api/v1/namespaces/{ns}/pods/{pod.slot}",
-                    {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0},
-                )
-            except ApiError as err:
-                if err.code != 404:
-                    raise
+            self.remove_pod(ns, pod)
         api.delete("Namespace", ns)
         if state.service_cidrs:
             api.delete("ServiceCIDR", f"{ns}-cidr")
