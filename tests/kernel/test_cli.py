@@ -22,6 +22,9 @@ def kubeproxy(
     *args: str, ns: str | None = None, unprivileged: bool = False, input: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "kubeproxy", *args]
+    if args[:1] == ("run",) and "--manifests" in args:
+        # No parse cache: the machine's /var/cache is not the suite's to fill.
+        cmd += ["--manifests-cache-dir", ""]
     if unprivileged:
         # Same uid (so the checkout stays readable wherever CI put it) but no capability
         # at all: no CAP_NET_ADMIN, so any attempt to touch nftables would fail.

@@ -43,6 +43,8 @@ class Node:
         command = [
             "ip", "netns", "exec", self.name, sys.executable, "-m", "kubeproxy", "run",
             "--manifests", str(manifests), "--hostname-override", NODE,
+            # The parse cache beside the manifests, not in the machine's /var/cache.
+            "--manifests-cache-dir", str(manifests.parent / "parse-cache"),
             "--proxy-mode", "nftables", *flags,  # a test's own --proxy-mode comes last
         ]  # fmt: skip
         with open(log, "w") as out:

@@ -88,6 +88,8 @@ def test_a_refused_start_changes_nothing(
         result = lab.run(
             lab.kubeproxy_command(
                 "run",
+                "--manifests-cache-dir",
+                str(lab.cache_dir),
                 "--manifests",
                 str(serving.path),
                 "--hostname-override",
@@ -204,6 +206,8 @@ def test_a_blank_mode_is_iptables_with_node_ports_on_every_local_address(
             lab.kubeproxy_command(
                 "run",
                 "--once",
+                "--manifests-cache-dir",
+                str(lab.cache_dir),
                 "--manifests",
                 str(manifests.path),
                 "--hostname-override",
