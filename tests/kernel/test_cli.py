@@ -239,10 +239,15 @@ def test_version_and_the_v_shorthand() -> None:
         # CVE-2020-8558: never without a loopback NodePort address (as upstream).
         ("iptables", ("--nodeport-addresses", "10.0.0.0/8"), "0"),
         ("iptables", ("--nodeport-addresses", "primary"), "0"),
+        ("iptables", ("--nodeport-addresses", "primary,10.0.0.0/8"), "0"),
+        # v1.37's keywords: localhost is 127.0.0.0/8 and ::1/128, all is 0.0.0.0/0 and ::/0.
+        ("iptables", ("--nodeport-addresses", "primary,localhost"), "1"),
+        ("iptables", ("--nodeport-addresses", "all"), "1"),
         ("iptables", ("--nodeport-addresses", "fd00::/8"), "1"),  # no IPv4 CIDR: all of it
         ("iptables", ("--iptables-localhost-nodeports=false",), "0"),
         ("nftables", (), "0"),
         ("nftables", ("--nodeport-addresses", "0.0.0.0/0"), "0"),
+        ("nftables", ("--nodeport-addresses", "localhost"), "0"),
     ],
 )
 def test_init_only_sets_the_node_up_and_programs_nothing(

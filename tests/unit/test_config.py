@@ -417,7 +417,7 @@ def test_messages_use_upstreams_wording() -> None:
         oom_score_adj=1001,
         conntrack=dataclasses.replace(base.conntrack, udp_timeout=NEGATIVE),
         detect_local_mode="Nope",
-        node_port_addresses=("primary", "10.0.0.0/8"),
+        node_port_addresses=("primary", "10.0.0.0/8", "all", "primary", "10.0.0.1"),
         port_range="2000-300",
     )
     assert validate(cfg) == [
@@ -426,7 +426,9 @@ def test_messages_use_upstreams_wording() -> None:
         "oomScoreAdj: Invalid value: 1001: must be within the range [-1000, 1000]",
         "nftables.minSyncPeriod: Invalid value: -1s: must be greater than or equal to 0",
         'portRange: Invalid value: "2000-300": must be a valid port range (e.g. 300-2000)',
-        "nodePortAddresses[0]: Invalid value: \"primary\": can't use both 'primary' and CIDRs",
+        'nodePortAddresses[3]: Duplicate value: "primary"',
+        'nodePortAddresses[4]: Invalid value: "10.0.0.1": must be a valid CIDR or one of the '
+        "keywords 'primary', 'localhost', 'all'",
         'detectLocalMode: Unsupported value: "Nope": supported values: "ClusterCIDR", '
         '"NodeCIDR", "BridgeInterface", "InterfaceNamePrefix", ""',
     ]

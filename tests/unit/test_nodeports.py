@@ -57,11 +57,45 @@ def test_parse(values: list[str], cidrs: tuple[str, ...], primary: bool) -> None
     assert npa.primary is primary
 
 
-@pytest.mark.parametrize("values", [["primary", "10.0.0.0/8"], ["10.0.0.0/8,primary"]])
-def test_primary_and_cidrs_do_not_mix(values: list[str]) -> None:
-    # As upstream's validation: "can't use both 'primary' and CIDRs".
-    with pytest.raises(ValueError, match="both 'primary' and CIDRs"):
-        NodePortAddresses.parse(values)
+@pytest.mark.parametrize(
+    ("values", "cidrs", "primary"),
+    [
+        (["primary", "10.0.0.0/8"], ("10.0.0.0/8",), True),
+        (["10.0.0.0/8,primary"], ("10.0.0.0/8",), True),
+        (["localhost"], ("127.0.0.0/8", "::1/128"), False),
+        (["all"], ("0.0.0.0/0", "::/0"), False),
+        (["primary,localhost", "fd00::/64"], ("127.0.0.0/8", "::1/128", "fd00::/64"), True),
+    ],
+)
+def test_keywords_and_cidrs_mix(values: list[str], cidrs: tuple[str, ...], primary: bool) -> None:
+    # v1.37 (expandNodePortAddressKeywords): any mix of keywords and CIDRs.
+    npa = NodePortAddresses.parse(values)
+    assert (npa.cidrs, npa.primary) == (cidrs, primary)
+    assert NodePortAddresses.parse([str(npa)]) == npa
+
+
+@pytest.mark.parametrize(
+    ("values", "family", "primary_ip", "expected"),
+    [
+        (["primary", "10.0.0.0/8"], V4, "172.16.0.1", ("172.16.0.1/32", "10.0.0.0/8")),
+        (["primary", "10.0.0.0/8"], V6, "fd00::1", ("fd00::1/128",)),
+        # A loopback primary IP is skipped; the CIDRs stay.
+        (["primary", "10.0.0.0/8"], V4, "127.0.0.1", ("10.0.0.0/8",)),
+        (["localhost"], V6, "fd00::1", ("::1/128",)),
+        (["primary", "localhost"], V4, "10.0.0.1", ("10.0.0.1/32", "127.0.0.0/8")),
+    ],
+)
+def test_keywords_resolve_per_family(
+    values: list[str], family: IPFamily, primary_ip: str, expected: tuple[str, ...]
+) -> None:
+    assert NodePortAddresses.parse(values).for_family(family, primary_ip) == FamilyNodePorts(
+        False, expected
+    )
+
+
+def test_all_is_every_address() -> None:
+    for family, ip in ((V4, "10.0.0.1"), (V6, "fd00::1")):
+        assert NodePortAddresses.parse(["all", "primary"]).for_family(family, ip).match_all
 
 
 def test_parse_accepts_tuple() -> None:
@@ -168,6 +202,13 @@ def test_default_is_primary_and_an_empty_flag_every_address() -> None:
         # CVE-2020-8558: never when the IPv4 NodePort addresses leave loopback out.
         (["10.0.0.0/8"], (V4,), True, False),
         (["primary"], (V4,), True, False),
+        (["primary", "10.0.0.0/8"], (V4,), True, False),
+        (["primary", "localhost"], (V4,), True, True),
+        (["all"], (V4,), True, True),
+        # upstream: a loopback network, or one holding 127.0.0.0
+        (["127.0.0.5/32"], (V4,), True, True),
+        (["96.0.0.0/3"], (V4,), True, True),
+        (["128.0.0.0/1"], (V4,), True, False),
         ([], (V4,), False, False),  # iptables.localhostNodePorts false, or not iptables
         ([], (V6,), True, False),  # IPv4 not served: no IPv4 localhost NodePorts
     ],

@@ -310,8 +310,9 @@ def test_nodeport_addresses_flag() -> None:
     primary = NodePortAddresses.parse(["primary"])
     assert primary.for_family(IPFamily.IPv4, "10.1.2.3").ranges == ("10.1.2.3/32",)
     assert primary.for_family(IPFamily.IPv6, None).match_all
-    with pytest.raises(ValueError, match="both 'primary' and CIDRs"):
-        NodePortAddresses.parse(["primary,10.0.0.0/8"])
+    # v1.37: the keywords mix with CIDRs.
+    mixed = NodePortAddresses.parse(["primary,10.0.0.0/8"])
+    assert mixed.for_family(IPFamily.IPv4, "172.16.0.1").ranges == ("172.16.0.1/32", "10.0.0.0/8")
 
 
 def test_table_text_is_declarative_and_ordered() -> None:

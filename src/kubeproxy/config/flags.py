@@ -220,7 +220,8 @@ FLAGS: tuple[FlagSpec, ...] = (
         "nodeport-addresses",
         "nodePortAddresses",
         "list",
-        "CIDRs, or 'primary', whose node IPs accept NodePort traffic",
+        "CIDRs and the keywords 'primary', 'localhost', 'all': the node IPs that "
+        "accept NodePort traffic",
     ),
     FlagSpec(
         "masquerade-all",

@@ -36,6 +36,8 @@ WINDOWS_PROXY_MODES = ("kernelspace",)
 LOCAL_MODES = ("ClusterCIDR", "NodeCIDR", "BridgeInterface", "InterfaceNamePrefix", "")
 LOG_FORMATS = ("json", "text")
 NODE_PORT_ADDRESSES_PRIMARY = "primary"
+# v1.37's keywords, each a set of CIDRs: the node's primary IPs, loopback, everything.
+NODE_PORT_ADDRESS_KEYWORDS = (NODE_PORT_ADDRESSES_PRIMARY, "localhost", "all")
 
 # Go's int32 and uint32 ranges (a field's ``kind`` in its metadata).
 INT32 = (-(2**31), 2**31 - 1)

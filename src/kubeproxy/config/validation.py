@@ -27,7 +27,7 @@ from kubeproxy.config.types import (
     LINUX_PROXY_MODES,
     LOCAL_MODES,
     LOG_FORMATS,
-    NODE_PORT_ADDRESSES_PRIMARY,
+    NODE_PORT_ADDRESS_KEYWORDS,
     OUR_PROXY_MODES,
     WINDOWS_PROXY_MODES,
     KubeProxyConfiguration,
@@ -245,16 +245,22 @@ def host_port_errors(text: str, path: str) -> list[FieldError]:
 
 
 def _node_port_addresses(values: Sequence[str]) -> list[FieldError]:
+    # v1.37: keywords and CIDRs mix freely; a keyword may appear once.
     errs = []
+    seen: set[str] = set()
     for i, value in enumerate(values):
-        if value == NODE_PORT_ADDRESSES_PRIMARY:
-            if i != 0 or len(values) != 1:
-                errs.append(
-                    _invalid(f"nodePortAddresses[{i}]", value, "can't use both 'primary' and CIDRs")
+        if value in NODE_PORT_ADDRESS_KEYWORDS:
+            if value in seen:
+                errs.append(FieldError(f"nodePortAddresses[{i}]", "Duplicate value", value, ""))
+            seen.add(value)
+        elif not _is_cidr(value):
+            errs.append(
+                _invalid(
+                    f"nodePortAddresses[{i}]",
+                    value,
+                    "must be a valid CIDR or one of the keywords 'primary', 'localhost', 'all'",
                 )
-            break
-        if not _is_cidr(value):
-            errs.append(_invalid(f"nodePortAddresses[{i}]", value, "must be a valid CIDR"))
+            )
     return errs
 
 

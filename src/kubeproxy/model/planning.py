@@ -82,6 +82,7 @@ def family_plans(
             and family not in warned
             and settings.nodeport_addresses.primary
             and primary is None
+            and settings.nodeport_addresses.for_family(family, None).match_all
             and _has_node_ports(snapshot, family)
         ):
             warned.add(family)
