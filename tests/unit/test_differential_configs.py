@@ -45,4 +45,7 @@ def test_configurations_are_found_by_name_and_unknown_names_refused() -> None:
         named(["defaults", "nope"])
     (off,) = named(["localhost-nodeports-off"])
     assert off.applies_to("iptables") and not off.applies_to("nftables")
-    assert len({c.name for c in CONFIGURATIONS}) == len(CONFIGURATIONS) >= 10
+    assert len({c.name for c in CONFIGURATIONS}) == len(CONFIGURATIONS) >= 20
+    # The issue asks for twenty configurations in each mode.
+    for mode in ("nftables", "iptables", "ipvs"):
+        assert sum(c.applies_to(mode) for c in CONFIGURATIONS) >= 20

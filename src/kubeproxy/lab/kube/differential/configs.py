@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kubeproxy.lab.kube.cluster import SUBNET4, SUBNET6
+from kubeproxy.lab.kube.cluster import CLUSTER_CIDRS, SUBNET4, SUBNET6
 
 
 @dataclass(frozen=True)
@@ -64,6 +64,64 @@ CONFIGURATIONS: tuple[Configuration, ...] = (
             "--conntrack-udp-timeout=45s",
             "--conntrack-udp-timeout-stream=90s",
         ),
+    ),
+    # v1.37's keywords: loopback only (iptables mode serves 127.0.0.1, the others nothing),
+    # everything, and the primary IPs with loopback (route_localnet=1 in iptables mode).
+    Configuration("nodeport-addresses-localhost", ("--nodeport-addresses", "localhost")),
+    Configuration("nodeport-addresses-all", ("--nodeport-addresses", "all")),
+    Configuration(
+        "nodeport-addresses-primary-and-localhost", ("--nodeport-addresses", "primary,localhost")
+    ),
+    Configuration(
+        "nodeport-addresses-dual-stack",
+        ("--nodeport-addresses", f"{SUBNET4}.0/24,{SUBNET6}/64"),
+    ),
+    Configuration(
+        "nodeport-addresses-loopback-and-node-network",
+        ("--nodeport-addresses", f"127.0.0.0/8,{SUBNET4}.0/24"),
+    ),
+    Configuration(
+        "localhost-nodeports-off-with-loopback",
+        (
+            "--iptables-localhost-nodeports=false",
+            "--nodeport-addresses",
+            f"127.0.0.0/8,{SUBNET4}.0/24",
+        ),
+        modes=("iptables",),
+    ),  # fmt: skip
+    Configuration("masquerade-all-no-cluster-cidr", ("--masquerade-all",), cluster_cidr=False),
+    Configuration(
+        "masquerade-all-node-cidr", ("--masquerade-all", "--detect-local-mode", "NodeCIDR")
+    ),
+    # One family's Pod range only: the other family's Pods are not "local" traffic.
+    Configuration(
+        "cluster-cidr-ipv4-only", ("--cluster-cidr", CLUSTER_CIDRS[0]), cluster_cidr=False
+    ),
+    # kubenet's bridge name, which the lab's nodes do not have: no traffic is local.
+    Configuration(
+        "detect-local-bridge-interface",
+        ("--detect-local-mode", "BridgeInterface", "--pod-bridge-interface", "cbr0"),
+    ),
+    # A prefix no Pod link has.
+    Configuration(
+        "detect-local-interface-prefix-unmatched",
+        ("--detect-local-mode", "InterfaceNamePrefix", "--pod-interface-name-prefix", "veth"),
+    ),
+    Configuration("conntrack-tcp-be-liberal", ("--conntrack-tcp-be-liberal",)),
+    Configuration(
+        "min-sync-period", ("--iptables-min-sync-period", "3s"), modes=("nftables", "iptables")
+    ),
+    Configuration("ipvs-min-sync-period", ("--ipvs-min-sync-period", "3s"), modes=("ipvs",)),
+    Configuration(
+        "masquerade-bit", ("--iptables-masquerade-bit", "10"), modes=("iptables", "ipvs")
+    ),
+    # Source hashing: each client address keeps one endpoint.
+    Configuration("ipvs-scheduler-sh", ("--ipvs-scheduler", "sh"), modes=("ipvs",)),
+    Configuration("ipvs-strict-arp", ("--ipvs-strict-arp",), modes=("ipvs",)),
+    Configuration(
+        "ipvs-timeouts",
+        ("--ipvs-tcp-timeout", "15m", "--ipvs-tcpfin-timeout", "30s", "--ipvs-udp-timeout", "45s"),
+        modes=("ipvs",),
     ),
 )
 
