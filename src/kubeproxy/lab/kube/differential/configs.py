@@ -88,7 +88,7 @@ CONFIGURATIONS: tuple[Configuration, ...] = (
             f"127.0.0.0/8,{SUBNET4}.0/24",
         ),
         modes=("iptables",),
-    ),  # fmt: skip
+    ),
     Configuration("masquerade-all-no-cluster-cidr", ("--masquerade-all",), cluster_cidr=False),
     Configuration(
         "masquerade-all-node-cidr", ("--masquerade-all", "--detect-local-mode", "NodeCIDR")
