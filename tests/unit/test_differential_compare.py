@@ -30,3 +30,32 @@ def test_ipvs_cleanup_leftovers(upstream: str, ours: str, known: str | None) -> 
 def test_the_ipv6_sets_are_known_in_ipvs_mode_only() -> None:
     diff = Difference("iptables", CLEANUP, "exit 0, left nothing", "exit 0, left ipset KUBE-6-X")
     assert explain(diff).known is None
+
+
+def test_health_answers_are_compared_without_their_times() -> None:
+    from kubeproxy.lab.kube.differential.proxies import health_answer
+
+    headers = {"Content-Type": "application/json", "X-Content-Type-Options": "nosniff"}
+    first = health_answer(
+        200,
+        headers,
+        b'{"lastUpdated":"2026-12-07T23:00:00Z","currentTime":"2026-12-07T23:00:01Z",'
+        b'"nodeEligible":true,"healthy":true,'
+        b'"status":{"IPv4":{"lastUpdated":"2026-12-07T23:00:00Z","healthy":true}}}',
+    )
+    later = health_answer(
+        200,
+        headers,
+        b'{"healthy":true,"currentTime":"2026-12-07T23:05:00Z","nodeEligible":true,'
+        b'"status":{"IPv4":{"healthy":true,"lastUpdated":"2026-12-07T23:04:00Z"}},'
+        b'"lastUpdated":"2026-12-07T23:04:00Z"}',
+    )
+    assert first == later
+    assert first == (
+        '200 (application/json; nosniff) {"currentTime":"T","healthy":true,'
+        '"lastUpdated":"T","nodeEligible":true,"status":{"IPv4":{"healthy":true,'
+        '"lastUpdated":"T"}}}'
+    )
+    # A missing field, another status, or a body that is not JSON all show.
+    assert health_answer(503, headers, b'{"healthy":true}') != first
+    assert "b'ok'" in health_answer(200, {}, b"ok")

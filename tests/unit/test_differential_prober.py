@@ -78,3 +78,29 @@ def test_a_load_balancer_ingress_by_hostname_only_has_nothing_to_ask() -> None:
     geometry = probes.Geometry(("172.31.0.10", "fd00:31::10"), ("10.244.0.1", "fd00:10:244::1"))
     kinds = {(f.kind, f.ip) for f in probes.frontends(state, live, geometry)}
     assert kinds == {("cluster-ip", "10.96.0.7"), ("lb-ip", "198.51.100.7")}
+
+
+def test_udp_asks_never_reuse_an_earlier_asks_source_port() -> None:
+    # A repeated source port would follow the earlier ask's conntrack entry (a NodePort's
+    # UDP flows outlive the loss of its last serving endpoint, in both proxies).
+    import socket
+
+    seen: list[int] = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as server:
+        server.bind(("127.0.0.1", 0))
+        server.settimeout(5)
+
+        def answer() -> None:
+            for _ in range(3):
+                _, peer = server.recvfrom(16)
+                seen.append(peer[1])
+                server.sendto(b"echo", peer)
+
+        thread = threading.Thread(target=answer)
+        thread.start()
+        port = server.getsockname()[1]
+        for _ in range(3):
+            assert probes.udp_ask_connected("127.0.0.1", port, 5) == b"echo"
+        thread.join()
+    assert len(set(seen)) == 3
+    assert all(p in probes.UDP_SOURCE_PORTS for p in seen)

@@ -39,8 +39,10 @@ from __future__ import annotations
 
 import errno
 import http.client
+import itertools
 import json
 import socket
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
@@ -132,11 +134,35 @@ def answers(counts: Counter[str]) -> set[str]:
 # ------------------------------------------------------------------------- one ask
 
 
+# UDP asks take their source ports in turn from this range, never a port an earlier ask
+# of the run had (until the range wraps, long after its conntrack entries timed out). A
+# port the kernel picks at random can repeat an earlier ask's within its entry's 30 s,
+# and that ask then follows the old entry: a NodePort's flows outlive a change that
+# leaves no serving endpoint, in both proxies (upstream's conntrack reconciler leaves
+# them on purpose), so which proxy's probe hit one was chance, not a difference.
+UDP_SOURCE_PORTS = range(20000, 60000)
+_udp_source_ports = itertools.cycle(UDP_SOURCE_PORTS)
+_udp_source_lock = threading.Lock()
+
+
+def _next_udp_source_port() -> int:
+    with _udp_source_lock:
+        return next(_udp_source_ports)
+
+
 def udp_ask_connected(ip: str, port: int, timeout: float) -> bytes:
-    """One datagram on a connected socket, so that an ICMP error comes back as one."""
+    """One datagram on a connected socket, so that an ICMP error comes back as one, from
+    a source port no earlier ask of the run used (:data:`UDP_SOURCE_PORTS`)."""
     family = socket.AF_INET6 if ":" in ip else socket.AF_INET
     with socket.socket(family, socket.SOCK_DGRAM) as s:
         s.settimeout(timeout)
+        for _ in range(64):
+            try:
+                s.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", _next_udp_source_port()))
+                break
+            except OSError as err:
+                if err.errno != errno.EADDRINUSE:
+                    raise
         s.connect((ip, port))
         s.send(b"?")
         return s.recv(256)

@@ -19,6 +19,8 @@ A :class:`Node` is the node's kernel state as the comparison sees it:
   what a cleanup leaves;
 * :meth:`Node.sysctls` — the settings either proxy writes (``route_localnet``, the
   conntrack timeouts...);
+* :meth:`Node.health` — the running proxy's ``/healthz`` and ``/livez`` answers, their
+  times left out (:func:`health_answer`);
 * :meth:`Node.reset` — back to the baseline taken before the first run: no rules, no
   nfacct objects, an empty conntrack table, the baseline's sysctls. Each proxy starts
   from there.
@@ -37,6 +39,8 @@ import re
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,6 +106,43 @@ def _swap_sysctls(values: dict[str, str]) -> dict[str, str]:
     return before
 
 
+HEALTH_PORT = 10256  # --healthz-bind-address's default: both proxies serve it
+HEALTH_PATHS = ("/healthz", "/livez")
+# The fields of upstream's ProxyHealth that hold times: the rest of the answer is compared.
+_TIMES = frozenset({"lastUpdated", "currentTime"})
+
+
+def health_answer(status: int, headers: Any, body: bytes) -> str:
+    """One health answer as compared: the status, the two headers upstream sets, and the
+    JSON body with sorted keys and every time replaced by ``T``."""
+
+    def timeless(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: "T" if k in _TIMES else timeless(v) for k, v in value.items()}
+        return value
+
+    try:
+        shown = json.dumps(timeless(json.loads(body)), sort_keys=True, separators=(",", ":"))
+    except ValueError:
+        shown = repr(body[:200])
+    kinds = f"{headers.get('Content-Type')}; {headers.get('X-Content-Type-Options')}"
+    return f"{status} ({kinds}) {shown}"
+
+
+def _health() -> dict[str, str]:
+    answers = {}
+    for path in HEALTH_PATHS:
+        url = f"http://127.0.0.1:{HEALTH_PORT}{path}"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                answers[path] = health_answer(response.status, response.headers, response.read())
+        except urllib.error.HTTPError as err:
+            answers[path] = health_answer(err.code, err.headers, err.read())
+        except OSError as err:
+            answers[path] = f"no answer ({type(err).__name__})"
+    return answers
+
+
 def _without_timed_elements(state: dict[str, Any]) -> dict[str, Any]:
     """Sets with timeouts (session-affinity memory) without their elements."""
     out = {}
@@ -148,6 +189,10 @@ class Node:
 
     def sysctls(self) -> dict[str, str]:
         return self.executor.call(_read_sysctls)
+
+    def health(self) -> dict[str, str]:
+        """The running proxy's /healthz and /livez answers (:func:`health_answer`)."""
+        return self.executor.call(_health)
 
     def swap_sysctls(self, values: dict[str, str]) -> dict[str, str]:
         """Write ``values`` (any sysctls); the values they replaced."""

@@ -441,7 +441,8 @@ class Differential:
         config: Configuration = DEFAULT,
     ) -> tuple[dict[str, Counter[str]], dict[str, str]]:
         """``proxy`` in ``mode`` from a clean node: the probes' record, and the facts of
-        the run (what it set, which iptables it used, what the other's cleanup left)."""
+        the run (what it set, its /healthz and /livez answers, which iptables it used,
+        what the other's cleanup left)."""
         node = self.node
         node.reset()
         if not node.clean():
@@ -459,6 +460,7 @@ class Differential:
             sysctls = node.sysctls()
             rules = node.rules()
             record = self.ask(probes, budget)
+            health = node.health()
             asked = time.monotonic()
             if then is not None:
                 then(record)
@@ -475,6 +477,7 @@ class Differential:
             for k, v in sysctls.items()
             if node.baseline_sysctls is not None and node.baseline_sysctls.get(k) != v
         }
+        facts |= {f"GET {path}": answer for path, answer in health.items()}
         if mode == "iptables":
             legacy = any(k.startswith("legacy ") for k in rules)
             facts["iptables"] = "legacy" if legacy else "nft"
