@@ -12,8 +12,10 @@ makes such a write a failure of the run, naming the test module that made it.
   ``net.netfilter``, ``net.bridge``, ``net.ipv4.vs``), the conntrack hash size (a module
   parameter: global, also when written from a namespace), the root namespace's rules
   (nftables, both iptables flavours and families, ipset) without counters, its links,
-  and the files of kubeproxy's default manifest parse cache (``run --manifests``
-  without ``--manifests-cache-dir`` keeps a file per directory there, for good).
+  the files of kubeproxy's default manifest parse cache (``run --manifests``
+  without ``--manifests-cache-dir`` keeps a file per directory there, for good), the
+  host's BPF filesystem and cgroup mount points (one a test mounted and left), what is
+  pinned in the host's BPF filesystem, and kubeproxy's entries in /run.
 * :class:`HostGuard` (a pytest plugin, registered by tests/conftest.py on a root run
   outside the IPVS guest) snapshots at the start, compares after each test module's
   teardown, restores what changed and fails the run, listing each change under the
@@ -55,6 +57,13 @@ FLAT = ("ipv4", "core")
 MOVING = frozenset({"netfilter/nf_conntrack_count"})
 HASHSIZE = Path("/sys/module/nf_conntrack/parameters/hashsize")
 PARSE_CACHE = Path("/var/cache/kubeproxy/manifests")
+MOUNTINFO = Path("/proc/self/mountinfo")
+BPFFS = Path("/sys/fs/bpf")
+RUN = Path("/run")
+RUN_KEY = "/run/kubeproxy*"
+WATCHED_MOUNTS = frozenset({"bpf", "cgroup", "cgroup2"})
+# Name lists (space-separated): compared and restored by name.
+LISTS = (str(PARSE_CACHE), "links", "mounts", str(BPFFS), RUN_KEY)
 
 COUNTERS = re.compile(r"counter packets \d+ bytes \d+|\[\d+:\d+\]")
 # iptables-save's and nft's comment lines carry dates and versions.
@@ -127,8 +136,37 @@ def cache_files() -> dict[str, str]:
     return {str(PARSE_CACHE): " ".join(names)}
 
 
+def mounts() -> dict[str, str]:
+    """The host's BPF filesystem and cgroup mount points (one a test mounted and left).
+    Other types are left out: the machine's own come and go (a sandbox's tools), and
+    ``ip netns add`` mounts /run/netns the first time (leaked namespaces are reported
+    at the end, by name)."""
+    points = set()
+    for line in _read(MOUNTINFO).splitlines():
+        fields = line.split()
+        if " - " in line and len(fields) > 4:
+            fstype = line.split(" - ", 1)[1].split()[0]
+            if fstype in WATCHED_MOUNTS:
+                points.add(fields[4])
+    return {"mounts": " ".join(sorted(points))}
+
+
+def host_files() -> dict[str, str]:
+    """Pins in the host's BPF filesystem, and kubeproxy's entries in /run."""
+    pins = sorted(str(p) for p in BPFFS.rglob("*")) if BPFFS.is_dir() else []
+    ours = sorted(p.name for p in RUN.glob("kubeproxy*"))
+    return {str(BPFFS): " ".join(pins), RUN_KEY: " ".join(ours)}
+
+
 def snapshot(proc_net: Path = PROC_NET) -> dict[str, str]:
-    return {**sysctls(proc_net), **rulesets(), **links(), **cache_files()}
+    return {
+        **sysctls(proc_net),
+        **rulesets(),
+        **links(),
+        **cache_files(),
+        **mounts(),
+        **host_files(),
+    }
 
 
 def namespaces() -> set[str]:
@@ -143,7 +181,7 @@ def differences(before: dict[str, str], after: dict[str, str]) -> list[str]:
         old, new = before.get(key, "<absent>"), after.get(key, "<absent>")
         if old == new:
             continue
-        lists = key in (str(PARSE_CACHE), "links")  # names, space-separated
+        lists = key in LISTS
         if "\n" in old or "\n" in new or lists:
             split = str.split if lists else str.splitlines
             gone = sorted(set(split(old)) - set(split(new)))
@@ -200,6 +238,24 @@ def restore(
     old_files = set(before.get(str(PARSE_CACHE), "").split())
     for name in set(after.get(str(PARSE_CACHE), "").split()) - old_files:
         (PARSE_CACHE / name).unlink(missing_ok=True)
+    old_mounts = set(before.get("mounts", "").split())
+    # The deepest first: a pin or cgroup mounted below another mount the test made.
+    for point in sorted(set(after.get("mounts", "").split()) - old_mounts, reverse=True):
+        _run(["umount", "--lazy", point])
+    old_pins = set(before.get(str(BPFFS), "").split())
+    for pin in sorted(set(after.get(str(BPFFS), "").split()) - old_pins, reverse=True):
+        _remove(Path(pin))
+    old_run = set(before.get(RUN_KEY, "").split())
+    for name in set(after.get(RUN_KEY, "").split()) - old_run:
+        _remove(RUN / name)
+
+
+def _remove(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 def raw_saves() -> dict[str, str]:

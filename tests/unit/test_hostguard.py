@@ -62,3 +62,33 @@ def test_a_list_of_names_difference_names_what_came_and_went() -> None:
         f"{key} changed: + c.cache; - a.cache",
         "links changed: + vp0",
     ]
+
+
+def test_a_mount_a_pin_or_a_run_entry_left_behind_is_named_and_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests import hostguard
+
+    before = {"mounts": "/ /proc", "/sys/fs/bpf": "", "/run/kubeproxy*": ""}
+    after = {
+        "mounts": "/ /proc /tmp/kpt1/bpf",
+        "/sys/fs/bpf": "/sys/fs/bpf/kubeproxy",
+        "/run/kubeproxy*": "kubeproxy-legacy",
+    }
+    assert differences(before, after) == [
+        "/run/kubeproxy* changed: + kubeproxy-legacy",
+        "/sys/fs/bpf changed: + /sys/fs/bpf/kubeproxy",
+        "mounts changed: + /tmp/kpt1/bpf",
+    ]
+    calls: list[list[str]] = []
+    pin = tmp_path / "bpf" / "kubeproxy"
+    pin.parent.mkdir()
+    pin.write_text("")
+    run = tmp_path / "run"
+    (run / "kubeproxy-legacy").mkdir(parents=True)
+    after["/sys/fs/bpf"] = str(pin)
+    monkeypatch.setattr(hostguard, "_run", lambda command, stdin=None: calls.append(command))
+    monkeypatch.setattr(hostguard, "RUN", run)
+    hostguard.restore(before, after, {}, tmp_path)
+    assert calls == [["umount", "--lazy", "/tmp/kpt1/bpf"]]
+    assert not pin.exists() and not (run / "kubeproxy-legacy").exists()
