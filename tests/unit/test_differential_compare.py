@@ -3,6 +3,8 @@ match exactly what they document and nothing more."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from kubeproxy.lab.kube.differential.compare import Difference, explain
@@ -59,3 +61,16 @@ def test_health_answers_are_compared_without_their_times() -> None:
     # A missing field, another status, or a body that is not JSON all show.
     assert health_answer(503, headers, b'{"healthy":true}') != first
     assert "b'ok'" in health_answer(200, {}, b"ok")
+
+
+def test_a_new_service_cidrs_free_address_dropped_at_once_is_known() -> None:
+    where = "s506002 -: unallocated TCP [fd00:10:97:2::fa]:80 from node after {}"
+    seen = Difference(
+        "nftables", where.format("a ServiceCIDR added"), "ENETUNREACH x35", "timeout x19"
+    )
+    assert explain(seen).known == "new-service-cidr-dropped-at-once"
+    # Not in another mode, not at the start, not when kubeproxy does anything but drop.
+    assert explain(replace(seen, mode="iptables")).known is None
+    assert explain(replace(seen, where=where.format("start"))).known is None
+    assert explain(replace(seen, ours="ENETUNREACH x3 timeout x2")).known is None
+    assert explain(replace(seen, upstream="timeout x3 refused x1")).known is None

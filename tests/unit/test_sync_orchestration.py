@@ -259,3 +259,20 @@ def test_a_health_check_does_not_need_an_address_that_reaches_the_service() -> N
             await p.stop_servers()
 
     asyncio.run(scenario())
+
+
+def test_a_service_cidr_added_is_dropped_from_the_next_sync() -> None:
+    """Kept difference new-service-cidr-dropped-at-once: upstream nftables writes its
+    "drop traffic to unallocated ClusterIPs" rule on full syncs only (an hour apart), so a
+    ServiceCIDR created while it runs is dropped from then on; kubeproxy's next sync
+    carries it (a full one: the node-level plan changed, whatever changed with it)."""
+    fake = FakeNftables()
+    backend = NftablesBackend(CONFIG, fake)
+    web = service_port("web")
+    backend.sync(snapshot(web), None)
+    assert "10.97.0.0/16" not in fake.dump()
+    added = replace(snapshot(web), service_cidrs=("10.97.0.0/16",))
+    result = backend.sync(added, set())
+    assert result.full
+    assert "10.97.0.0/16" in fake.dump()
+    assert fake.dump() == fresh_dump(added)
